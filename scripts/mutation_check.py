@@ -1,0 +1,122 @@
+"""Mutation check: apply deliberate bugs one at a time and require a test to fail.
+
+    python scripts/mutation_check.py            # all mutations
+    python scripts/mutation_check.py --list     # names only
+    python scripts/mutation_check.py -k cohort  # those whose name contains "cohort"
+
+Each mutation replaces one exact snippet (which must occur exactly once) in one
+source file, reruns the named tests with ``pytest -x``, and restores the file. A
+mutation that leaves the tests green is *missed*; the script exits 1 if any is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+MUTATIONS: list[Mutation] = [
+    # --- plan rules (foundation) ---
+    Mutation(
+        "per-sequence committed capped by the batch min",
+        "specjax/plan.py",
+        "    return committed\n",
+        "    return jnp.minimum(committed, jnp.min(committed, axis=-1, keepdims=True))\n",
+        ("tests/test_plan.py", "tests/test_sim.py"),
+    ),
+    Mutation(
+        "per-sequence next_uncached follows the cohort rule",
+        "specjax/plan.py",
+        "PerSeqStepPlan(**_plan_core(u, a, window, _own_advance))",
+        "PerSeqStepPlan(**_plan_core(u, a, window, _cohort_advance))",
+        ("tests/test_plan.py", "tests/test_sim.py"),
+    ),
+    Mutation(
+        "saturation cap removed (saturated rows still accept drafts)",
+        "specjax/plan.py",
+        "    return jnp.minimum(prefix_len, proposed)\n",
+        "    return prefix_len\n",
+        ("tests/test_plan.py", "tests/test_sim.py"),
+    ),
+    Mutation(
+        "invariant's min replaced by mean",
+        "specjax/plan.py",
+        "    return jnp.min(committed, axis=-1, keepdims=True)\n",
+        "    return jnp.mean(committed, axis=-1, keepdims=True).astype(committed.dtype)\n",
+        ("tests/test_plan.py", "tests/test_sim.py"),
+    ),
+]
+
+
+def run_one(m: Mutation, python: str) -> dict:
+    path = ROOT / m.path
+    src = path.read_text()
+    count = src.count(m.old)
+    if count != 1:
+        return {"name": m.name, "status": "stale", "detail": f"snippet found {count} times in {m.path}"}
+    t0 = time.time()
+    try:
+        path.write_text(src.replace(m.old, m.new))
+        proc = subprocess.run(
+            [python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *m.tests],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env=os.environ | {"HYPOTHESIS_PROFILE": "ci"},
+        )
+    finally:
+        path.write_text(src)
+    caught = proc.returncode != 0
+    tail = (proc.stdout.strip().splitlines() or [""])[-1]
+    return {
+        "name": m.name,
+        "status": "caught" if caught else "missed",
+        "seconds": round(time.time() - t0, 1),
+        "detail": tail,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-k", default="", help="only mutations whose name contains this")
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    selected = [m for m in MUTATIONS if args.k in m.name]
+    if args.list:
+        for m in selected:
+            print(f"{m.name}  [{m.path}]")
+        return 0
+    results = []
+    for m in selected:
+        r = run_one(m, sys.executable)
+        results.append(r)
+        if not args.json:
+            print(f"{r['status']:>7}  {r['name']}  ({r.get('seconds', 0)}s; {r['detail']})", flush=True)
+    bad = [r for r in results if r["status"] != "caught"]
+    if args.json:
+        print(json.dumps({"results": results, "missed": len(bad)}))
+    else:
+        print(f"{len(results) - len(bad)}/{len(results)} mutations caught")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,266 @@
+"""Tokens-per-step simulator driven by the production plan functions.
+
+One ``jax.jit`` + ``lax.scan`` per static (batch, depth, steps, rule, acceptance
+kind). Each step draws, per row, the length of the draft prefix the target would
+accept (from that row's own random stream keyed by ``(seed, row id, step)``), caps
+it by the drafts the row actually proposed, and commits through
+``plan_step``. There is no second implementation of the rules here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax._pytree import pytree_dataclass
+from specjax.advance import KvAdvance, parse_kv_advance
+from specjax.plan import accepted_from_prefix, plan_step
+
+__all__ = [
+    "Bernoulli",
+    "BetaRows",
+    "PositionDecay",
+    "SimResult",
+    "Trace",
+    "simulate",
+    "simulate_alone",
+]
+
+
+def _iid_prefix(key: jax.Array, probs: jax.Array) -> jax.Array:
+    """Accepted-prefix length for per-position acceptance ``probs [depth]``."""
+    hits = jax.random.uniform(key, probs.shape) < probs
+    return jnp.sum(jnp.cumprod(hits.astype(jnp.int32)))
+
+
+@pytree_dataclass
+class Bernoulli:
+    """Every draft position accepted independently with probability ``p``."""
+
+    p: float
+
+    def probs(self, key: jax.Array, depth: int) -> jax.Array:
+        return jnp.full((depth,), self.p, jnp.float32)
+
+    def check(self, depth: int) -> None:
+        _check_prob("p", self.p)
+
+
+@pytree_dataclass
+class PositionDecay:
+    """Draft position ``k`` (0-based) accepted with ``p * decay**k``."""
+
+    p: float
+    decay: float
+
+    def probs(self, key: jax.Array, depth: int) -> jax.Array:
+        return self.p * self.decay ** jnp.arange(depth, dtype=jnp.float32)
+
+    def check(self, depth: int) -> None:
+        _check_prob("p", self.p)
+        if not 0.0 <= float(self.decay) or float(self.p) * max(1.0, self.decay ** (depth - 1)) > 1:
+            raise ValueError(
+                f"decay must be >= 0 with p * decay**k <= 1 for k < depth={depth}, "
+                f"got decay={self.decay!r}"
+            )
+
+
+@pytree_dataclass
+class BetaRows:
+    """Heterogeneous rows: row ``i`` has its own ``p_i ~ Beta(alpha, beta)`` (times ``decay**k``)."""
+
+    alpha: float
+    beta: float
+    decay: float = 1.0
+
+    def probs(self, row_key: jax.Array, depth: int) -> jax.Array:
+        p = jax.random.beta(row_key, self.alpha, self.beta)
+        return p * self.decay ** jnp.arange(depth, dtype=jnp.float32)
+
+    def check(self, depth: int) -> None:
+        for name, v in (("alpha", self.alpha), ("beta", self.beta)):
+            if not float(v) > 0:
+                raise ValueError(f"Beta {name} must be > 0, got {v!r}")
+        if not 0.0 <= float(self.decay) <= 1.0:
+            raise ValueError(f"decay must lie in [0, 1] with Beta rows, got {self.decay!r}")
+
+
+@pytree_dataclass
+class Trace:
+    """Recorded accepted-prefix lengths ``[steps, rows]`` (int): row ``r`` at step ``t``
+    would accept ``prefix[t, r]`` drafts if it proposed at least that many."""
+
+    prefix: jax.Array
+
+    def check(self, depth: int) -> None:
+        arr = np.asarray(self.prefix)
+        if arr.ndim != 2 or not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"Trace.prefix must be an int array [steps, rows], got {arr.dtype}{arr.shape}")
+        if (arr < 0).any() or (arr > depth).any():
+            raise ValueError(f"Trace.prefix values must lie in [0, depth={depth}]")
+
+
+def _check_prob(name: str, p: object) -> None:
+    if not 0.0 <= float(p) <= 1.0:
+        raise ValueError(f"{name} must lie in [0, 1], got {p!r}")
+
+
+Acceptance = Bernoulli | PositionDecay | BetaRows | Trace
+
+
+@dataclasses.dataclass(frozen=True)
+class SimResult:
+    """What ``simulate`` measured. ``tok_per_step`` is the headline."""
+
+    rule: str
+    batch: int
+    depth: int
+    steps: int
+    tok_per_step: float  # emitted tokens per row per step
+    proposed: int  # drafts proposed, all rows and steps
+    accepted: int  # drafts accepted, all rows and steps
+    accept_rate: float  # accepted / proposed: reported, never the headline
+    row_tok_per_step: np.ndarray  # [B]
+    row_proposed: np.ndarray  # [B]
+    row_accepted: np.ndarray  # [B]
+    uncached: np.ndarray  # [steps, B]: u_i entering each step
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "batch": self.batch,
+            "tok_per_step": self.tok_per_step,
+            "proposed": self.proposed,
+            "accepted": self.accepted,
+            "accept_rate": self.accept_rate,
+        }
+
+
+def _row_keys(seed: jax.Array, row_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    base = jax.random.key(seed)
+    step_base = jax.random.fold_in(base, 0)
+    row_base = jax.random.fold_in(base, 1)
+    return (
+        jax.vmap(lambda r: jax.random.fold_in(step_base, r))(row_ids),
+        jax.vmap(lambda r: jax.random.fold_in(row_base, r))(row_ids),
+    )
+
+
+def _run(
+    acceptance: Any, seed: jax.Array, row_ids: jax.Array, *, depth: int, steps: int, rule: KvAdvance
+) -> dict[str, jax.Array]:
+    """Scan ``steps`` plan steps over rows ``row_ids [B]``; returns per-step arrays."""
+    window = depth + 1
+    stream_keys, row_keys = _row_keys(seed, row_ids)
+    if not isinstance(acceptance, Trace):
+        probs = jax.vmap(lambda k: acceptance.probs(k, depth))(row_keys)  # [B, depth]
+
+    def body(u: jax.Array, step: jax.Array):
+        if isinstance(acceptance, Trace):
+            prefix = acceptance.prefix[step, row_ids].astype(jnp.int32)
+        else:
+            keys = jax.vmap(lambda k: jax.random.fold_in(k, step))(stream_keys)
+            prefix = jax.vmap(_iid_prefix)(keys, probs)
+        plan = plan_step(u, accepted_from_prefix(prefix, window - u), window, rule)
+        out = {"emitted": plan.emitted, "proposed": plan.proposed, "accepted": plan.accepted, "u": u}
+        return plan.next_uncached, out
+
+    u0 = jnp.ones(row_ids.shape, jnp.int32)
+    _, outs = jax.lax.scan(body, u0, jnp.arange(steps, dtype=jnp.int32))
+    return outs
+
+
+_run_jit = jax.jit(_run, static_argnames=("depth", "steps", "rule"))
+
+
+@jax.jit(static_argnames=("depth", "steps"))  # type: ignore[misc]
+def _run_alone_jit(acceptance: Any, seed: jax.Array, row_ids: jax.Array, *, depth: int, steps: int):
+    # Each row as its own batch of one; at B=1 the rules coincide, use per-sequence.
+    one = lambda r: _run(acceptance, seed, r[None], depth=depth, steps=steps, rule=KvAdvance.PER_SEQUENCE)  # noqa: E731
+    out = jax.vmap(one)(row_ids)
+    return jax.tree.map(lambda x: x[:, :, 0].T, out)  # [B, steps, 1] -> [steps, B]
+
+
+def _coerce_acceptance(acceptance: object) -> Acceptance:
+    if isinstance(acceptance, Bernoulli | PositionDecay | BetaRows | Trace):
+        return acceptance
+    if isinstance(acceptance, int | float) and not isinstance(acceptance, bool):
+        return Bernoulli(float(acceptance))
+    raise ValueError(
+        "acceptance must be a float p or one of Bernoulli, PositionDecay, BetaRows, Trace; "
+        f"got {acceptance!r}"
+    )
+
+
+def _check_int(name: str, value: object, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return int(value)
+
+
+def _validate(batch: object, depth: object, steps: object, acceptance: object, seed: object):
+    b = _check_int("batch", batch, 1)
+    d = _check_int("depth", depth, 1)
+    s = _check_int("steps", steps, 1)
+    _check_int("seed", seed, 0)
+    acc = _coerce_acceptance(acceptance)
+    acc.check(d)
+    if isinstance(acc, Trace):
+        t, r = np.shape(acc.prefix)
+        if t < s or r < b:
+            raise ValueError(
+                f"Trace.prefix has shape {(t, r)} but steps={s}, batch={b} need at least ({s}, {b})"
+            )
+    return b, d, s, acc
+
+
+def _result(rule: str, depth: int, steps: int, outs: dict[str, jax.Array]) -> SimResult:
+    o = jax.device_get(outs)
+    emitted, proposed, accepted = (np.asarray(o[k], np.int64) for k in ("emitted", "proposed", "accepted"))
+    tot_p, tot_a = int(proposed.sum()), int(accepted.sum())
+    return SimResult(
+        rule=rule,
+        batch=emitted.shape[1],
+        depth=depth,
+        steps=steps,
+        tok_per_step=float(emitted.mean()),
+        proposed=tot_p,
+        accepted=tot_a,
+        accept_rate=tot_a / tot_p if tot_p else 0.0,
+        row_tok_per_step=emitted.mean(axis=0),
+        row_proposed=proposed.sum(axis=0),
+        row_accepted=accepted.sum(axis=0),
+        uncached=np.asarray(o["u"]),
+    )
+
+
+def simulate(
+    batch: int,
+    depth: int,
+    steps: int,
+    acceptance: Acceptance | float,
+    rule: KvAdvance | str,
+    seed: int = 0,
+) -> SimResult:
+    """Simulate ``steps`` verify steps of ``batch`` rows under ``rule``.
+
+    Row ``i`` has row id ``i``; its draws depend only on ``(seed, i, step)``, so the
+    same row behaves identically alone (``simulate_alone``) or in any batch.
+    """
+    b, d, s, acc = _validate(batch, depth, steps, acceptance, seed)
+    r = parse_kv_advance(rule, what="rule")
+    outs = _run_jit(acc, jnp.uint32(seed), jnp.arange(b, dtype=jnp.int32), depth=d, steps=s, rule=r)
+    return _result(r.value, d, s, outs)
+
+
+def simulate_alone(
+    batch: int, depth: int, steps: int, acceptance: Acceptance | float, seed: int = 0
+) -> SimResult:
+    """The same rows as ``simulate(batch, ...)``, each run alone as a batch of one."""
+    b, d, s, acc = _validate(batch, depth, steps, acceptance, seed)
+    outs = _run_alone_jit(acc, jnp.uint32(seed), jnp.arange(b, dtype=jnp.int32), depth=d, steps=s)
+    return _result("alone", d, s, outs)
