@@ -62,6 +62,70 @@ MUTATIONS: list[Mutation] = [
         "    return jnp.mean(committed, axis=-1, keepdims=True).astype(committed.dtype)\n",
         ("tests/test_plan.py", "tests/test_sim.py"),
     ),
+    # --- caches, masks, attention ---
+    Mutation(
+        "mask drops the j >= lead_pad condition",
+        "specjax/masks.py",
+        "ok = (kp >= lead_pad[:, None, None]) & (kp <= qp) & (kp >= 0)",
+        "ok = (kp <= qp) & (kp >= 0)",
+        ("tests/test_masks_attention.py", "tests/test_caches.py"),
+    ),
+    Mutation(
+        "dense write at offset 0 instead of the row offset",
+        "specjax/cache/dense.py",
+        "        pos = positions(self.lengths, t)\n",
+        "        pos = positions(jnp.zeros_like(self.lengths), t)\n",
+        ("tests/test_caches.py",),
+    ),
+    Mutation(
+        "dense write at one shared offset (row 0's)",
+        "specjax/cache/dense.py",
+        "        pos = positions(self.lengths, t)\n",
+        "        pos = positions(jnp.full_like(self.lengths, self.lengths[0]), t)\n",
+        ("tests/test_caches.py",),
+    ),
+    Mutation(
+        "paged rollback does not free pages",
+        "specjax/cache/paged.py",
+        "num_free=self.num_free + jnp.sum(flat),",
+        "num_free=self.num_free,",
+        ("tests/test_caches.py",),
+    ),
+    Mutation(
+        "paged allocation hands every row the same pages",
+        "specjax/cache/paged.py",
+        "first = jnp.cumsum(need) - need",
+        "first = jnp.zeros_like(need)",
+        ("tests/test_caches.py",),
+    ),
+    Mutation(
+        "rolling ring positions ignore the slack",
+        "specjax/cache/rolling.py",
+        "p = hi - jnp.mod(hi - s, self.size)",
+        "p = hi - jnp.mod(hi - s, self.window)",
+        ("tests/test_caches.py",),
+    ),
+    Mutation(
+        "capability check never refusing",
+        "specjax/cache/capability.py",
+        '    batch = None\n    for path, slot in _slots(cache, "cache"):',
+        '    batch = None\n    return None\n    for path, slot in _slots(cache, "cache"):',
+        ("tests/test_caches.py",),
+    ),
+    Mutation(
+        "capacity guard removed (overflowing rows written anyway)",
+        "specjax/cache/dense.py",
+        "        fits = self.lengths + t <= self.capacity\n",
+        "        fits = self.lengths >= 0\n",
+        ("tests/test_caches.py",),
+    ),
+    Mutation(
+        "fully masked query returns the mean of V instead of zeros",
+        "specjax/attention.py",
+        "    p = jnp.where(live, p, 0.0)\n",
+        "",
+        ("tests/test_masks_attention.py",),
+    ),
 ]
 
 

@@ -1,0 +1,33 @@
+"""KV caches that carry per-row lengths: dense, rolling (sliding window), paged.
+
+Shared interface: ``write(layer, k_new, v_new)`` at each row's own offset,
+``advance(n)`` / ``apply_plan(plan)``, ``rollback(new_lengths)``,
+``attend(q, layer)`` (what attention needs), and a sticky per-row ``status``.
+"""
+
+from specjax.cache.align import front_align_batch, front_pad_kv_cache
+from specjax.cache.base import (
+    CAPACITY_EXCEEDED,
+    OUT_OF_PAGES,
+    ROLLBACK_INVALID,
+    STATUS_OK,
+    describe_status,
+)
+from specjax.cache.capability import cache_supports_per_sequence_advance
+from specjax.cache.dense import DenseKVCache
+from specjax.cache.paged import PagedKVCache
+from specjax.cache.rolling import RollingKVCache
+
+__all__ = [
+    "CAPACITY_EXCEEDED",
+    "OUT_OF_PAGES",
+    "ROLLBACK_INVALID",
+    "STATUS_OK",
+    "DenseKVCache",
+    "PagedKVCache",
+    "RollingKVCache",
+    "cache_supports_per_sequence_advance",
+    "describe_status",
+    "front_align_batch",
+    "front_pad_kv_cache",
+]

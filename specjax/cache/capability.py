@@ -1,0 +1,55 @@
+"""Can a cache (or a pytree of caches) carry one length per row?"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["cache_supports_per_sequence_advance"]
+
+_LENGTH_NAMES = ("length", "len", "offset", "pos", "position", "index", "cur_index", "seq_len")
+
+
+def _slots(tree: Any, path: str):
+    if isinstance(tree, dict):
+        for k in tree:
+            yield from _slots(tree[k], f"{path}[{k!r}]")
+    elif isinstance(tree, list | tuple) and not hasattr(tree, "lengths"):
+        for i, x in enumerate(tree):
+            yield from _slots(x, f"{path}[{i}]")
+    else:
+        yield path, tree
+
+
+def cache_supports_per_sequence_advance(cache: Any) -> str | None:
+    """``None`` if every cache slot carries its own int ``lengths [B]``; otherwise a message
+    naming the first slot/field that cannot (the engine refuses the per-sequence rule
+    with it rather than running wrong)."""
+    batch = None
+    for path, slot in _slots(cache, "cache"):
+        name = f"{path} ({type(slot).__name__})"
+        lengths = getattr(slot, "lengths", None)
+        if lengths is None:
+            other = [f for f in _LENGTH_NAMES if hasattr(slot, f)]
+            if other:
+                shape = np.shape(getattr(slot, other[0]))
+                return (
+                    f"{name} field {other[0]!r} has shape {shape}: a length shared by the whole batch; "
+                    "per-sequence advance needs an int32 'lengths' of shape [B]"
+                )
+            return f"{name} has no per-row 'lengths' field; per-sequence advance needs int32 [B]"
+        shape = np.shape(lengths)
+        dtype = np.dtype(lengths.dtype) if hasattr(lengths, "dtype") else np.asarray(lengths).dtype
+        if len(shape) != 1:
+            return (
+                f"{name} field 'lengths' has shape {shape}: a length shared by the whole batch; "
+                "per-sequence advance needs shape [B]"
+            )
+        if not np.issubdtype(dtype, np.integer):
+            return f"{name} field 'lengths' has dtype {dtype}; per-sequence advance needs int32 [B]"
+        if batch is None:
+            batch = shape[0]
+        elif shape[0] != batch:
+            return f"{name} field 'lengths' has {shape[0]} rows but an earlier slot has {batch}"
+    return None

@@ -1,0 +1,109 @@
+"""Dense KV cache with per-row lengths and lead pads.
+
+``k, v [layers, B, capacity, kv_heads, head_dim]``. Row ``b``'s live entries are
+slots ``[start[b], lengths[b])``. A write of ``t`` tokens puts them at slots
+``lengths[b] .. lengths[b] + t - 1`` of *that* row (one scatter of ``B * t``
+entries); the length moves only on ``advance``/``apply_plan``. Rejected slots are
+neither freed nor zeroed: the next write overwrites them and masks keep them unread.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from specjax._pytree import pytree_dataclass
+from specjax.attention import attention_with_positions
+from specjax.cache.base import CAPACITY_EXCEEDED, ROLLBACK_INVALID, as_rows, positions
+
+__all__ = ["DenseKVCache"]
+
+
+@pytree_dataclass
+class DenseKVCache:
+    k: jax.Array  # [layers, B, capacity, Hkv, D]
+    v: jax.Array  # [layers, B, capacity, Hkv, D]
+    lengths: jax.Array  # int32 [B]: next free slot (committed length incl. lead pad)
+    start: jax.Array  # int32 [B]: lead pad; slots before it are never attended
+    status: jax.Array  # int32 [B]: sticky status bits (cache.base)
+
+    @classmethod
+    def create(
+        cls,
+        layers: int,
+        batch: int,
+        capacity: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: jnp.dtype = jnp.float32,
+    ) -> DenseKVCache:
+        shape = (layers, batch, capacity, kv_heads, head_dim)
+        zeros = lambda: jnp.zeros((batch,), jnp.int32)  # noqa: E731  (distinct buffers: donatable)
+        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), zeros(), zeros(), zeros())
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def write(self, layer: int | jax.Array, k_new: jax.Array, v_new: jax.Array) -> DenseKVCache:
+        """Write ``k_new, v_new [B, t, Hkv, D]`` at each row's own offset ``lengths[b]``.
+
+        A row that would pass ``capacity`` is not written and gets ``CAPACITY_EXCEEDED``.
+        """
+        t = k_new.shape[1]
+        fits = self.lengths + t <= self.capacity
+        pos = positions(self.lengths, t)
+        pos = jnp.where(fits[:, None], pos, self.capacity)  # explicit out-of-range: dropped
+        rows = jnp.broadcast_to(jnp.arange(self.batch, dtype=jnp.int32)[:, None], pos.shape)
+        k = self.k.at[layer, rows, pos].set(k_new.astype(self.k.dtype), mode="drop")
+        v = self.v.at[layer, rows, pos].set(v_new.astype(self.v.dtype), mode="drop")
+        status = self.status | jnp.where(fits, 0, CAPACITY_EXCEEDED)
+        return self.replace(k=k, v=v, status=status)
+
+    def advance(self, n: jax.Array | int) -> DenseKVCache:
+        """``lengths += n`` per row; a row that would pass capacity stays and is flagged."""
+        n = as_rows(n, self.batch)
+        new = self.lengths + n
+        fits = new <= self.capacity
+        return self.replace(
+            lengths=jnp.where(fits, new, self.lengths),
+            status=self.status | jnp.where(fits, 0, CAPACITY_EXCEEDED),
+        )
+
+    def apply_plan(self, plan) -> DenseKVCache:
+        """Commit a step plan: each row advances by ``plan.advance``."""
+        return self.advance(plan.advance)
+
+    def rollback(self, new_lengths: jax.Array | int) -> DenseKVCache:
+        """Set ``lengths`` to ``new_lengths`` in ``[start, lengths]``; nothing is zeroed."""
+        new = as_rows(new_lengths, self.batch)
+        ok = (new >= self.start) & (new <= self.lengths)
+        return self.replace(
+            lengths=jnp.where(ok, new, self.lengths),
+            status=self.status | jnp.where(ok, 0, ROLLBACK_INVALID),
+        )
+
+    def key_positions(self, t_q: int) -> jax.Array:
+        """Absolute position of each slot, ``[B, capacity]`` (slot index in the dense layout)."""
+        return jnp.broadcast_to(jnp.arange(self.capacity, dtype=jnp.int32), (self.batch, self.capacity))
+
+    def attend(
+        self, q: jax.Array, layer: int | jax.Array, *, window: int | None = None, scale: float | None = None
+    ) -> jax.Array:
+        """Attention of ``q [B, t_q, Hq, D]`` sitting at ``lengths + [0, t_q)`` (the tokens
+        just written) over this layer's cache; ``[B, t_q, Hq, D]``."""
+        t_q = q.shape[1]
+        return attention_with_positions(
+            q,
+            self.k[layer],
+            self.v[layer],
+            positions(self.lengths, t_q),
+            self.key_positions(t_q),
+            self.start,
+            window=window,
+            scale=scale,
+        )

@@ -1,0 +1,181 @@
+"""Paged KV cache with a device-side free list.
+
+Pool ``k, v [layers, num_pages, page_size, Hkv, D]``; ``block_table [B, max_pages]``
+maps a row's logical page to a pool page (``-1``: none). Free pages sit on a stack
+``free_pages[:num_free]``. ``reserve``, ``write``, ``advance`` and ``rollback`` are
+pure array code: allocation and release run inside ``jit`` with no host round trip.
+
+Allocation serves rows in batch order: rows needing pages get them from the top of
+the stack while the running total fits; a row that does not fit takes nothing and
+gets ``OUT_OF_PAGES`` (its write is then dropped and flagged, never routed into a
+page it does not own).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from specjax._pytree import pytree_dataclass
+from specjax.attention import attention_with_positions
+from specjax.cache.base import CAPACITY_EXCEEDED, OUT_OF_PAGES, ROLLBACK_INVALID, as_rows, positions
+
+__all__ = ["PagedKVCache"]
+
+
+def _ceil_div(a: jax.Array, b: int) -> jax.Array:
+    return (a + b - 1) // b
+
+
+@pytree_dataclass
+class PagedKVCache:
+    k: jax.Array  # [layers, num_pages, page_size, Hkv, D]
+    v: jax.Array
+    block_table: jax.Array  # int32 [B, max_pages]
+    pages_held: jax.Array  # int32 [B]: block_table[b, :pages_held[b]] are owned pages
+    lengths: jax.Array  # int32 [B]
+    free_pages: jax.Array  # int32 [num_pages]: stack, valid below num_free
+    num_free: jax.Array  # int32 []: shared pool state
+    status: jax.Array  # int32 [B]
+
+    @classmethod
+    def create(
+        cls,
+        layers: int,
+        batch: int,
+        num_pages: int,
+        page_size: int,
+        max_pages_per_seq: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: jnp.dtype = jnp.float32,
+    ) -> PagedKVCache:
+        for name, val in (("num_pages", num_pages), ("page_size", page_size), ("max_pages_per_seq", max_pages_per_seq)):
+            if val < 1:
+                raise ValueError(f"{name} must be >= 1, got {val}")
+        shape = (layers, num_pages, page_size, kv_heads, head_dim)
+        zeros = lambda: jnp.zeros((batch,), jnp.int32)  # noqa: E731  (distinct buffers: donatable)
+        return cls(
+            k=jnp.zeros(shape, dtype),
+            v=jnp.zeros(shape, dtype),
+            block_table=jnp.full((batch, max_pages_per_seq), -1, jnp.int32),
+            pages_held=zeros(),
+            lengths=zeros(),
+            free_pages=jnp.arange(num_pages, dtype=jnp.int32)[::-1],  # pop page 0 first
+            num_free=jnp.asarray(num_pages, jnp.int32),
+            status=zeros(),
+        )
+
+    @property
+    def batch(self) -> int:
+        return self.block_table.shape[0]
+
+    @property
+    def page_size(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def num_pages(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def max_pages(self) -> int:
+        return self.block_table.shape[1]
+
+    def reserve(self, t: int) -> PagedKVCache:
+        """Own enough pages for ``lengths[b] + t`` tokens in every row (call once per step)."""
+        want = _ceil_div(self.lengths + t, self.page_size)
+        over_budget = want > self.max_pages
+        need = jnp.where(over_budget, 0, jnp.maximum(want - self.pages_held, 0))
+        granted = jnp.cumsum(need) <= self.num_free
+        need = jnp.where(granted, need, 0)
+        first = jnp.cumsum(need) - need  # this row's offset into the popped pages
+        m = jnp.arange(self.max_pages, dtype=jnp.int32)[None]
+        k_new = m - self.pages_held[:, None]  # index of the new page within this row
+        fresh = (k_new >= 0) & (k_new < need[:, None])
+        stack_idx = self.num_free - 1 - (first[:, None] + k_new)
+        popped = self.free_pages[jnp.where(fresh, stack_idx, 0)]
+        status = self.status | jnp.where(over_budget, CAPACITY_EXCEEDED, 0)
+        status |= jnp.where(granted | over_budget, 0, OUT_OF_PAGES)
+        return self.replace(
+            block_table=jnp.where(fresh, popped, self.block_table),
+            pages_held=self.pages_held + need,
+            num_free=self.num_free - jnp.sum(need),
+            status=status,
+        )
+
+    def write(self, layer: int | jax.Array, k_new: jax.Array, v_new: jax.Array) -> PagedKVCache:
+        """Write ``[B, t, Hkv, D]`` at ``lengths[b] + [0, t)`` through the block table.
+
+        Rows without owned pages for the whole write are not written and are flagged.
+        """
+        t = k_new.shape[1]
+        fits = self.lengths + t <= self.pages_held * self.page_size
+        pos = positions(self.lengths, t)
+        logical = jnp.minimum(pos // self.page_size, self.max_pages - 1)  # in range when fits
+        page = jnp.take_along_axis(self.block_table, logical, axis=1)
+        page = jnp.where(fits[:, None], page, self.num_pages)  # explicit out-of-range: dropped
+        slot = pos % self.page_size
+        k = self.k.at[layer, page, slot].set(k_new.astype(self.k.dtype), mode="drop")
+        v = self.v.at[layer, page, slot].set(v_new.astype(self.v.dtype), mode="drop")
+        return self.replace(k=k, v=v, status=self.status | jnp.where(fits, 0, CAPACITY_EXCEEDED))
+
+    def advance(self, n: jax.Array | int) -> PagedKVCache:
+        """``lengths += n`` within owned pages; otherwise the row stays and is flagged."""
+        new = self.lengths + as_rows(n, self.batch)
+        fits = new <= self.pages_held * self.page_size
+        return self.replace(
+            lengths=jnp.where(fits, new, self.lengths),
+            status=self.status | jnp.where(fits, 0, CAPACITY_EXCEEDED),
+        )
+
+    def apply_plan(self, plan) -> PagedKVCache:
+        return self.advance(plan.advance)
+
+    def rollback(self, new_lengths: jax.Array | int) -> PagedKVCache:
+        """Shrink rows to ``new_lengths`` (``<= lengths``); pages past it return to the pool."""
+        new = as_rows(new_lengths, self.batch)
+        ok = (new >= 0) & (new <= self.lengths)
+        new = jnp.where(ok, new, self.lengths)
+        keep = _ceil_div(new, self.page_size)
+        m = jnp.arange(self.max_pages, dtype=jnp.int32)[None]
+        freed = (m >= keep[:, None]) & (m < self.pages_held[:, None])
+        flat = freed.reshape(-1)
+        rank = jnp.cumsum(flat) - 1
+        dest = jnp.where(flat, self.num_free + rank, self.num_pages)  # out of range: dropped
+        free_pages = self.free_pages.at[dest].set(self.block_table.reshape(-1), mode="drop")
+        return self.replace(
+            block_table=jnp.where(freed, -1, self.block_table),
+            pages_held=jnp.minimum(self.pages_held, keep),
+            lengths=new,
+            free_pages=free_pages,
+            num_free=self.num_free + jnp.sum(flat),
+            status=self.status | jnp.where(ok, 0, ROLLBACK_INVALID),
+        )
+
+    def release(self, done: jax.Array) -> PagedKVCache:
+        """Return every page of rows where ``done [B]`` is true (their length becomes 0)."""
+        return self.rollback(jnp.where(done, 0, self.lengths))
+
+    def gather(self, layer: int | jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Per-row contiguous ``k, v [B, max_pages * page_size, Hkv, D]`` and ``key_pos``
+        (``-1`` where the row owns no page)."""
+        bt = self.block_table
+        safe = jnp.where(bt >= 0, bt, 0)
+        b, mp = bt.shape
+        ps = self.page_size
+        k = self.k[layer][safe].reshape(b, mp * ps, *self.k.shape[3:])
+        v = self.v[layer][safe].reshape(b, mp * ps, *self.v.shape[3:])
+        pos = jnp.arange(mp * ps, dtype=jnp.int32).reshape(mp, ps)[None]
+        key_pos = jnp.where((bt >= 0)[:, :, None], pos, -1).reshape(b, mp * ps)
+        return k, v, key_pos
+
+    def attend(
+        self, q: jax.Array, layer: int | jax.Array, *, window: int | None = None, scale: float | None = None
+    ) -> jax.Array:
+        """Attention of ``q [B, t_q, Hq, D]`` at ``lengths + [0, t_q)`` through the block table."""
+        k, v, key_pos = self.gather(layer)
+        zeros = jnp.zeros((self.batch,), jnp.int32)
+        return attention_with_positions(
+            q, k, v, positions(self.lengths, q.shape[1]), key_pos, zeros, window=window, scale=scale
+        )

@@ -1,0 +1,108 @@
+"""Sliding-window KV cache: a per-row ring of ``window + slack`` slots.
+
+Absolute position ``p`` of row ``b`` lives in slot ``p % size``. Every row has its
+own ``lengths [b]`` (absolute), so rows append, advance and roll back by different
+amounts. With ``slack >= w`` (the verify window), rolling back up to ``slack``
+tokens never loses an entry still inside any row's window: a slot clobbered by a
+rejected token held position ``p - size <= new_len - window``, already outside
+the window of every later query.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from specjax._pytree import pytree_dataclass, static_field
+from specjax.attention import attention_with_positions
+from specjax.cache.base import ROLLBACK_INVALID, as_rows, positions
+
+__all__ = ["RollingKVCache"]
+
+
+@pytree_dataclass
+class RollingKVCache:
+    k: jax.Array  # [layers, B, window + slack, Hkv, D]
+    v: jax.Array
+    lengths: jax.Array  # int32 [B]: absolute position of the next token
+    start: jax.Array  # int32 [B]: lead pad (absolute); earlier positions never attended
+    status: jax.Array  # int32 [B]
+    window: int = static_field()
+    slack: int = static_field()
+
+    @classmethod
+    def create(
+        cls,
+        layers: int,
+        batch: int,
+        window: int,
+        slack: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: jnp.dtype = jnp.float32,
+    ) -> RollingKVCache:
+        if window < 1 or slack < 1:
+            raise ValueError(f"window and slack must be >= 1, got window={window}, slack={slack}")
+        shape = (layers, batch, window + slack, kv_heads, head_dim)
+        zeros = lambda: jnp.zeros((batch,), jnp.int32)  # noqa: E731  (distinct buffers: donatable)
+        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), zeros(), zeros(), zeros(), window, slack)
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def size(self) -> int:
+        return self.window + self.slack
+
+    def write(self, layer: int | jax.Array, k_new: jax.Array, v_new: jax.Array) -> RollingKVCache:
+        """Write ``[B, t, Hkv, D]`` at absolute positions ``lengths[b] + [0, t)``; ``t <= slack``."""
+        t = k_new.shape[1]
+        if t > self.slack:
+            raise ValueError(f"a write of t={t} tokens needs slack >= t, but slack={self.slack}")
+        slots = positions(self.lengths, t) % self.size
+        rows = jnp.broadcast_to(jnp.arange(self.batch, dtype=jnp.int32)[:, None], slots.shape)
+        k = self.k.at[layer, rows, slots].set(k_new.astype(self.k.dtype), mode="promise_in_bounds")
+        v = self.v.at[layer, rows, slots].set(v_new.astype(self.v.dtype), mode="promise_in_bounds")
+        return self.replace(k=k, v=v)
+
+    def advance(self, n: jax.Array | int) -> RollingKVCache:
+        return self.replace(lengths=self.lengths + as_rows(n, self.batch))
+
+    def apply_plan(self, plan) -> RollingKVCache:
+        return self.advance(plan.advance)
+
+    def rollback(self, new_lengths: jax.Array | int) -> RollingKVCache:
+        """Roll back to ``new_lengths`` in ``[max(start, lengths - slack), lengths]``."""
+        new = as_rows(new_lengths, self.batch)
+        ok = (new >= self.start) & (new <= self.lengths) & (self.lengths - new <= self.slack)
+        return self.replace(
+            lengths=jnp.where(ok, new, self.lengths),
+            status=self.status | jnp.where(ok, 0, ROLLBACK_INVALID),
+        )
+
+    def key_positions(self, t_q: int) -> jax.Array:
+        """``[B, size]``: the absolute position each ring slot holds once ``t_q`` tokens were
+        written at ``lengths`` (``-1``: never written)."""
+        hi = (self.lengths + t_q - 1)[:, None]
+        s = jnp.arange(self.size, dtype=jnp.int32)[None]
+        p = hi - jnp.mod(hi - s, self.size)
+        return jnp.where(p >= 0, p, -1)
+
+    def attend(
+        self, q: jax.Array, layer: int | jax.Array, *, window: int | None = None, scale: float | None = None
+    ) -> jax.Array:
+        """Windowed attention of ``q [B, t_q, Hq, D]`` at ``lengths + [0, t_q)`` over the ring."""
+        if window is not None and window != self.window:
+            raise ValueError(f"window={window} differs from this cache's window={self.window}")
+        t_q = q.shape[1]
+        return attention_with_positions(
+            q,
+            self.k[layer],
+            self.v[layer],
+            positions(self.lengths, t_q),
+            self.key_positions(t_q),
+            self.start,
+            window=self.window,
+            scale=scale,
+        )

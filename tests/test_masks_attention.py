@@ -1,0 +1,133 @@
+"""Masks and the XLA reference attention against NumPy loop references."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from specjax.attention import masked_attention, ragged_attention
+from specjax.masks import MASK_VALUE, RaggedKvLens, make_left_padded_causal_mask
+
+from refs import ref_attention, ref_visible
+
+B, T, D = 4, 24, 8
+
+
+@st.composite
+def ragged(draw, t_q_max=8):
+    t_q = draw(st.integers(1, t_q_max))
+    q_start = np.array([draw(st.integers(0, T - t_q)) for _ in range(B)], np.int32)
+    lead = np.array([draw(st.integers(0, int(qs) + t_q)) for qs in q_start], np.int32)  # may exceed: empty
+    window = draw(st.sampled_from([None, 3, 7]))
+    return t_q, q_start, lead, window
+
+
+@given(ragged())
+def test_mask_matches_loop_reference(case):
+    t_q, q_start, lead, window = case
+    m = np.asarray(make_left_padded_causal_mask(lead, q_start, t_q, T, window))
+    assert m.shape == (B, 1, t_q, T) and m.dtype == np.float32
+    q_pos = q_start[:, None] + np.arange(t_q)[None]
+    key_pos = np.broadcast_to(np.arange(T), (B, T))
+    vis = ref_visible(q_pos, key_pos, lead, window)
+    np.testing.assert_array_equal(m[:, 0] == 0.0, vis)
+    assert np.isfinite(m).all() and (m[~vis[:, None]] <= -1e9).all()
+
+
+_attn = jax.jit(ragged_attention, static_argnames=("window", "impl"))
+
+
+@pytest.mark.parametrize("hq,hkv", [(2, 2), (4, 1), (8, 2)])
+@given(case=ragged(), seed=st.integers(0, 2**16))
+def test_attention_matches_loop_reference(hq, hkv, case, seed):
+    t_q, q_start, lead, window = case
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((B, t_q, hq, D)).astype(np.float32)
+    k = rng.standard_normal((B, T, hkv, D)).astype(np.float32)
+    v = rng.standard_normal((B, T, hkv, D)).astype(np.float32)
+    out = np.asarray(_attn(q, k, v, lead, q_start, window=window))
+    q_pos = q_start[:, None] + np.arange(t_q)[None]
+    ref = ref_attention(q, k, v, q_pos, np.broadcast_to(np.arange(T), (B, T)), lead, window)
+    np.testing.assert_allclose(out, ref, atol=2e-5, rtol=2e-5)
+
+
+def test_query_with_no_visible_key_returns_zeros():
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((2, 3, 2, D)).astype(np.float32)
+    k = rng.standard_normal((2, T, 2, D)).astype(np.float32)
+    lead = np.array([0, 20], np.int32)  # row 1: lead pad past every query position
+    out = np.asarray(ragged_attention(q, k, k, lead, np.array([4, 4], np.int32)))
+    assert np.isfinite(out).all()
+    np.testing.assert_array_equal(out[1], 0.0)
+    assert np.abs(out[0]).sum() > 0
+
+
+def test_bfloat16_inputs_softmax_in_float32():
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((B, 4, 4, D)).astype(np.float32)
+    k = rng.standard_normal((B, T, 2, D)).astype(np.float32)
+    lead, qs = np.zeros(B, np.int32), np.array([0, 5, 10, 20], np.int32)
+    ref = np.asarray(ragged_attention(q, k, k, lead, qs))
+    bf = ragged_attention(*(jnp.asarray(x, jnp.bfloat16) for x in (q, k, k)), lead, qs)
+    assert bf.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(bf, np.float32), ref, atol=5e-2)
+
+
+def test_zero_filled_prefix_is_not_a_masked_prefix():
+    """Why dead slots are masked, not zeroed: a zero K row scores logit 0 and takes weight."""
+    rng = np.random.default_rng(2)
+    lead = 6
+    q = rng.standard_normal((1, 1, 1, D)).astype(np.float32) * 0.5
+    k = rng.standard_normal((1, T, 1, D)).astype(np.float32)
+    v = rng.standard_normal((1, T, 1, D)).astype(np.float32) + 2.0
+    q_start = np.array([12], np.int32)
+    masked = np.asarray(ragged_attention(q, k, v, np.array([lead], np.int32), q_start))
+    kz, vz = k.copy(), v.copy()
+    kz[:, :lead] = 0.0
+    vz[:, :lead] = 0.0
+    zeroed = np.asarray(ragged_attention(q, kz, vz, np.array([0], np.int32), q_start))
+    # zero keys score exp(0) each: 6 dead slots take real softmax weight
+    s = (q[0, 0, 0] @ k[0, lead:13, 0].T) * D**-0.5
+    dead_weight = lead / (lead + np.exp(s - 0).sum())
+    assert dead_weight > 0.05
+    assert np.abs(masked - zeroed).max() > 1e-2
+    # while the masked run equals attention over the live slots alone
+    live = np.asarray(ragged_attention(q, k[:, lead:], v[:, lead:], np.array([0], np.int32), q_start - lead))
+    np.testing.assert_allclose(masked, live, atol=1e-6)
+
+
+def test_masked_attention_ignores_values_behind_the_mask():
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((1, 2, 2, D)).astype(np.float32)
+    k = rng.standard_normal((1, T, 2, D)).astype(np.float32)
+    mask = make_left_padded_causal_mask(np.array([3]), np.array([8]), 2, T)
+    a = masked_attention(q, k, k, mask)
+    k2 = k.copy()
+    k2[:, :3] = 1e4  # garbage in dead slots
+    k2[:, 10:] = -1e4
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(masked_attention(q, k2, k2, mask)))
+    assert MASK_VALUE <= -1e9
+
+
+def test_ragged_kv_lens_is_a_pytree():
+    lens = RaggedKvLens(jnp.array([0, 2]), jnp.array([5, 7]))
+    doubled = jax.tree.map(lambda x: x * 2, lens)
+    np.testing.assert_array_equal(doubled.kv_len, [10, 14])
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(impl="cuda"), r"impl must be one of \['xla', 'auto'\]"),
+        (dict(k=np.zeros((B, T, 3, D), np.float32)), r"query heads 4 must be a multiple of kv heads 3"),
+        (dict(q=np.zeros((B, 4, D), np.float32)), r"rank 4"),
+    ],
+)
+def test_attention_bad_input(kwargs, match):
+    args = dict(q=np.zeros((B, 2, 4, D), np.float32), k=np.zeros((B, T, 2, D), np.float32))
+    args |= kwargs
+    impl = args.pop("impl", "xla")
+    with pytest.raises(ValueError, match=match):
+        ragged_attention(args["q"], args["k"], args["k"], np.zeros(B, np.int32), np.zeros(B, np.int32), impl=impl)
