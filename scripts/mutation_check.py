@@ -126,6 +126,28 @@ MUTATIONS: list[Mutation] = [
         "",
         ("tests/test_masks_attention.py",),
     ),
+    # --- Pallas kernels ---
+    Mutation(
+        "kernel drops the lead-pad term",
+        "pallas_kernels/_online_softmax.py",
+        "ok = (kp >= lead) & (kp <= q_pos) & (kp >= 0)",
+        "ok = (kp <= q_pos) & (kp >= 0)",
+        ("tests/test_pallas_kernels.py",),
+    ),
+    Mutation(
+        "kernel drops block skipping's lower bound",
+        "pallas_kernels/_online_softmax.py",
+        "    return lo // block, jnp.where(hi >= lo, hi // block, lo // block - 1)",
+        "    return 0 * lo, jnp.where(hi >= lo, hi // block, lo // block - 1)",
+        ("tests/test_pallas_kernels.py",),
+    ),
+    Mutation(
+        "kernel causal offset off by one",
+        "pallas_kernels/_online_softmax.py",
+        "q_pos = q_start + jax.lax.broadcasted_iota(jnp.int32, (rows, 1), 0) % t_q",
+        "q_pos = q_start + jax.lax.broadcasted_iota(jnp.int32, (rows, 1), 0) % t_q + 1",
+        ("tests/test_pallas_kernels.py",),
+    ),
 ]
 
 

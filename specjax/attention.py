@@ -14,7 +14,7 @@ from specjax.masks import MASK_VALUE, make_position_mask
 
 __all__ = ["IMPLS", "attention_with_positions", "masked_attention", "ragged_attention"]
 
-IMPLS = ("xla", "auto")
+IMPLS = ("xla", "pallas", "auto")
 
 
 def _check(q: jax.Array, k: jax.Array, v: jax.Array, impl: str) -> None:
@@ -83,10 +83,18 @@ def ragged_attention(
     """Dense per-row layout: query ``t`` of row ``b`` sits at slot ``q_start[b] + t`` and
     sees slots ``[lead_pad[b], q_start[b] + t]`` (within ``window`` if given).
 
-    ``impl``: ``"xla"`` (this reference) or ``"auto"`` (the best available; XLA until
-    the Pallas kernels land).
+    ``impl``: ``"xla"`` (this reference), ``"pallas"`` (``pallas_kernels.ragged_attention``;
+    interpret mode on CPU) or ``"auto"`` (Pallas on TPU/GPU, XLA on CPU).
     """
     _check(q, k, v, impl)
+    if impl == "auto":
+        impl = "xla" if jax.default_backend() == "cpu" else "pallas"
+    if impl == "pallas":
+        from pallas_kernels.ragged_attention import ragged_attention as pallas_ragged_attention
+
+        t = k.shape[1]
+        block_k = next(bk for bk in (512, 256, 128, 64, 32, 16, 8, 4, 2, 1) if t % bk == 0)
+        return pallas_ragged_attention(q, k, v, lead_pad, q_start, window=window, scale=scale, block_k=block_k)
     b, t_q = q.shape[:2]
     t = k.shape[1]
     q_pos = jnp.asarray(q_start, jnp.int32)[:, None] + jnp.arange(t_q, dtype=jnp.int32)

@@ -120,7 +120,7 @@ def test_ragged_kv_lens_is_a_pytree():
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        (dict(impl="cuda"), r"impl must be one of \['xla', 'auto'\]"),
+        (dict(impl="cuda"), r"impl must be one of \[.xla., .pallas., .auto.\]"),
         (dict(k=np.zeros((B, T, 3, D), np.float32)), r"query heads 4 must be a multiple of kv heads 3"),
         (dict(q=np.zeros((B, 4, D), np.float32)), r"rank 4"),
     ],

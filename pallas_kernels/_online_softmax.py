@@ -1,0 +1,78 @@
+"""Shared pieces of the ragged attention kernels: live-block bounds and one
+online-softmax update over a KV block, for all query heads of every KV head group.
+
+Query rows of one KV head ``h`` are stacked as ``[G * t_q, D]`` (row ``r`` is query
+token ``r % t_q`` of head ``h * G + r // t_q``) so each K/V block is read once per group.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+MASK_VALUE = -1e30
+
+
+def live_block_range(
+    lead: jax.Array, q_start: jax.Array, t_q: int, window: int | None, block: int, num_keys: int
+) -> tuple[jax.Array, jax.Array]:
+    """``(first, last)`` KV block indices that hold any key visible to this row's queries
+    (``first > last`` when none). Blocks outside are skipped: no compute, no new copy."""
+    hi = jnp.minimum(q_start + t_q - 1, num_keys - 1)
+    lo = lead if window is None else jnp.maximum(lead, q_start - window + 1)
+    lo = jnp.maximum(lo, 0)
+    return lo // block, jnp.where(hi >= lo, hi // block, lo // block - 1)
+
+
+def group_queries(q: jax.Array, h: int, groups: int) -> jax.Array:
+    """``q [t_q, Hq, D]`` -> ``[G * t_q, D]`` for KV head ``h``."""
+    return jnp.concatenate([q[:, h * groups + g, :] for g in range(groups)], axis=0)
+
+
+def block_update(
+    carry: tuple[jax.Array, jax.Array, jax.Array],
+    qg: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    key_pos: jax.Array,
+    q_start: jax.Array,
+    lead: jax.Array,
+    t_q: int,
+    window: int | None,
+    scale: float,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One flash step. ``carry = (m [R, 1], l [R, 1], acc [R, D])`` float32, ``qg [R, D]``,
+    ``k, v [bk, D]``, ``key_pos [bk]`` absolute positions (``-1`` = empty slot)."""
+    m_prev, l_prev, acc_prev = carry
+    s = jax.lax.dot_general(
+        qg.astype(jnp.float32), k.astype(jnp.float32), (((1,), (1,)), ((), ())),
+        preferred_element_type=jnp.float32,
+    ) * scale
+    rows = qg.shape[0]
+    q_pos = q_start + jax.lax.broadcasted_iota(jnp.int32, (rows, 1), 0) % t_q
+    kp = key_pos[None, :]
+    ok = (kp >= lead) & (kp <= q_pos) & (kp >= 0)
+    if window is not None:
+        ok &= kp > q_pos - window
+    s = jnp.where(ok, s, MASK_VALUE)
+    m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
+    p = jnp.where(ok, jnp.exp(s - m_new), 0.0)
+    alpha = jnp.exp(m_prev - m_new)
+    l_new = alpha * l_prev + jnp.sum(p, axis=1, keepdims=True)
+    acc_new = alpha * acc_prev + jax.lax.dot_general(
+        p, v.astype(jnp.float32), (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+    )
+    return m_new, l_new, acc_new
+
+
+def finalize(denom: jax.Array, acc: jax.Array) -> jax.Array:
+    """``acc / denom``; rows that saw no visible key (``denom == 0``) give zeros."""
+    return jnp.where(denom > 0, acc / jnp.where(denom > 0, denom, 1.0), 0.0)
+
+
+def init_carry(rows: int, d: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    return (
+        jnp.full((rows, 1), MASK_VALUE, jnp.float32),
+        jnp.zeros((rows, 1), jnp.float32),
+        jnp.zeros((rows, d), jnp.float32),
+    )

@@ -1,0 +1,157 @@
+"""Pallas kernel: ragged masked attention reading K/V through a block table.
+
+Same semantics as ``ragged_attention`` with key slot ``j`` of row ``b`` living in pool
+page ``block_table[b, j // page_size]`` at offset ``j % page_size``. One KV block is
+one page. The grid body (TPU) takes the block table as a third scalar-prefetch
+operand and clamps the page index into the row's live range (skipped pages issue no
+copy); the loop body (GPU) visits only live pages. Reference: gather through the
+block table, then the XLA oracle (``paged_attention_reference``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from pallas_kernels._online_softmax import live_block_range
+from pallas_kernels.ragged_attention import (
+    _TPU_PARAMS,
+    check_dynamic,
+    check_static,
+    clamp_block,
+    default_body,
+    grid_kernel,
+    interpret_arg,
+    loop_kernel,
+)
+
+__all__ = ["paged_attention", "paged_attention_reference"]
+
+
+@functools.partial(jax.jit, static_argnames=("window", "scale", "body", "interpret"))
+def _paged_attention(q, k_pages, v_pages, block_table, lead_pad, q_start, *, window, scale, body, interpret):
+    bsz, t_q, hq, d = q.shape
+    _, page, hkv, _ = k_pages.shape
+    max_pages = block_table.shape[1]
+    num_keys = max_pages * page
+    groups = hq // hkv
+    static = dict(t_q=t_q, hkv=hkv, groups=groups, block=page, window=window, scale=scale, num_keys=num_keys)
+    lead_pad, q_start = lead_pad.astype(jnp.int32), q_start.astype(jnp.int32)
+    block_table = block_table.astype(jnp.int32)
+    out_shape = jax.ShapeDtypeStruct(q.shape, q.dtype)
+    if body == "loop":
+        return pl.pallas_call(
+            functools.partial(loop_kernel, paged=True, **static),
+            grid=(bsz,),
+            in_specs=[
+                pl.BlockSpec((bsz,), lambda b: (0,)),
+                pl.BlockSpec((bsz,), lambda b: (0,)),
+                pl.BlockSpec((bsz, max_pages), lambda b: (0, 0)),
+                pl.BlockSpec((None, t_q, hq, d), lambda b: (b, 0, 0, 0)),
+                pl.BlockSpec(k_pages.shape, lambda b: (0, 0, 0, 0)),
+                pl.BlockSpec(v_pages.shape, lambda b: (0, 0, 0, 0)),
+            ],
+            out_specs=pl.BlockSpec((None, t_q, hq, d), lambda b: (b, 0, 0, 0)),
+            out_shape=out_shape,
+            interpret=interpret,
+        )(lead_pad, q_start, block_table, q, k_pages, v_pages)
+
+    clamp = functools.partial(
+        clamp_block, t_q=t_q, window=window, block=page, num_keys=num_keys, num_blocks=max_pages
+    )
+
+    def kv_map(b, j, lead_ref, qs_ref, bt_ref):
+        return jnp.maximum(bt_ref[b, clamp(j, lead_ref[b], qs_ref[b])], 0), 0, 0, 0
+
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=3,
+        grid=(bsz, max_pages),
+        in_specs=[
+            pl.BlockSpec((None, t_q, hq, d), lambda b, j, *_: (b, 0, 0, 0)),
+            pl.BlockSpec((None, page, hkv, d), kv_map),
+            pl.BlockSpec((None, page, hkv, d), kv_map),
+        ],
+        out_specs=pl.BlockSpec((None, t_q, hq, d), lambda b, j, *_: (b, 0, 0, 0)),
+        scratch_shapes=[
+            pltpu.VMEM((hkv, groups * t_q, 1), jnp.float32),
+            pltpu.VMEM((hkv, groups * t_q, 1), jnp.float32),
+            pltpu.VMEM((hkv, groups * t_q, d), jnp.float32),
+        ],
+    )
+    extra = {}
+    if _TPU_PARAMS is not None and jax.default_backend() == "tpu":
+        extra["compiler_params"] = _TPU_PARAMS(dimension_semantics=("parallel", "arbitrary"))
+    return pl.pallas_call(
+        functools.partial(grid_kernel, n_prefetch=3, **static),
+        grid_spec=grid_spec,
+        out_shape=out_shape,
+        interpret=interpret,
+        **extra,
+    )(lead_pad, q_start, block_table, q, k_pages, v_pages)
+
+
+def _check_pages(block_table, lead_pad, q_start, t_q: int, window: int | None, page: int, num_pages: int) -> None:
+    """Every page a row reads must be owned (``0 <= id < num_pages``); host-side, concrete only."""
+    if any(isinstance(x, jax.core.Tracer) for x in (block_table, lead_pad, q_start)):
+        return
+    bt = np.asarray(block_table)
+    for b in range(bt.shape[0]):  # host-side validation, not the kernel
+        first, last = (int(x) for x in live_block_range(
+            int(lead_pad[b]), int(q_start[b]), t_q, window, page, bt.shape[1] * page))
+        ids = bt[b, first : last + 1]
+        if ((ids < 0) | (ids >= num_pages)).any():
+            raise ValueError(
+                f"block_table row {b} has pages {ids.tolist()} for its live logical pages {first}..{last}; "
+                f"each must lie in [0, {num_pages})"
+            )
+
+
+def paged_attention(
+    q: jax.Array,
+    k_pages: jax.Array,
+    v_pages: jax.Array,
+    block_table: jax.Array,
+    lead_pad: jax.Array,
+    q_start: jax.Array,
+    *,
+    window: int | None = None,
+    scale: float | None = None,
+    body: str | None = None,
+    interpret: bool | str | None = None,
+) -> jax.Array:
+    """``q [B, t_q, Hq, D]``; ``k_pages, v_pages [num_pages, page_size, Hkv, D]`` (one
+    layer of the pool); ``block_table int32 [B, max_pages]`` (``-1`` = none);
+    ``lead_pad, q_start int32 [B]`` -> ``[B, t_q, Hq, D]``."""
+    body = default_body() if body is None else body
+    check_static(q, k_pages, v_pages, lead_pad, q_start, body, k_pages.shape[1] if k_pages.ndim == 4 else 1,
+                 what="k_pages")
+    if np.ndim(block_table) != 2 or np.shape(block_table)[0] != q.shape[0]:
+        raise ValueError(f"block_table must be [B={q.shape[0]}, max_pages], got shape {np.shape(block_table)}")
+    if window is not None and window < 1:
+        raise ValueError(f"window must be >= 1 or None, got {window}")
+    page, num_pages = k_pages.shape[1], k_pages.shape[0]
+    check_dynamic(lead_pad, q_start, q.shape[1], np.shape(block_table)[1] * page)
+    _check_pages(block_table, lead_pad, q_start, q.shape[1], window, page, num_pages)
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    return _paged_attention(
+        q, k_pages, v_pages, jnp.asarray(block_table), jnp.asarray(lead_pad), jnp.asarray(q_start),
+        window=window, scale=scale, body=body, interpret=interpret_arg(interpret),
+    )
+
+
+def paged_attention_reference(q, k_pages, v_pages, block_table, lead_pad, q_start, *, window=None, scale=None):
+    """Gather each row's pages into a contiguous ``[B, max_pages * page, Hkv, D]`` and run
+    the XLA oracle."""
+    from specjax.attention import ragged_attention as xla_ragged_attention
+
+    bt = jnp.asarray(block_table)
+    safe = jnp.where(bt >= 0, bt, 0)
+    b, mp = bt.shape
+    k = k_pages[safe].reshape(b, mp * k_pages.shape[1], *k_pages.shape[2:])
+    v = v_pages[safe].reshape(b, mp * v_pages.shape[1], *v_pages.shape[2:])
+    return xla_ragged_attention(q, k, v, lead_pad, q_start, window=window, scale=scale, impl="xla")

@@ -1,0 +1,278 @@
+"""Pallas kernel: ragged masked attention over a dense per-row KV layout.
+
+Semantics are those of ``specjax.attention.ragged_attention`` (the oracle, see
+``ragged_attention_reference``): query ``t`` of row ``b`` sits at key slot
+``q_start[b] + t`` and sees slots ``[lead_pad[b], q_start[b] + t]`` (within ``window``
+if given); GQA; float32 accumulation; a query with no visible key returns zeros.
+
+Two kernel bodies share the online-softmax step (``_online_softmax``):
+
+* ``"grid"`` (TPU / Mosaic layout): grid ``(B, num_kv_blocks)``, the KV block axis is
+  the sequential reduction axis; ``lead_pad``/``q_start`` (and a paged block table)
+  are scalar-prefetch operands; the K/V ``index_map`` clamps the block index into the
+  row's live range, so a skipped block re-uses the block already resident and issues
+  no copy, and ``pl.when`` skips its compute. Accumulators live in VMEM scratch.
+* ``"loop"`` (GPU / Triton style): grid ``(B,)``; ``lead_pad``/``q_start`` are plain
+  inputs; each program loops over *only* its live KV blocks with ``fori_loop``.
+
+On CPU both run in interpret mode (``interpret=True``; the grid body also under the
+TPU interpreter, ``pltpu.InterpretParams``). K/V blocks carry all KV heads
+(``[block, Hkv, D]``): the last two block dims equal the array's, as Mosaic requires.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from pallas_kernels._online_softmax import (
+    MASK_VALUE,
+    block_update,
+    finalize,
+    group_queries,
+    init_carry,
+    live_block_range,
+)
+
+__all__ = ["BODIES", "ragged_attention", "ragged_attention_reference"]
+
+BODIES = ("grid", "loop")
+_TPU_PARAMS = getattr(pltpu, "CompilerParams", None) or getattr(pltpu, "TPUCompilerParams", None)
+
+
+# ----------------------------------------------------------------------------- bodies
+
+
+def grid_kernel(*refs, n_prefetch, t_q, hkv, groups, block, window, scale, num_keys):
+    """Body for grid ``(B, num_blocks)``. Refs: ``lead, q_start[, block_table]`` (scalar
+    prefetch), ``q [t_q, Hq, D]``, ``k, v [block, Hkv, D]``, ``o``, scratch ``m, l, acc``."""
+    lead_ref, qs_ref = refs[0], refs[1]
+    q_ref, k_ref, v_ref, o_ref, m_sc, l_sc, acc_sc = refs[n_prefetch:]
+    b, j = pl.program_id(0), pl.program_id(1)
+    lead, qs = lead_ref[b], qs_ref[b]
+    first, last = live_block_range(lead, qs, t_q, window, block, num_keys)
+
+    @pl.when(j == 0)
+    def _init():
+        m_sc[...] = jnp.full(m_sc.shape, MASK_VALUE, jnp.float32)
+        l_sc[...] = jnp.zeros(l_sc.shape, jnp.float32)
+        acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
+
+    @pl.when((j >= first) & (j <= last))
+    def _compute():
+        q = q_ref[...]
+        key_pos = j * block + jax.lax.broadcasted_iota(jnp.int32, (block,), 0)
+        for h in range(hkv):
+            m, denom, acc = block_update(
+                (m_sc[h], l_sc[h], acc_sc[h]), group_queries(q, h, groups), k_ref[:, h, :], v_ref[:, h, :],
+                key_pos, qs, lead, t_q, window, scale,
+            )
+            m_sc[h], l_sc[h], acc_sc[h] = m, denom, acc
+
+    @pl.when(j == pl.num_programs(1) - 1)
+    def _finish():
+        for h in range(hkv):
+            out = finalize(l_sc[h], acc_sc[h])
+            for g in range(groups):
+                o_ref[:, h * groups + g, :] = out[g * t_q : (g + 1) * t_q].astype(o_ref.dtype)
+
+
+def loop_kernel(lead_ref, qs_ref, *refs, paged, t_q, hkv, groups, block, window, scale, num_keys):
+    """Body for grid ``(B,)``: loop over this row's live KV blocks only. Refs: ``lead [B]``,
+    ``q_start [B]``, ``[block_table [B, M]]``, ``q``, ``k``, ``v`` (a row ``[T, Hkv, D]`` or
+    the page pool ``[P, page, Hkv, D]``), ``o``."""
+    if paged:
+        bt_ref, q_ref, k_ref, v_ref, o_ref = refs
+    else:
+        q_ref, k_ref, v_ref, o_ref = refs
+    b = pl.program_id(0)
+    lead, qs = lead_ref[b], qs_ref[b]
+    first, last = live_block_range(lead, qs, t_q, window, block, num_keys)
+    q = q_ref[...]
+    d = q.shape[-1]
+    for h in range(hkv):
+        qg = group_queries(q, h, groups)
+
+        def body(j, carry, h=h, qg=qg):
+            if paged:
+                page = bt_ref[b, j]
+                k, v = k_ref[page, :, h, :], v_ref[page, :, h, :]
+            else:
+                k, v = k_ref[pl.ds(j * block, block), h, :], v_ref[pl.ds(j * block, block), h, :]
+            key_pos = j * block + jax.lax.broadcasted_iota(jnp.int32, (block,), 0)
+            return block_update(carry, qg, k, v, key_pos, qs, lead, t_q, window, scale)
+
+        _, denom, acc = jax.lax.fori_loop(first, last + 1, body, init_carry(groups * t_q, d))
+        out = finalize(denom, acc)
+        for g in range(groups):
+            o_ref[:, h * groups + g, :] = out[g * t_q : (g + 1) * t_q].astype(o_ref.dtype)
+
+
+def clamp_block(j, lead, qs, *, t_q, window, block, num_keys, num_blocks):
+    """Block index a grid step reads: ``j`` clamped into the live range (skipped steps
+    repeat a resident block, so the pipeline issues no new copy)."""
+    first, last = live_block_range(lead, qs, t_q, window, block, num_keys)
+    return jnp.clip(jnp.minimum(jnp.maximum(j, first), last), 0, num_blocks - 1)
+
+
+def interpret_arg(interpret: bool | str | None):
+    """``None``: interpret on CPU only; ``"tpu"``: the TPU interpreter where available."""
+    if interpret == "tpu":
+        return pltpu.InterpretParams() if hasattr(pltpu, "InterpretParams") else True
+    if interpret is None:
+        return jax.default_backend() == "cpu"
+    return bool(interpret)
+
+
+def default_body() -> str:
+    return "loop" if jax.default_backend() == "gpu" else "grid"
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def check_static(q, k, v, lead_pad, q_start, body: str, block: int, what: str = "k") -> None:
+    """Shape/dtype/head checks that need no values; ``ValueError`` naming the argument."""
+    if body not in BODIES:
+        raise ValueError(f"body must be one of {list(BODIES)}, got {body!r}")
+    if q.ndim != 4:
+        raise ValueError(f"q must be [B, t_q, Hq, D], got shape {q.shape}")
+    if k.shape != v.shape:
+        raise ValueError(f"{what} and v must have the same shape, got {k.shape} and {v.shape}")
+    if k.ndim != 4 or k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"{what} must be rank 4 with head_dim {q.shape[-1]}, got shape {k.shape}")
+    if q.shape[2] % k.shape[2]:
+        raise ValueError(f"q heads {q.shape[2]} must be a multiple of {what} heads {k.shape[2]} (GQA)")
+    for name, x in (("q", q), (what, k), ("v", v)):
+        if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
+            raise ValueError(f"{name} dtype must be float32, bfloat16 or float16, got {x.dtype}")
+    b = q.shape[0]
+    for name, x in (("lead_pad", lead_pad), ("q_start", q_start)):
+        if np.shape(x) != (b,):
+            raise ValueError(f"{name} must have shape [B]=({b},), got {np.shape(x)}")
+    if block < 1:
+        raise ValueError(f"block size must be >= 1, got {block}")
+
+
+def check_dynamic(lead_pad, q_start, t_q: int, num_keys: int) -> None:
+    """Value checks, run on the host when the inputs are concrete (skipped under a trace)."""
+    if isinstance(lead_pad, jax.core.Tracer) or isinstance(q_start, jax.core.Tracer):
+        return
+    lp, qs = np.asarray(lead_pad), np.asarray(q_start)
+    bad = np.nonzero((qs < 0) | (qs + t_q > num_keys))[0]
+    if len(bad):
+        raise ValueError(
+            f"q_start + t_q must lie in [t_q, {num_keys}]; "
+            f"rows {bad[:16].tolist()} have q_start={qs[bad][:16].tolist()}"
+        )
+    bad = np.nonzero(lp < 0)[0]
+    if len(bad):
+        raise ValueError(f"lead_pad must be >= 0; rows {bad[:16].tolist()} have {lp[bad][:16].tolist()}")
+
+
+# ----------------------------------------------------------------------------- dense
+
+
+@functools.partial(jax.jit, static_argnames=("window", "scale", "block_k", "body", "interpret"))
+def _ragged_attention(q, k, v, lead_pad, q_start, *, window, scale, block_k, body, interpret):
+    bsz, t_q, hq, d = q.shape
+    num_keys, hkv = k.shape[1], k.shape[2]
+    groups = hq // hkv
+    nb = num_keys // block_k
+    static = dict(t_q=t_q, hkv=hkv, groups=groups, block=block_k, window=window, scale=scale, num_keys=num_keys)
+    lead_pad = lead_pad.astype(jnp.int32)
+    q_start = q_start.astype(jnp.int32)
+    out_shape = jax.ShapeDtypeStruct(q.shape, q.dtype)
+    if body == "loop":
+        return pl.pallas_call(
+            functools.partial(loop_kernel, paged=False, **static),
+            grid=(bsz,),
+            in_specs=[
+                pl.BlockSpec((bsz,), lambda b: (0,)),
+                pl.BlockSpec((bsz,), lambda b: (0,)),
+                pl.BlockSpec((None, t_q, hq, d), lambda b: (b, 0, 0, 0)),
+                pl.BlockSpec((None, num_keys, hkv, d), lambda b: (b, 0, 0, 0)),
+                pl.BlockSpec((None, num_keys, hkv, d), lambda b: (b, 0, 0, 0)),
+            ],
+            out_specs=pl.BlockSpec((None, t_q, hq, d), lambda b: (b, 0, 0, 0)),
+            out_shape=out_shape,
+            interpret=interpret,
+        )(lead_pad, q_start, q, k, v)
+
+    clamp = functools.partial(
+        clamp_block, t_q=t_q, window=window, block=block_k, num_keys=num_keys, num_blocks=nb
+    )
+
+    def kv_map(b, j, lead_ref, qs_ref):
+        return b, clamp(j, lead_ref[b], qs_ref[b]), 0, 0
+
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=2,
+        grid=(bsz, nb),
+        in_specs=[
+            pl.BlockSpec((None, t_q, hq, d), lambda b, j, *_: (b, 0, 0, 0)),
+            pl.BlockSpec((None, block_k, hkv, d), kv_map),
+            pl.BlockSpec((None, block_k, hkv, d), kv_map),
+        ],
+        out_specs=pl.BlockSpec((None, t_q, hq, d), lambda b, j, *_: (b, 0, 0, 0)),
+        scratch_shapes=[
+            pltpu.VMEM((hkv, groups * t_q, 1), jnp.float32),
+            pltpu.VMEM((hkv, groups * t_q, 1), jnp.float32),
+            pltpu.VMEM((hkv, groups * t_q, d), jnp.float32),
+        ],
+    )
+    extra = {}
+    if _TPU_PARAMS is not None and jax.default_backend() == "tpu":
+        extra["compiler_params"] = _TPU_PARAMS(dimension_semantics=("parallel", "arbitrary"))
+    return pl.pallas_call(
+        functools.partial(grid_kernel, n_prefetch=2, **static),
+        grid_spec=grid_spec,
+        out_shape=out_shape,
+        interpret=interpret,
+        **extra,
+    )(lead_pad, q_start, q, k, v)
+
+
+def ragged_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    lead_pad: jax.Array,
+    q_start: jax.Array,
+    *,
+    window: int | None = None,
+    scale: float | None = None,
+    block_k: int = 128,
+    body: str | None = None,
+    interpret: bool | str | None = None,
+) -> jax.Array:
+    """Ragged masked attention. ``q [B, t_q, Hq, D]``, ``k, v [B, T, Hkv, D]``,
+    ``lead_pad, q_start int32 [B]`` -> ``[B, t_q, Hq, D]``.
+
+    ``block_k`` must divide ``T``; ``body``: ``"grid"`` (TPU) or ``"loop"`` (GPU),
+    default by backend; ``interpret``: ``None`` = on CPU only, ``"tpu"`` = the TPU interpreter.
+    """
+    body = default_body() if body is None else body
+    check_static(q, k, v, lead_pad, q_start, body, block_k)
+    if k.shape[1] % block_k:
+        raise ValueError(f"block_k={block_k} must divide the key length T={k.shape[1]}")
+    if window is not None and window < 1:
+        raise ValueError(f"window must be >= 1 or None, got {window}")
+    check_dynamic(lead_pad, q_start, q.shape[1], k.shape[1])
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    return _ragged_attention(
+        q, k, v, jnp.asarray(lead_pad), jnp.asarray(q_start), window=window, scale=scale, block_k=block_k,
+        body=body, interpret=interpret_arg(interpret),
+    )
+
+
+def ragged_attention_reference(q, k, v, lead_pad, q_start, *, window=None, scale=None) -> jax.Array:
+    """The XLA oracle the kernel is tested against."""
+    from specjax.attention import ragged_attention as xla_ragged_attention
+
+    return xla_ragged_attention(q, k, v, lead_pad, q_start, window=window, scale=scale, impl="xla")

@@ -1,0 +1,153 @@
+"""Pallas kernels vs the XLA oracle, in interpret mode on CPU.
+
+Tolerances (max abs error vs the float32 oracle): float32 inputs 2e-5;
+bfloat16 inputs 3e-2 (inputs rounded to bf16, output stored as bf16).
+"""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.paged_attention import paged_attention, paged_attention_reference
+from pallas_kernels.ragged_attention import ragged_attention, ragged_attention_reference
+from specjax.attention import ragged_attention as specjax_ragged_attention
+
+TOL = {jnp.float32: 2e-5, jnp.bfloat16: 3e-2}
+B = 4
+
+
+def _rows(rng, t_q, num_keys, window):
+    """Ragged rows: one with no live key (lead pad past its queries), one at full capacity."""
+    q_start = rng.integers(0, num_keys - t_q + 1, B).astype(np.int32)
+    q_start[1] = num_keys - t_q  # queries end at the last slot: full capacity
+    lead = np.minimum(rng.integers(0, 9, B), q_start).astype(np.int32)
+    lead[1] = 0
+    lead[2] = q_start[2] + t_q  # no visible key: must return zeros
+    return lead, q_start
+
+
+def _data(rng, t_q, hq, hkv, d, num_keys, dtype):
+    q = rng.standard_normal((B, t_q, hq, d)).astype(np.float32)
+    k = rng.standard_normal((B, num_keys, hkv, d)).astype(np.float32)
+    v = rng.standard_normal((B, num_keys, hkv, d)).astype(np.float32)
+    return (jnp.asarray(x, dtype) for x in (q, k, v))
+
+
+# (t_q, Hq, Hkv, head_dim, block_k, num_keys, window, dtype)
+DENSE_CASES = [
+    (1, 4, 4, 64, 16, 64, None, jnp.float32),
+    (4, 4, 1, 64, 32, 64, None, jnp.float32),
+    (8, 8, 2, 128, 16, 48, None, jnp.float32),
+    (4, 4, 1, 128, 16, 64, 12, jnp.float32),
+    (1, 2, 2, 64, 8, 32, 5, jnp.float32),
+    (4, 4, 1, 64, 16, 64, None, jnp.bfloat16),
+    (8, 2, 2, 128, 32, 64, 20, jnp.bfloat16),
+]
+
+
+@pytest.mark.parametrize("body", ["grid", "loop"])
+@pytest.mark.parametrize("t_q,hq,hkv,d,block,num_keys,window,dtype", DENSE_CASES)
+def test_ragged_kernel_matches_reference(body, t_q, hq, hkv, d, block, num_keys, window, dtype):
+    rng = np.random.default_rng(t_q * 1000 + hq * 10 + d + block)
+    q, k, v = _data(rng, t_q, hq, hkv, d, num_keys, dtype)
+    lead, qs = _rows(rng, t_q, num_keys, window)
+    out = ragged_attention(q, k, v, lead, qs, window=window, block_k=block, body=body)
+    ref = ragged_attention_reference(q, k, v, lead, qs, window=window)
+    assert out.dtype == dtype and out.shape == q.shape
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), atol=TOL[dtype])
+    np.testing.assert_array_equal(np.asarray(out, np.float32)[2], 0.0)
+
+
+def test_ragged_grid_body_under_tpu_interpreter():
+    rng = np.random.default_rng(9)
+    q, k, v = _data(rng, 4, 4, 2, 64, 64, jnp.float32)
+    lead, qs = _rows(rng, 4, 64, None)
+    out = ragged_attention(q, k, v, lead, qs, block_k=16, body="grid", interpret="tpu")
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ragged_attention_reference(q, k, v, lead, qs)), atol=2e-5)
+
+
+@pytest.mark.parametrize("body", ["grid", "loop"])
+def test_blocks_outside_the_live_range_are_never_read(body):
+    """NaN in every block wholly outside a row's live range: any read would poison the output."""
+    rng = np.random.default_rng(4)
+    t_q, block, num_keys = 4, 16, 96
+    q, k, v = (np.array(x) for x in _data(rng, t_q, 4, 2, 64, num_keys, jnp.float32))
+    lead = np.array([20, 0, 33, 50], np.int32)
+    qs = np.array([40, 10, 60, 90], np.int32)
+    window = None
+    for b in range(B):
+        first, last = lead[b] // block, (qs[b] + t_q - 1) // block
+        for j in range(num_keys // block):
+            if j < first or j > last:
+                k[b, j * block : (j + 1) * block] = np.nan
+                v[b, j * block : (j + 1) * block] = np.nan
+    out = np.asarray(ragged_attention(q, k, v, lead, qs, window=window, block_k=block, body=body))
+    assert np.isfinite(out).all()
+    kk, vv = np.nan_to_num(k), np.nan_to_num(v)
+    np.testing.assert_allclose(out, np.asarray(ragged_attention_reference(q, kk, vv, lead, qs)), atol=2e-5)
+
+
+# (t_q, Hq, Hkv, head_dim, page, max_pages, window, dtype)
+PAGED_CASES = [
+    (1, 4, 4, 64, 8, 6, None, jnp.float32),
+    (4, 4, 1, 128, 16, 4, None, jnp.float32),
+    (8, 8, 2, 64, 8, 8, 10, jnp.float32),
+    (4, 4, 1, 64, 16, 4, None, jnp.bfloat16),
+]
+
+
+@pytest.mark.parametrize("body", ["grid", "loop"])
+@pytest.mark.parametrize("t_q,hq,hkv,d,page,max_pages,window,dtype", PAGED_CASES)
+def test_paged_kernel_matches_reference(body, t_q, hq, hkv, d, page, max_pages, window, dtype):
+    rng = np.random.default_rng(page * 100 + t_q + d)
+    num_keys = page * max_pages
+    num_pages = B * max_pages + 3
+    q = jnp.asarray(rng.standard_normal((B, t_q, hq, d)), dtype)
+    kp = jnp.asarray(rng.standard_normal((num_pages, page, hkv, d)), dtype)
+    vp = jnp.asarray(rng.standard_normal((num_pages, page, hkv, d)), dtype)
+    lead, qs = _rows(rng, t_q, num_keys, window)
+    bt = rng.permutation(num_pages)[: B * max_pages].reshape(B, max_pages).astype(np.int32)  # shuffled
+    # pages past each row's last query are unowned (-1)
+    for b in range(B):
+        bt[b, (qs[b] + t_q - 1) // page + 1 :] = -1
+    out = paged_attention(q, kp, vp, bt, lead, qs, window=window, body=body)
+    ref = paged_attention_reference(q, kp, vp, bt, lead, qs, window=window)
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), atol=TOL[dtype])
+    np.testing.assert_array_equal(np.asarray(out, np.float32)[2], 0.0)
+
+
+def test_specjax_attention_dispatches_to_pallas():
+    rng = np.random.default_rng(2)
+    q, k, v = _data(rng, 4, 4, 2, 64, 64, jnp.float32)
+    lead, qs = _rows(rng, 4, 64, None)
+    a = specjax_ragged_attention(q, k, v, lead, qs, impl="pallas")
+    b = specjax_ragged_attention(q, k, v, lead, qs, impl="auto")  # XLA on CPU
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(block_k=24), r"block_k=24 must divide the key length T=64"),
+        (dict(body="cuda"), r"body must be one of \['grid', 'loop'\]"),
+        (dict(k=np.zeros((B, 64, 3, 64), np.float32)), r"q heads 4 must be a multiple of k heads 3"),
+        (dict(q=np.zeros((B, 4, 4, 64), np.int32)), r"q dtype must be float32"),
+        (dict(qs=np.array([0, 0, 0, 61], np.int32)), r"q_start \+ t_q must lie in \[t_q, 64\]; rows \[3\]"),
+        (dict(lead=np.array([0, -1, 0, 0], np.int32)), r"lead_pad must be >= 0; rows \[1\]"),
+        (dict(lead=np.zeros(3, np.int32)), r"lead_pad must have shape \[B\]"),
+    ],
+)
+def test_kernel_bad_input(kwargs, match):
+    args = dict(q=np.zeros((B, 4, 4, 64), np.float32), k=np.zeros((B, 64, 2, 64), np.float32),
+                lead=np.zeros(B, np.int32), qs=np.zeros(B, np.int32), block_k=16, body="grid") | kwargs
+    with pytest.raises(ValueError, match=match):
+        ragged_attention(args["q"], args["k"], args["k"], args["lead"], args["qs"], block_k=args["block_k"],
+                         body=args["body"])
+
+
+def test_paged_bad_block_table():
+    q = np.zeros((B, 1, 2, 64), np.float32)
+    kp = np.zeros((5, 8, 2, 64), np.float32)
+    bt = np.full((B, 2), -1, np.int32)
+    with pytest.raises(ValueError, match=r"block_table row 0 has pages \[-1\]"):
+        paged_attention(q, kp, kp, bt, np.zeros(B, np.int32), np.zeros(B, np.int32))
