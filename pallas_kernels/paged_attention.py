@@ -16,16 +16,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels._online_softmax import live_block_range
 from pallas_kernels.ragged_attention import (
-    _TPU_PARAMS,
     check_dynamic,
     check_static,
     clamp_block,
     default_body,
-    grid_kernel,
+    grid_call,
     interpret_arg,
     loop_kernel,
 )
@@ -68,31 +66,9 @@ def _paged_attention(q, k_pages, v_pages, block_table, lead_pad, q_start, *, win
     def kv_map(b, j, lead_ref, qs_ref, bt_ref):
         return jnp.maximum(bt_ref[b, clamp(j, lead_ref[b], qs_ref[b])], 0), 0, 0, 0
 
-    grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=3,
-        grid=(bsz, max_pages),
-        in_specs=[
-            pl.BlockSpec((None, t_q, hq, d), lambda b, j, *_: (b, 0, 0, 0)),
-            pl.BlockSpec((None, page, hkv, d), kv_map),
-            pl.BlockSpec((None, page, hkv, d), kv_map),
-        ],
-        out_specs=pl.BlockSpec((None, t_q, hq, d), lambda b, j, *_: (b, 0, 0, 0)),
-        scratch_shapes=[
-            pltpu.VMEM((hkv, groups * t_q, 1), jnp.float32),
-            pltpu.VMEM((hkv, groups * t_q, 1), jnp.float32),
-            pltpu.VMEM((hkv, groups * t_q, d), jnp.float32),
-        ],
-    )
-    extra = {}
-    if _TPU_PARAMS is not None and jax.default_backend() == "tpu":
-        extra["compiler_params"] = _TPU_PARAMS(dimension_semantics=("parallel", "arbitrary"))
-    return pl.pallas_call(
-        functools.partial(grid_kernel, n_prefetch=3, **static),
-        grid_spec=grid_spec,
-        out_shape=out_shape,
-        interpret=interpret,
-        **extra,
-    )(lead_pad, q_start, block_table, q, k_pages, v_pages)
+    call = grid_call(static, n_prefetch=3, grid=(bsz, max_pages), kv_block=(None, page, hkv, d), kv_map=kv_map,
+                     q=q, interpret=interpret)
+    return call(lead_pad, q_start, block_table, q, k_pages, v_pages)
 
 
 def _check_pages(block_table, lead_pad, q_start, t_q: int, window: int | None, page: int, num_pages: int) -> None:

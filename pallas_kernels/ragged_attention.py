@@ -113,6 +113,35 @@ def loop_kernel(lead_ref, qs_ref, *refs, paged, t_q, hkv, groups, block, window,
             o_ref[:, h * groups + g, :] = out[g * t_q : (g + 1) * t_q].astype(o_ref.dtype)
 
 
+def grid_call(static: dict, *, n_prefetch: int, grid: tuple[int, int], kv_block: tuple, kv_map, q, interpret):
+    """``pallas_call`` of ``grid_kernel``: q/out blocks are whole rows, K/V blocks follow
+    ``kv_map`` (which receives the scalar-prefetch refs), accumulators in VMEM scratch."""
+    _, t_q, hq, d = q.shape
+    rows = static["groups"] * t_q
+    row_spec = pl.BlockSpec((None, t_q, hq, d), lambda b, j, *_: (b, 0, 0, 0))
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=n_prefetch,
+        grid=grid,
+        in_specs=[row_spec, pl.BlockSpec(kv_block, kv_map), pl.BlockSpec(kv_block, kv_map)],
+        out_specs=row_spec,
+        scratch_shapes=[
+            pltpu.VMEM((static["hkv"], rows, 1), jnp.float32),
+            pltpu.VMEM((static["hkv"], rows, 1), jnp.float32),
+            pltpu.VMEM((static["hkv"], rows, d), jnp.float32),
+        ],
+    )
+    extra = {}
+    if _TPU_PARAMS is not None and jax.default_backend() == "tpu":
+        extra["compiler_params"] = _TPU_PARAMS(dimension_semantics=("parallel", "arbitrary"))
+    return pl.pallas_call(
+        functools.partial(grid_kernel, n_prefetch=n_prefetch, **static),
+        grid_spec=grid_spec,
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        interpret=interpret,
+        **extra,
+    )
+
+
 def clamp_block(j, lead, qs, *, t_q, window, block, num_keys, num_blocks):
     """Block index a grid step reads: ``j`` clamped into the live range (skipped steps
     repeat a resident block, so the pipeline issues no new copy)."""
@@ -211,31 +240,9 @@ def _ragged_attention(q, k, v, lead_pad, q_start, *, window, scale, block_k, bod
     def kv_map(b, j, lead_ref, qs_ref):
         return b, clamp(j, lead_ref[b], qs_ref[b]), 0, 0
 
-    grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=2,
-        grid=(bsz, nb),
-        in_specs=[
-            pl.BlockSpec((None, t_q, hq, d), lambda b, j, *_: (b, 0, 0, 0)),
-            pl.BlockSpec((None, block_k, hkv, d), kv_map),
-            pl.BlockSpec((None, block_k, hkv, d), kv_map),
-        ],
-        out_specs=pl.BlockSpec((None, t_q, hq, d), lambda b, j, *_: (b, 0, 0, 0)),
-        scratch_shapes=[
-            pltpu.VMEM((hkv, groups * t_q, 1), jnp.float32),
-            pltpu.VMEM((hkv, groups * t_q, 1), jnp.float32),
-            pltpu.VMEM((hkv, groups * t_q, d), jnp.float32),
-        ],
-    )
-    extra = {}
-    if _TPU_PARAMS is not None and jax.default_backend() == "tpu":
-        extra["compiler_params"] = _TPU_PARAMS(dimension_semantics=("parallel", "arbitrary"))
-    return pl.pallas_call(
-        functools.partial(grid_kernel, n_prefetch=2, **static),
-        grid_spec=grid_spec,
-        out_shape=out_shape,
-        interpret=interpret,
-        **extra,
-    )(lead_pad, q_start, q, k, v)
+    call = grid_call(static, n_prefetch=2, grid=(bsz, nb), kv_block=(None, block_k, hkv, d), kv_map=kv_map,
+                     q=q, interpret=interpret)
+    return call(lead_pad, q_start, q, k, v)
 
 
 def ragged_attention(
