@@ -1,6 +1,19 @@
-"""specjax: batched speculative decoding in JAX with per-sequence KV advance."""
+"""specjax: batched speculative decoding in JAX with per-sequence KV advance.
+
+Data flows plan -> cache -> mask -> attention (-> model -> drafter -> verify -> engine).
+"""
 
 from specjax.advance import KvAdvance, kv_advance
+from specjax.attention import ragged_attention
+from specjax.cache import (
+    DenseKVCache,
+    PagedKVCache,
+    RollingKVCache,
+    cache_supports_per_sequence_advance,
+    front_align_batch,
+    front_pad_kv_cache,
+)
+from specjax.masks import RaggedKvLens, make_left_padded_causal_mask
 from specjax.plan import (
     CohortStepPlan,
     PerSeqStepPlan,
@@ -12,12 +25,21 @@ from specjax.sim import simulate, simulate_alone
 
 __all__ = [
     "CohortStepPlan",
+    "DenseKVCache",
     "KvAdvance",
+    "PagedKVCache",
     "PerSeqStepPlan",
+    "RaggedKvLens",
+    "RollingKVCache",
+    "cache_supports_per_sequence_advance",
+    "front_align_batch",
+    "front_pad_kv_cache",
     "kv_advance",
+    "make_left_padded_causal_mask",
     "plan_cohort_step",
     "plan_per_sequence_step",
     "plan_step",
+    "ragged_attention",
     "simulate",
     "simulate_alone",
 ]
