@@ -124,10 +124,7 @@ def paged_attention_reference(q, k_pages, v_pages, block_table, lead_pad, q_star
     """Gather each row's pages into a contiguous ``[B, max_pages * page, Hkv, D]`` and run
     the XLA oracle."""
     from specjax.attention import ragged_attention as xla_ragged_attention
+    from specjax.cache.paged import gather_pages
 
-    bt = jnp.asarray(block_table)
-    safe = jnp.where(bt >= 0, bt, 0)
-    b, mp = bt.shape
-    k = k_pages[safe].reshape(b, mp * k_pages.shape[1], *k_pages.shape[2:])
-    v = v_pages[safe].reshape(b, mp * v_pages.shape[1], *v_pages.shape[2:])
+    k, v, _ = gather_pages(k_pages, v_pages, block_table)
     return xla_ragged_attention(q, k, v, lead_pad, q_start, window=window, scale=scale, impl="xla")

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax._pytree import pytree_dataclass
+from specjax.advance import KvAdvance, parse_kv_advance
 
 __all__ = [
     "CohortStepPlan",
@@ -174,8 +175,6 @@ def plan_cohort_step(u: jax.Array, a: jax.Array, window: int) -> CohortStepPlan:
 
 def plan_step(u: jax.Array, a: jax.Array, window: int, rule: object) -> PerSeqStepPlan:
     """Dispatch on a ``KvAdvance`` (or its name) to the matching plan function."""
-    from specjax.advance import KvAdvance, parse_kv_advance
-
     r = parse_kv_advance(rule)
     if r is KvAdvance.COHORT:
         return plan_cohort_step(u, a, window)

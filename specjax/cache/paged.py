@@ -20,11 +20,28 @@ from specjax._pytree import pytree_dataclass
 from specjax.attention import attention_with_positions
 from specjax.cache.base import CAPACITY_EXCEEDED, OUT_OF_PAGES, ROLLBACK_INVALID, as_rows, positions
 
-__all__ = ["PagedKVCache"]
+__all__ = ["PagedKVCache", "gather_pages"]
 
 
 def _ceil_div(a: jax.Array, b: int) -> jax.Array:
     return (a + b - 1) // b
+
+
+def gather_pages(
+    k_pages: jax.Array, v_pages: jax.Array, block_table: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One layer's pool ``[num_pages, page_size, Hkv, D]`` read through ``block_table [B, M]``:
+    contiguous ``k, v [B, M * page_size, Hkv, D]`` and ``key_pos [B, M * page_size]``
+    (``-1`` where the row owns no page; those slots read page 0 and must stay masked)."""
+    bt = jnp.asarray(block_table, jnp.int32)
+    safe = jnp.where(bt >= 0, bt, 0)
+    b, mp = bt.shape
+    ps = k_pages.shape[1]
+    k = k_pages[safe].reshape(b, mp * ps, *k_pages.shape[2:])
+    v = v_pages[safe].reshape(b, mp * ps, *v_pages.shape[2:])
+    pos = jnp.arange(mp * ps, dtype=jnp.int32).reshape(mp, ps)[None]
+    key_pos = jnp.where((bt >= 0)[:, :, None], pos, -1).reshape(b, mp * ps)
+    return k, v, key_pos
 
 
 @pytree_dataclass
@@ -160,15 +177,7 @@ class PagedKVCache:
     def gather(self, layer: int | jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Per-row contiguous ``k, v [B, max_pages * page_size, Hkv, D]`` and ``key_pos``
         (``-1`` where the row owns no page)."""
-        bt = self.block_table
-        safe = jnp.where(bt >= 0, bt, 0)
-        b, mp = bt.shape
-        ps = self.page_size
-        k = self.k[layer][safe].reshape(b, mp * ps, *self.k.shape[3:])
-        v = self.v[layer][safe].reshape(b, mp * ps, *self.v.shape[3:])
-        pos = jnp.arange(mp * ps, dtype=jnp.int32).reshape(mp, ps)[None]
-        key_pos = jnp.where((bt >= 0)[:, :, None], pos, -1).reshape(b, mp * ps)
-        return k, v, key_pos
+        return gather_pages(self.k[layer], self.v[layer], self.block_table)
 
     def attend(
         self, q: jax.Array, layer: int | jax.Array, *, window: int | None = None, scale: float | None = None
