@@ -1,0 +1,72 @@
+"""Model configuration: a frozen dataclass, hashable, usable as a jit static argument."""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["ModelConfig"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """A Llama-family decoder.
+
+    ``sliding_window``: if set, layers are local (sliding window) except, with
+    ``global_every = k > 0``, every k-th layer (``i % k == k - 1``), which is global.
+    ``mtp_depth``: how many tokens the MTP module may draft per step (chained).
+    """
+
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_ff: int
+    max_seq_len: int
+    sliding_window: int | None = None
+    global_every: int = 0
+    mtp_depth: int = 1
+    head_dim: int | None = None
+    tie_embeddings: bool = True
+    qkv_bias: bool = False
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"ModelConfig.{name} must be an int >= 1, got {v!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
+        if self.head_dim is None and self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} must be a multiple of n_heads={self.n_heads} (or set head_dim)")
+        if self.head_dim is not None and (self.head_dim < 2 or self.head_dim % 2):
+            raise ValueError(f"head_dim must be an even int >= 2, got {self.head_dim}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1 or None, got {self.sliding_window}")
+        if self.global_every < 0:
+            raise ValueError(f"global_every must be >= 0, got {self.global_every}")
+        if self.mtp_depth < 0:
+            raise ValueError(f"mtp_depth must be >= 0, got {self.mtp_depth}")
+
+    @property
+    def dim_head(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+    def is_local(self, layer: int) -> bool:
+        """Does ``layer`` use the sliding window (and the rolling cache)?"""
+        if self.sliding_window is None:
+            return False
+        return not (self.global_every > 0 and layer % self.global_every == self.global_every - 1)
+
+    @property
+    def local_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.n_layers) if self.is_local(i))
+
+    @property
+    def global_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.n_layers) if not self.is_local(i))
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
