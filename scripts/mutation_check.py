@@ -148,6 +148,50 @@ MUTATIONS: list[Mutation] = [
         "q_pos = q_start + jax.lax.broadcasted_iota(jnp.int32, (rows, 1), 0) % t_q + 1",
         ("tests/test_pallas_kernels.py",),
     ),
+    # --- engine ---
+    Mutation(
+        "verify accepts one past the first mismatch",
+        "specjax/verify.py",
+        "    a = _leading(ok)\n    bonus = jnp.take_along_axis(tgt",
+        "    a = jnp.minimum(_leading(ok) + 1, proposed)\n    bonus = jnp.take_along_axis(tgt",
+        ("tests/test_engine.py::test_greedy_speculative_equals_plain",),
+    ),
+    Mutation(
+        "rejection sampling resamples from p instead of the residual",
+        "specjax/verify.py",
+        "    final = jnp.where(rejected[:, None], resid, p_next)\n",
+        "    final = p_next\n",
+        ("tests/test_engine.py::test_speculative_sampling_matches_the_target_distribution",),
+    ),
+    Mutation(
+        "cohort surplus not re-fed",
+        "specjax/engine.py",
+        "u=jnp.where(active, plan.next_uncached, u)",
+        "u=jnp.where(active, 1, u)",
+        ("tests/test_engine.py::test_greedy_speculative_equals_plain",),
+    ),
+    Mutation(
+        "per-row key replaced by a shared key",
+        "specjax/sampling.py",
+        "    base = jax.vmap(jax.random.key)(seeds)\n",
+        "    base = jax.vmap(jax.random.key)(jnp.zeros_like(seeds))\n",
+        ("tests/test_engine.py::test_sampling_rows_are_batch_invariant_and_seeded",
+         "tests/test_engine.py::test_speculative_sampling_matches_the_target_distribution"),
+    ),
+    Mutation(
+        "finished rows take part in the cohort minimum",
+        "specjax/engine.py",
+        "plan = plan_step(u, jnp.where(active, a, w - u), w, eng.kv_rule)",
+        "plan = plan_step(u, jnp.where(active, a, 0), w, eng.kv_rule)",
+        ("tests/test_engine.py::test_finished_rows_do_not_hold_back_the_cohort",),
+    ),
+    Mutation(
+        "draft model cache never advances",
+        "specjax/drafter.py",
+        "        return dstate.advance(advance)\n",
+        "        return dstate\n",
+        ("tests/test_engine.py::test_greedy_speculative_equals_plain",),
+    ),
 ]
 
 

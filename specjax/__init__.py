@@ -13,7 +13,9 @@ from specjax.cache import (
     front_align_batch,
     front_pad_kv_cache,
 )
+from specjax.engine import GenerationResult, generate
 from specjax.masks import RaggedKvLens, make_left_padded_causal_mask
+from specjax.model import Model, ModelConfig, init_model, logits
 from specjax.plan import (
     CohortStepPlan,
     PerSeqStepPlan,
@@ -26,7 +28,10 @@ from specjax.sim import simulate, simulate_alone
 __all__ = [
     "CohortStepPlan",
     "DenseKVCache",
+    "GenerationResult",
     "KvAdvance",
+    "Model",
+    "ModelConfig",
     "PagedKVCache",
     "PerSeqStepPlan",
     "RaggedKvLens",
@@ -34,7 +39,10 @@ __all__ = [
     "cache_supports_per_sequence_advance",
     "front_align_batch",
     "front_pad_kv_cache",
+    "generate",
+    "init_model",
     "kv_advance",
+    "logits",
     "make_left_padded_causal_mask",
     "plan_cohort_step",
     "plan_per_sequence_step",

@@ -172,6 +172,11 @@ class ModelCache:
     def rollback(self, new_lengths: jax.Array) -> ModelCache:
         return self._map(lambda c: c.rollback(new_lengths))
 
+    def with_lengths(self, lengths: jax.Array) -> ModelCache:
+        """Same buffers, write offset moved to ``lengths`` (scratch writes past the
+        committed length, e.g. chained drafting; restore with ``with_lengths`` after)."""
+        return self._map(lambda c: c.replace(lengths=lengths))
+
 
 def init_cache(
     config: ModelConfig,

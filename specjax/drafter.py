@@ -1,0 +1,186 @@
+"""Drafters: propose ``depth`` draft tokens per row and commit per-row accepted counts.
+
+Protocol (all pure, traced inside the engine's jitted step):
+
+* ``prefill(eng, params, st, hidden, positions) -> dstate`` after the target prefill;
+* ``propose(eng, params, st) -> (drafts [B, d], q [B, d, V] | None, dstate)``: ``q`` is
+  the draft distribution (``None`` when drafts are deterministic, i.e. one-hot);
+* ``commit(eng, params, st, dstate, hidden, old_lengths, u, a, advance) -> dstate``
+  after verification (``st.seq`` already holds the emitted tokens).
+
+Drafter caches mirror the target's per-row lengths and advance by the same plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from specjax._pytree import pytree_dataclass
+from specjax.cache import DenseKVCache
+from specjax.model.llama import ModelCache, forward, mtp_forward
+from specjax.sampling import DRAFT, position_keys, probs, sample
+
+__all__ = ["DRAFTERS", "DraftModelDrafter", "MtpDrafter", "NgramDrafter", "NoDrafter", "pick"]
+
+DRAFTERS = ("mtp", "draft_model", "ngram")
+
+
+def pick(logits: jax.Array, eng: Any, seeds: jax.Array, positions: jax.Array):
+    """Draft tokens from ``logits [B, V]`` for absolute ``positions [B]``: argmax when
+    greedy (``q = None``), else a sample from the filtered distribution ``q [B, V]``."""
+    if eng.sampling.greedy:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+    q = probs(logits, eng.sampling)
+    return sample(position_keys(seeds, positions[:, None], DRAFT)[:, 0], q), q
+
+
+def _stack_q(qs: list, greedy: bool):
+    return None if greedy else jnp.stack(qs, axis=1)
+
+
+def _gather(seq: jax.Array, idx: jax.Array) -> jax.Array:
+    return jnp.take_along_axis(seq, jnp.clip(idx, 0, seq.shape[1] - 1), axis=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class NoDrafter:
+    """Plain decoding (depth 0): the baseline, on the same step."""
+
+    name: str = "none"
+
+    def prefill(self, eng, params, st, hidden, positions):
+        return None
+
+    def propose(self, eng, params, st):
+        b = st.seq.shape[0]
+        return jnp.zeros((b, 0), jnp.int32), None, st.dstate
+
+    def commit(self, eng, params, st, dstate, hidden, old_lengths, u, a, advance):
+        return dstate
+
+
+@dataclasses.dataclass(frozen=True)
+class NgramDrafter:
+    """Prompt lookup: find the latest earlier occurrence of the last ``n`` known tokens
+    (prompt + generated) and propose what followed it. No model, ``q`` one-hot."""
+
+    n: int = 3
+    name: str = "ngram"
+
+    def prefill(self, eng, params, st, hidden, positions):
+        return None
+
+    def propose(self, eng, params, st):
+        seq, known = st.seq, st.known
+        b, c = seq.shape
+        n, d = self.n, eng.depth
+        pattern = _gather(seq, known[:, None] - n + jnp.arange(n)[None])  # [B, n]
+        starts = jnp.arange(c - n + 1)  # candidate match starts
+        windows = seq[:, starts[:, None] + jnp.arange(n)[None]]  # [B, S, n]
+        hit = jnp.all(windows == pattern[:, None, :], axis=-1)
+        hit &= (starts[None] + n < known[:, None]) & (known[:, None] >= n)  # continuation starts inside known
+        best = jnp.max(jnp.where(hit, starts[None], -1), axis=1)  # latest match, -1 if none
+        follow = _gather(seq, (best + n)[:, None] + jnp.arange(d)[None])
+        last = _gather(seq, known[:, None] - 1)
+        drafts = jnp.where((best >= 0)[:, None], follow, last)
+        return drafts.astype(jnp.int32), None, st.dstate
+
+    def commit(self, eng, params, st, dstate, hidden, old_lengths, u, a, advance):
+        return dstate
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftModelDrafter:
+    """A separate small model with its own per-row caches (same vocab)."""
+
+    name: str = "draft_model"
+
+    def prefill(self, eng, params, st, hidden, positions):
+        cfg = eng.draft_config
+        cache = eng.new_cache(cfg, st.seq.shape[0], positions.shape[1]).reserve(positions.shape[1])
+        tokens = _gather(st.seq, positions)
+        _, _, cache = forward(params["draft"], cfg, tokens, positions, cache)
+        return cache.advance(st.prompt_len)
+
+    def propose(self, eng, params, st):
+        cfg, d, w = eng.draft_config, eng.depth, eng.depth + 1
+        cache: ModelCache = st.dstate
+        lengths, u = cache.lengths, st.u
+        cache = cache.reserve(2 * w)
+        pos = lengths[:, None] + jnp.arange(w)[None]
+        lg, _, cache = forward(params["draft"], cfg, _gather(st.seq, pos), pos, cache)
+        first = jnp.take_along_axis(lg, (u - 1)[:, None, None], axis=1)[:, 0]
+        tok, q = pick(first, eng, st.seeds, lengths + u)
+        drafts, qs = [tok], [q]
+        for k in range(1, d + 1):  # feed d_k at L + u + k - 1 (the last feed only writes its KV)
+            at = lengths + u + k - 1
+            lg, _, cache = forward(params["draft"], cfg, tok[:, None], at[:, None], cache.with_lengths(at))
+            if k < d:
+                tok, q = pick(lg[:, 0], eng, st.seeds, at + 1)
+                drafts.append(tok)
+                qs.append(q)
+        cache = cache.with_lengths(lengths)
+        return jnp.stack(drafts, axis=1), _stack_q(qs, eng.sampling.greedy), cache
+
+    def commit(self, eng, params, st, dstate, hidden, old_lengths, u, a, advance):
+        return dstate.advance(advance)
+
+
+@pytree_dataclass
+class MtpState:
+    cache: DenseKVCache  # the MTP block's own per-row cache (one layer)
+    h: jax.Array  # [B, d_model]: MTP hidden at the last committed position
+    first: jax.Array  # [B]: first draft (predicted from the last commit)
+    q_first: jax.Array | None  # [B, V] when sampling
+
+
+@dataclasses.dataclass(frozen=True)
+class MtpDrafter:
+    """DeepSeek-V3-style MTP head of the target, chained to ``depth`` drafts."""
+
+    name: str = "mtp"
+
+    def _after(self, eng, params, st, cache, hidden, lengths, count):
+        """MTP over ``hidden [B, t, d]`` at ``lengths + [0, t)``; keep the output at slot
+        ``count - 1`` (the last committed position) and draft the next token from it."""
+        cfg = eng.config
+        t = hidden.shape[1]
+        pos = lengths[:, None] + jnp.arange(t)[None]
+        nxt = _gather(st.seq, pos + 1)
+        lg, g, cache = mtp_forward(params["target"], cfg, hidden, nxt, pos, cache)
+        last = (count - 1)[:, None, None]
+        h = jnp.take_along_axis(g, last, axis=1)[:, 0]
+        tok, q = pick(jnp.take_along_axis(lg, last, axis=1)[:, 0], eng, st.seeds, lengths + count + 1)
+        return cache, h, tok, q
+
+    def prefill(self, eng, params, st, hidden, positions):
+        cfg = eng.config
+        cache = DenseKVCache.create(1, st.seq.shape[0], eng.capacity, cfg.n_kv_heads, cfg.dim_head, eng.dtype)
+        zeros = jnp.zeros_like(st.prompt_len)
+        cache, h, tok, q = self._after(eng, params, st, cache, hidden, zeros, st.prompt_len)
+        return MtpState(cache.advance(st.prompt_len), h, tok, q)
+
+    def propose(self, eng, params, st):
+        cfg, d = eng.config, eng.depth
+        s: MtpState = st.dstate
+        cache, h, tok = s.cache, s.h, s.first
+        drafts, qs = [tok], [s.q_first]
+        base = st.known - 1  # MTP position of (h, first)
+        for k in range(1, d):  # chain: (h_k, d_k) at the next position predicts d_{k+1}
+            at = base + k - 1
+            lg, g, cache = mtp_forward(params["target"], cfg, h[:, None], tok[:, None], at[:, None],
+                                       cache.replace(lengths=at))
+            h = g[:, 0]
+            tok, q = pick(lg[:, 0], eng, st.seeds, at + 2)
+            drafts.append(tok)
+            qs.append(q)
+        cache = cache.replace(lengths=s.cache.lengths)
+        return jnp.stack(drafts, axis=1), _stack_q(qs, eng.sampling.greedy), s.replace(cache=cache)
+
+    def commit(self, eng, params, st, dstate, hidden, old_lengths, u, a, advance):
+        cache, h, tok, q = self._after(eng, params, st, dstate.cache, hidden, old_lengths, u + a)
+        return MtpState(cache.advance(advance), h, tok, q)

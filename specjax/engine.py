@@ -1,0 +1,365 @@
+"""The speculative decoding engine: one pure jitted step, looped in ``lax.while_loop``.
+
+Per step and row (window ``w = depth + 1``): the row enters with ``u`` known tokens not
+yet in its cache; the drafter proposes ``w - u`` drafts; the target runs once over the
+``w``-token window at the row's own cache offset; verification accepts ``a`` drafts
+and yields one more token; the production plan function (``plan_step``, under the
+latched ``KvAdvance`` rule) says how far each row's caches advance and how many
+tokens it re-feeds next step. Finished rows stay in the batch at static shape: they
+present ``committed = w`` (so they never set the cohort minimum) and do not advance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax._pytree import pytree_dataclass
+from specjax.advance import KvAdvance
+from specjax.advance import kv_advance as resolve_kv_advance
+from specjax.cache import cache_supports_per_sequence_advance
+from specjax.drafter import DRAFTERS, DraftModelDrafter, MtpDrafter, NgramDrafter, NoDrafter
+from specjax.model.config import ModelConfig
+from specjax.model.llama import Model, ModelCache, forward, init_cache
+from specjax.plan import plan_step
+from specjax.sampling import SAMPLE, SamplingParams, position_keys, probs, sample
+from specjax.verify import greedy_verify, rejection_verify
+
+__all__ = ["MAX_DEPTH", "Engine", "EngineState", "GenerationResult", "generate", "make_engine", "prefill", "step"]
+
+MAX_DEPTH = 8
+
+
+@pytree_dataclass
+class EngineState:
+    seq: jax.Array  # int32 [B, C]: prompt + generated tokens
+    known: jax.Array  # [B]: tokens known (prompt + generated)
+    u: jax.Array  # [B]: known tokens not yet in the cache (1..w)
+    cache: ModelCache  # target caches; cache.lengths = known - u
+    dstate: Any  # drafter state (caches, MTP hidden, ...)
+    prompt_len: jax.Array  # [B]
+    max_len: jax.Array  # [B]: prompt_len + max_new_tokens
+    eos: jax.Array  # [B]: EOS id, -1 for none
+    seeds: jax.Array  # uint32 [B]
+    done: jax.Array  # bool [B]
+    steps: jax.Array  # [B]: decode steps while active
+    emitted: jax.Array  # [B]: tokens emitted by decode steps
+    accepted: jax.Array  # [B]: drafts accepted
+    proposed: jax.Array  # [B]: drafts proposed
+    acc_pos: jax.Array  # [B, depth]: accepted at draft position k
+    prop_pos: jax.Array  # [B, depth]: proposed at draft position k
+    trace: jax.Array  # [B, max_steps]: accepted count per step (-1 when inactive)
+    i: jax.Array  # int32 []: steps taken
+
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+    """Static configuration: everything a compile depends on."""
+
+    config: ModelConfig
+    drafter: Any
+    depth: int
+    kv_rule: KvAdvance
+    cache_kind: str
+    sampling: SamplingParams
+    capacity: int  # cache slots per row
+    max_steps: int  # trace length
+    draft_config: ModelConfig | None = None
+    dtype: Any = jnp.float32
+
+    @property
+    def window(self) -> int:
+        return self.depth + 1
+
+    def new_cache(self, cfg: ModelConfig, batch: int, prefill: int) -> ModelCache:
+        """Empty caches for ``cfg``. A rolling cache's slack covers the widest single write:
+        the prefill (``prefill`` tokens) or a window plus chained draft writes (``2w``)."""
+        slack = max(2 * self.window + 2, prefill)
+        return init_cache(cfg, batch, self.capacity, kind=self.cache_kind, slack=slack, page_size=16,
+                          dtype=self.dtype)
+
+
+_TRACES = {"generate": 0}
+
+
+def _prefill(eng: Engine, params: dict, prompts: jax.Array, prompt_len: jax.Array, max_len, eos, seeds):
+    b, p = prompts.shape
+    c = eng.capacity
+    seq = jnp.zeros((b, c), jnp.int32).at[:, :p].set(prompts)
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    cache = eng.new_cache(eng.config, b, p).reserve(p)
+    logits, hidden, cache = forward(params["target"], eng.config, prompts, positions, cache)
+    cache = cache.advance(prompt_len)
+    last = jnp.take_along_axis(logits, (prompt_len - 1)[:, None, None], axis=1)[:, 0]
+    if eng.sampling.greedy:
+        first = jnp.argmax(last, axis=-1).astype(jnp.int32)
+    else:
+        first = sample(position_keys(seeds, prompt_len[:, None], SAMPLE)[:, 0], probs(last, eng.sampling))
+    seq = seq.at[jnp.arange(b), prompt_len].set(first)
+    d = eng.depth
+    zeros = jnp.zeros((b,), jnp.int32)
+    st = EngineState(
+        seq=seq, known=prompt_len + 1, u=jnp.ones((b,), jnp.int32), cache=cache, dstate=None,
+        prompt_len=prompt_len, max_len=max_len, eos=eos, seeds=seeds,
+        done=(first == eos) | (prompt_len + 1 >= max_len),
+        steps=zeros, emitted=zeros, accepted=zeros, proposed=zeros,
+        acc_pos=jnp.zeros((b, d), jnp.int32), prop_pos=jnp.zeros((b, d), jnp.int32),
+        trace=jnp.full((b, eng.max_steps), -1, jnp.int32),
+        i=jnp.int32(0),
+    )
+    return st.replace(dstate=eng.drafter.prefill(eng, params, st, hidden, positions))
+
+
+def _step(eng: Engine, params: dict, st: EngineState) -> EngineState:
+    """One speculative step for every row: draft, verify, commit. Pure: ``state -> state``."""
+    w, d = eng.window, eng.depth
+    b, c = st.seq.shape
+    lengths, u, active = st.cache.lengths, st.u, ~st.done
+    drafts, q, dstate = eng.drafter.propose(eng, params, st)
+
+    # the window: u known tokens, then w - u drafts, at this row's own offset
+    j = jnp.arange(w, dtype=jnp.int32)[None]
+    pos = lengths[:, None] + j
+    known_tok = jnp.take_along_axis(st.seq, jnp.clip(pos, 0, c - 1), axis=1)
+    if d:
+        draft_tok = jnp.take_along_axis(drafts, jnp.clip(j - u[:, None], 0, d - 1), axis=1)
+        window = jnp.where(j < u[:, None], known_tok, draft_tok)
+    else:
+        window = known_tok
+    logits, hidden, cache = forward(params["target"], eng.config, window, pos, st.cache.reserve(w))
+
+    if eng.sampling.greedy:
+        a, nxt = greedy_verify(logits, drafts, u)
+    else:
+        a, nxt = rejection_verify(logits, drafts, q, u, lengths, st.seeds, eng.sampling)
+
+    # emit drafts[:a] + nxt at positions known .. known + a, cut at EOS / the token budget
+    k = jnp.arange(d + 1, dtype=jnp.int32)[None]
+    padded = jnp.concatenate([drafts, jnp.zeros((b, 1), jnp.int32)], axis=1)
+    new_tok = jnp.where(k < a[:, None], padded, nxt[:, None])
+    valid = (k <= a[:, None]) & (k < (st.max_len - st.known)[:, None]) & active[:, None]
+    is_eos = valid & (new_tok == st.eos[:, None])
+    first_eos = jnp.min(jnp.where(is_eos, k, d + 1), axis=1)
+    valid &= k <= first_eos[:, None]
+    n_new = jnp.sum(valid, axis=1).astype(jnp.int32)
+    dest = jnp.where(valid, st.known[:, None] + k, c)  # explicit out-of-range: dropped
+    seq = st.seq.at[jnp.arange(b)[:, None], dest].set(new_tok, mode="drop")
+    known = st.known + n_new
+    done = st.done | (first_eos <= d) | (known >= st.max_len)
+
+    # commit through the production plan function; finished rows neither set the min nor move
+    plan = plan_step(u, jnp.where(active, a, w - u), w, eng.kv_rule)
+    advance = jnp.where(active, plan.advance, 0)
+    st = st.replace(seq=seq, known=known, u=jnp.where(active, plan.next_uncached, u), cache=cache.advance(advance),
+                    done=done)
+    dstate = eng.drafter.commit(eng, params, st, dstate, hidden, lengths, u, jnp.where(active, a, 0), advance)
+
+    act = active.astype(jnp.int32)
+    kd = jnp.arange(d, dtype=jnp.int32)[None]
+    proposed = w - u
+    return st.replace(
+        dstate=dstate,
+        steps=st.steps + act,
+        emitted=st.emitted + n_new,
+        accepted=st.accepted + a * act,
+        proposed=st.proposed + proposed * act,
+        acc_pos=st.acc_pos + ((kd < a[:, None]) & active[:, None]).astype(jnp.int32),
+        prop_pos=st.prop_pos + ((kd < proposed[:, None]) & active[:, None]).astype(jnp.int32),
+        trace=st.trace.at[:, jnp.minimum(st.i, eng.max_steps - 1)].set(jnp.where(active, a, -1)),
+        i=st.i + 1,
+    )
+
+
+prefill = jax.jit(_prefill, static_argnums=0)
+prefill.__doc__ = """``prefill(engine, params, prompts [B, P], prompt_len, max_len, eos, seeds) -> EngineState``."""
+step = jax.jit(_step, static_argnums=0)
+step.__doc__ = """``step(engine, params, state) -> state``: one jitted speculative step (static ``engine``)."""
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _generate(eng: Engine, params: dict, prompts, prompt_len, max_len, eos, seeds) -> EngineState:
+    _TRACES["generate"] += 1
+    st = _prefill(eng, params, prompts, prompt_len, max_len, eos, seeds)
+    return jax.lax.while_loop(
+        lambda st: jnp.any(~st.done) & (st.i < eng.max_steps),
+        lambda st: _step(eng, params, st),
+        st,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationResult:
+    tokens: list[list[int]]  # new tokens per prompt (EOS included when hit)
+    metrics: dict
+
+
+def _bucket(n: int) -> int:
+    return max(8, 1 << (n - 1).bit_length())
+
+
+def _fail(arg: str, value: object, allowed: str) -> None:
+    raise ValueError(f"{arg}={value!r} is invalid: {allowed}")
+
+
+def _validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache, temperature, top_k, top_p, seed,
+              eos_id):
+    cfg = model.config
+    if not isinstance(prompts, list | tuple) or len(prompts) == 0:
+        _fail("prompts", prompts, "must be a non-empty list of token-id lists")
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            _fail(f"prompts[{i}]", p, "a prompt must hold at least one token")
+        arr = np.asarray(p)
+        if not np.issubdtype(arr.dtype, np.integer) or arr.ndim != 1:
+            _fail(f"prompts[{i}]", p, "must be a list of int token ids")
+        bad = np.nonzero((arr < 0) | (arr >= cfg.vocab_size))[0]
+        if len(bad):
+            _fail(f"prompts[{i}][{int(bad[0])}]", int(arr[bad[0]]), f"token ids must lie in [0, {cfg.vocab_size})")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        _fail("max_new_tokens", max_new_tokens, "must be an int >= 1")
+    longest = max(len(p) for p in prompts)
+    if longest + max_new_tokens > cfg.max_seq_len:
+        _fail("max_new_tokens", max_new_tokens,
+              f"prompt length {longest} + max_new_tokens must be <= the model's max_seq_len={cfg.max_seq_len}")
+    if drafter is not None and drafter not in DRAFTERS:
+        _fail("drafter", drafter, f"must be one of {list(DRAFTERS)} or None")
+    if drafter is not None and (isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH):
+        _fail("depth", depth, f"must be an int in [1, {MAX_DEPTH}]")
+    if drafter == "mtp" and cfg.mtp_depth < 1:
+        _fail("drafter", drafter, "the model has no MTP module (mtp_depth=0)")
+    if drafter == "draft_model":
+        if not isinstance(draft_model, Model):
+            _fail("draft_model", draft_model, "drafter='draft_model' needs a specjax Model")
+        if draft_model.config.vocab_size != cfg.vocab_size:
+            _fail("draft_model", f"vocab_size {draft_model.config.vocab_size}",
+                  f"must equal the target's vocab_size {cfg.vocab_size}")
+        if draft_model.config.max_seq_len < cfg.max_seq_len:
+            _fail("draft_model", f"max_seq_len {draft_model.config.max_seq_len}",
+                  f"must be >= the target's max_seq_len {cfg.max_seq_len}")
+    if cache not in ("dense", "paged"):
+        _fail("cache", cache, "must be 'dense' or 'paged'")
+    if not isinstance(temperature, int | float) or temperature < 0:
+        _fail("temperature", temperature, "must be a float >= 0")
+    if top_p is not None and not 0 < top_p <= 1:
+        _fail("top_p", top_p, "must lie in (0, 1]")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        _fail("top_k", top_k, "must be an int >= 1 or None")
+    seeds = [seed] * len(prompts) if isinstance(seed, int) else list(seed)
+    if len(seeds) != len(prompts) or any(not isinstance(s, int) or not 0 <= s < 2**32 for s in seeds):
+        _fail("seed", seed, f"must be an int in [0, 2**32) or one per prompt ({len(prompts)})")
+    if eos_id is not None and not 0 <= eos_id < cfg.vocab_size:
+        _fail("eos_id", eos_id, f"must lie in [0, {cfg.vocab_size}) or be None")
+    return seeds
+
+
+def check_per_sequence_cache(cache: Any) -> None:
+    """Refuse the per-sequence rule on a cache that cannot carry per-row lengths."""
+    msg = cache_supports_per_sequence_advance(cache)
+    if msg is not None:
+        raise ValueError(f"kv_advance='per_sequence' is not supported by this cache: {msg}")
+
+
+def make_engine(model: Model, *, drafter, draft_model, depth, kv_advance_rule, cache, temperature, top_k, top_p,
+                ngram_n: int = 3) -> Engine:
+    d = 0 if drafter is None else depth
+    dr = {None: NoDrafter(), "ngram": NgramDrafter(ngram_n), "draft_model": DraftModelDrafter(),
+          "mtp": MtpDrafter()}[drafter]
+    cfg = model.config
+    return Engine(
+        config=cfg,
+        drafter=dr,
+        depth=d,
+        kv_rule=kv_advance_rule,
+        cache_kind=cache,
+        sampling=SamplingParams(float(temperature), top_k, None if top_p is None else float(top_p)),
+        capacity=cfg.max_seq_len + 2 * (d + 1) + 2,
+        max_steps=cfg.max_seq_len + 1,
+        draft_config=None if draft_model is None or drafter != "draft_model" else draft_model.config,
+        dtype=model.params["embed"].dtype,
+    )
+
+
+def generate(
+    model: Model,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    drafter: str | None = "mtp",
+    draft_model: Model | None = None,
+    depth: int = 3,
+    kv_advance: str | KvAdvance | None = None,
+    cache: str = "dense",
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | list[int] = 0,
+    eos_id: int | None = None,
+    ngram_n: int = 3,
+) -> GenerationResult:
+    """Generate up to ``max_new_tokens`` per prompt with speculative decoding.
+
+    ``drafter=None`` is plain autoregressive decoding on the same step (the baseline).
+    ``kv_advance``: ``"per_sequence"`` | ``"cohort"`` | ``None`` (the latched rule).
+    Compiles once per (batch, prompt-width bucket, model, drafter, depth, cache kind,
+    rule, sampling mode); everything else is data.
+    """
+    seeds = _validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache, temperature, top_k, top_p,
+                      seed, eos_id)
+    rule = resolve_kv_advance(kv_advance)
+    eng = make_engine(model, drafter=drafter, draft_model=draft_model, depth=depth, kv_advance_rule=rule,
+                      cache=cache, temperature=temperature, top_k=top_k, top_p=top_p, ngram_n=ngram_n)
+    b = len(prompts)
+    width = _bucket(max(len(p) for p in prompts))
+    if width > eng.capacity:
+        width = eng.capacity
+    toks = np.zeros((b, width), np.int32)
+    for i, p in enumerate(prompts):  # host-side batch assembly
+        toks[i, : len(p)] = p
+    plen = np.array([len(p) for p in prompts], np.int32)
+    params = {"target": model.params}
+    if eng.draft_config is not None:
+        params["draft"] = draft_model.params
+    if rule is KvAdvance.PER_SEQUENCE:
+        check_per_sequence_cache(jax.eval_shape(lambda: eng.new_cache(eng.config, b, width)))
+    before = _TRACES["generate"]
+    st = _generate(
+        eng, params, jnp.asarray(toks), jnp.asarray(plen), jnp.asarray(plen + max_new_tokens),
+        jnp.full((b,), -1 if eos_id is None else eos_id, jnp.int32), jnp.asarray(np.array(seeds, np.uint32)),
+    )
+    st = jax.device_get(st)
+    compiles = _TRACES["generate"] - before
+    return GenerationResult(_tokens(st), _metrics(st, eng, compiles))
+
+
+def _tokens(st) -> list[list[int]]:
+    seq, plen, known = np.asarray(st.seq), np.asarray(st.prompt_len), np.asarray(st.known)
+    return [seq[i, plen[i] : known[i]].tolist() for i in range(seq.shape[0])]
+
+
+def _metrics(st, eng: Engine, compiles: int) -> dict:
+    steps = np.asarray(st.steps)
+    emitted = np.asarray(st.emitted)
+    acc = np.asarray(st.accepted)
+    total_steps = int(steps.sum())
+    prop_pos, acc_pos = np.asarray(st.prop_pos), np.asarray(st.acc_pos)
+    pp = prop_pos.sum(axis=0)
+    return {
+        "tok_per_step": float(emitted.sum() / total_steps) if total_steps else 0.0,
+        "row_tok_per_step": (emitted / np.maximum(steps, 1)).tolist(),
+        "mean_accepted_length": float((acc.sum() + total_steps) / total_steps) if total_steps else 0.0,
+        "mean_accepted_drafts": float(acc.sum() / total_steps) if total_steps else 0.0,
+        "acceptance_per_position": [float(x) for x in acc_pos.sum(axis=0) / np.maximum(pp, 1)],
+        "steps": int(steps.max()) if len(steps) else 0,
+        "row_steps": steps.tolist(),
+        "row_accepted_trace": [[int(x) for x in r if x >= 0] for r in np.asarray(st.trace)],
+        "compiles": compiles,
+        "drafter": eng.drafter.name,
+        "depth": eng.depth,
+        "kv_advance": eng.kv_rule.value,
+        "cache": eng.cache_kind,
+    }

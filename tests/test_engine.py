@@ -1,0 +1,298 @@
+"""The engine: token identity with plain decoding, batch invariance, the cohort control,
+compile counts, lossless sampling, and input validation."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from specjax import engine as engine_mod
+from specjax.engine import check_per_sequence_cache, generate
+from specjax.model import logits
+
+from engine_models import GLOBAL, SLIDING, TINY, noisy, sharp
+
+MODELS = {"global": sharp(GLOBAL), "sliding": sharp(SLIDING, seed=1)}
+DRAFTS = {name: noisy(m, 0.3) for name, m in MODELS.items()}
+_PLAIN: dict = {}
+
+
+def _prompts(batch, seed, vocab=31, lo=1, hi=8):
+    rng = np.random.default_rng(seed)
+    # a few repetitive prompts so the n-gram drafter has something to find
+    out = []
+    for i in range(batch):
+        n = int(rng.integers(lo, hi + 1))
+        p = rng.integers(0, vocab, n).tolist()
+        if i % 3 == 0 and n >= 4:
+            p = (p[:2] * n)[:n]
+        out.append(p)
+    return out
+
+
+def _plain(model_name, prompts, cache, max_new):
+    key = (model_name, str(prompts), cache, max_new)
+    if key not in _PLAIN:
+        _PLAIN[key] = generate(MODELS[model_name], prompts, max_new_tokens=max_new, drafter=None, cache=cache)
+    return _PLAIN[key]
+
+
+def _assert_identical(model, prompts, got, want) -> int:
+    """Token identity, except at a proven numerical tie (top-2 gap < 1e-6); returns ties."""
+    ties = 0
+    for p, g, w in zip(prompts, got, want, strict=True):
+        if g == w:
+            continue
+        i = next(i for i, (a, b) in enumerate(zip(g, w, strict=False)) if a != b)
+        lg = np.asarray(logits(model, np.array([p + w[:i]])))[0, -1]
+        top = np.sort(lg)[-2:]
+        assert top[1] - top[0] < 1e-6, f"mismatch at new token {i}: got {g}, want {w}"
+        ties += 1
+    return ties
+
+
+# (model, drafter, rule, cache, depth, batch)
+CASES = [
+    ("global", "ngram", "per_sequence", "dense", 3, 7),
+    ("global", "ngram", "cohort", "paged", 2, 7),
+    ("global", "draft_model", "per_sequence", "paged", 4, 7),
+    ("global", "draft_model", "cohort", "dense", 3, 7),
+    ("global", "mtp", "per_sequence", "dense", 1, 7),
+    ("global", "mtp", "cohort", "paged", 5, 7),
+    ("sliding", "ngram", "per_sequence", "paged", 5, 7),
+    ("sliding", "draft_model", "per_sequence", "dense", 2, 7),
+    ("sliding", "draft_model", "cohort", "paged", 3, 7),
+    ("sliding", "mtp", "cohort", "dense", 3, 7),
+    ("global", "draft_model", "per_sequence", "dense", 3, 64),
+]
+
+
+@pytest.mark.parametrize("model_name,drafter,rule,cache,depth,batch", CASES)
+def test_greedy_speculative_equals_plain(model_name, drafter, rule, cache, depth, batch):
+    prompts = _prompts(batch, seed=batch + depth)
+    want = _plain(model_name, prompts, cache, 24).tokens
+    got = generate(MODELS[model_name], prompts, max_new_tokens=24, drafter=drafter, draft_model=DRAFTS[model_name],
+                   depth=depth, kv_advance=rule, cache=cache)
+    ties = _assert_identical(MODELS[model_name], prompts, got.tokens, want)
+    assert ties <= 1, f"{ties} ties"
+    assert all(len(t) == 24 for t in got.tokens)
+    m = got.metrics
+    assert m["drafter"] == drafter and m["depth"] == depth and m["kv_advance"] == rule
+    assert m["tok_per_step"] >= 1.0
+    if drafter == "draft_model":
+        assert m["mean_accepted_drafts"] > 0.2  # the accept path really ran
+
+
+@settings(max_examples=8)
+@given(seed=st.integers(0, 10_000), rule=st.sampled_from(["per_sequence", "cohort"]),
+       drafter=st.sampled_from(["ngram", "draft_model"]))
+def test_greedy_identity_random_prompts(seed, rule, drafter):
+    prompts = _prompts(5, seed)
+    want = _plain("global", prompts, "dense", 16).tokens
+    got = generate(MODELS["global"], prompts, max_new_tokens=16, drafter=drafter, draft_model=DRAFTS["global"],
+                   depth=3, kv_advance=rule)
+    assert _assert_identical(MODELS["global"], prompts, got.tokens, want) <= 1
+
+
+def test_eos_stops_each_row_on_its_own():
+    prompts = _prompts(6, 11)
+    plain = _plain("global", prompts, "dense", 24).tokens
+    eos = plain[0][5]  # a token the first row emits
+    got = generate(MODELS["global"], prompts, max_new_tokens=24, drafter="draft_model",
+                   draft_model=DRAFTS["global"], depth=3, eos_id=eos)
+    for g, w in zip(got.tokens, plain, strict=True):
+        cut = w.index(eos) + 1 if eos in w else len(w)
+        assert g == w[:cut]
+
+
+def test_per_sequence_rows_are_batch_invariant():
+    prompts = _prompts(4, 3)
+    kw = dict(max_new_tokens=20, drafter="draft_model", draft_model=DRAFTS["global"], depth=3,
+              kv_advance="per_sequence")
+    batch = generate(MODELS["global"], prompts, **kw)
+    for i, p in enumerate(prompts):
+        alone = generate(MODELS["global"], [p], **kw)
+        assert alone.tokens[0] == batch.tokens[i]
+        assert alone.metrics["row_accepted_trace"][0] == batch.metrics["row_accepted_trace"][i]
+
+
+def test_cohort_same_tokens_fewer_tokens_per_step():
+    prompts = _prompts(8, 21)
+    kw = dict(max_new_tokens=24, drafter="draft_model", draft_model=DRAFTS["global"], depth=3)
+    ps = generate(MODELS["global"], prompts, kv_advance="per_sequence", **kw)
+    co = generate(MODELS["global"], prompts, kv_advance="cohort", **kw)
+    assert co.tokens == ps.tokens
+    assert co.metrics["tok_per_step"] < ps.metrics["tok_per_step"]  # control: the min costs tokens
+
+
+def test_finished_rows_do_not_hold_back_the_cohort():
+    """A row done after prefill must not set the cohort minimum for the rows still running."""
+    kw = dict(max_new_tokens=20, drafter="draft_model", draft_model=DRAFTS["global"], depth=3, kv_advance="cohort")
+    a = _prompts(1, 30)[0]
+    a_tokens = _plain("global", [a], "dense", 20).tokens[0]
+    cands = _prompts(12, 31)
+    firsts = _plain("global", cands, "dense", 20).tokens
+    b, eos = next((p, t[0]) for p, t in zip(cands, firsts, strict=True) if t[0] not in a_tokens)
+    alone = generate(MODELS["global"], [a], eos_id=eos, **kw)
+    pair = generate(MODELS["global"], [a, b], eos_id=eos, **kw)
+    assert pair.tokens == [a_tokens, [eos]]
+    assert pair.metrics["row_accepted_trace"][0] == alone.metrics["row_accepted_trace"][0]
+    assert pair.metrics["row_steps"][1] == 0
+
+
+def test_one_compile_per_static_config():
+    kw = dict(drafter="ngram", depth=2, kv_advance="per_sequence", cache="paged")
+    first = generate(MODELS["global"], _prompts(3, 1, hi=8), max_new_tokens=10, **kw)
+    again = generate(MODELS["global"], _prompts(3, 2, hi=8), max_new_tokens=17, seed=[4, 5, 6], eos_id=3, **kw)
+    assert first.metrics["compiles"] == 1
+    assert again.metrics["compiles"] == 0  # new prompts, budget, seeds, EOS: data, not a recompile
+    other = generate(MODELS["global"], _prompts(3, 2, hi=8), max_new_tokens=10, **(kw | {"depth": 3}))
+    assert other.metrics["compiles"] == 1
+
+
+def test_per_sequence_refused_on_a_cache_without_row_lengths():
+    class SharedOffset:
+        offset = 0
+
+    with pytest.raises(ValueError, match=r"kv_advance='per_sequence' is not supported by this cache: .*SharedOffset"):
+        check_per_sequence_cache({"global": SharedOffset()})
+
+
+# ------------------------------------------------------------------ lossless sampling
+
+
+def _filtered(lg, temperature, top_p):
+    p = np.exp((lg - lg.max()) / temperature)
+    p /= p.sum()
+    order = np.argsort(-p)
+    keep = np.zeros_like(p, bool)
+    mass = 0.0
+    for t in order:  # reference top-p: smallest prefix reaching top_p
+        if mass >= top_p:
+            break
+        keep[t] = True
+        mass += p[t]
+    p = np.where(keep, p, 0.0)
+    return p / p.sum()
+
+
+def _exact(model, prompt, n, temperature, top_p):
+    """Exact distribution over all ``n``-token continuations, by enumeration."""
+    v = model.config.vocab_size
+    out = {}
+
+    def rec(prefix, prob):
+        if len(prefix) == n:
+            out[tuple(prefix)] = prob
+            return
+        lg = np.asarray(logits(model, np.array([prompt + prefix])), np.float64)[0, -1]
+        p = _filtered(lg, temperature, top_p)
+        for t in range(v):
+            if p[t] > 0:
+                rec(prefix + [t], prob * p[t])
+
+    rec([], 1.0)
+    return out
+
+
+def _chi2(samples, exact):
+    keys = sorted(exact)
+    counts = {k: 0 for k in keys}
+    for s in samples:
+        assert tuple(s) in counts, f"sampled {s}, which has probability 0"
+        counts[tuple(s)] += 1
+    n = len(samples)
+    obs = np.array([counts[k] for k in keys], float)
+    exp = np.array([exact[k] * n for k in keys])
+    big = exp >= 5  # pool rare outcomes into one bin
+    obs = np.append(obs[big], obs[~big].sum())
+    exp = np.append(exp[big], exp[~big].sum())
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    return stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    target = sharp(TINY, seed=3, s_emb=2.0, s_head=6.0)
+    return target, noisy(target, 1.0, seed=9)
+
+
+@pytest.mark.parametrize("drafter,temperature,top_p", [(None, 1.0, None), ("draft_model", 1.0, None),
+                                                        ("draft_model", 1.0, 0.9), ("ngram", 1.0, 0.9)])
+def test_speculative_sampling_matches_the_target_distribution(tiny, drafter, temperature, top_p):
+    """Chi-square over 20,000 3-token continuations vs the exact enumerated distribution
+    (alpha = 1e-3, fixed seeds: deterministic)."""
+    target, draft = tiny
+    prompt = [1, 2, 0]
+    exact = _exact(target, prompt, 3, temperature, top_p or 1.0)
+    rows, calls = 2000, 10
+    samples = []
+    for c in range(calls):
+        r = generate(target, [prompt] * rows, max_new_tokens=3, drafter=drafter, draft_model=draft, depth=2,
+                     temperature=temperature, top_p=top_p, seed=list(range(c * rows, (c + 1) * rows)))
+        samples += r.tokens
+    assert _chi2(samples, exact) > 1e-3
+
+
+def test_sampling_rows_are_batch_invariant_and_seeded(tiny):
+    target, draft = tiny
+    kw = dict(max_new_tokens=6, drafter="draft_model", draft_model=draft, depth=2, temperature=1.0)
+    batch = generate(target, [[1, 2], [1, 2], [3]], seed=[7, 8, 9], **kw)
+    alone = generate(target, [[1, 2]], seed=[8], **kw)
+    assert alone.tokens[0] == batch.tokens[1]
+    many = generate(target, [[1, 2]] * 16, seed=list(range(16)), **kw)
+    assert len({tuple(t) for t in many.tokens}) > 4  # different seeds, different samples
+
+
+# ------------------------------------------------------------------ validation
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(prompts=[]), r"prompts=\[\] is invalid: must be a non-empty list"),
+        (dict(prompts=[[1], []]), r"prompts\[1\]=\[\] is invalid: a prompt must hold at least one token"),
+        (dict(prompts=[[1, 31]]), r"prompts\[0\]\[1\]=31 is invalid: token ids must lie in \[0, 31\)"),
+        (dict(max_new_tokens=60), r"prompt length 5 \+ max_new_tokens must be <= the model's max_seq_len=64"),
+        (dict(depth=0), r"depth=0 is invalid: must be an int in \[1, 8\]"),
+        (dict(depth=9), r"depth=9 is invalid"),
+        (dict(drafter="eagle"), r"drafter='eagle' is invalid: must be one of \['mtp', 'draft_model', 'ngram'\]"),
+        (dict(cache="ring"), r"cache='ring' is invalid: must be 'dense' or 'paged'"),
+        (dict(kv_advance="min"), r"kv_advance must be one of \['cohort', 'per_sequence'\], got 'min'"),
+        (dict(drafter="draft_model", draft_model=sharp(TINY)), r"draft_model='vocab_size 4' is invalid"),
+        (dict(drafter="draft_model"), r"draft_model=None is invalid: drafter='draft_model' needs a specjax Model"),
+        (dict(top_p=0.0), r"top_p=0.0 is invalid: must lie in \(0, 1\]"),
+        (dict(top_p=1.5), r"top_p=1.5 is invalid"),
+        (dict(temperature=-1.0), r"temperature=-1.0 is invalid: must be a float >= 0"),
+        (dict(seed=[1, 2]), r"seed=\[1, 2\] is invalid: must be an int in \[0, 2\*\*32\) or one per prompt"),
+    ],
+)
+def test_bad_input_is_rejected_before_compile(kwargs, match):
+    before = engine_mod._TRACES["generate"]
+    args = dict(prompts=[[1, 2, 3, 4, 5]], max_new_tokens=4, drafter="ngram") | kwargs
+    prompts = args.pop("prompts")
+    with pytest.raises(ValueError, match=match):
+        generate(MODELS["global"], prompts, **args)
+    assert engine_mod._TRACES["generate"] == before
+
+
+def test_public_step_is_one_compile_across_steps():
+    import jax.numpy as jnp
+
+    from specjax.advance import KvAdvance
+    from specjax.engine import make_engine, prefill, step
+
+    model = MODELS["global"]
+    eng = make_engine(model, drafter="ngram", draft_model=None, depth=3, kv_advance_rule=KvAdvance.COHORT,
+                      cache="dense", temperature=0.0, top_k=None, top_p=None, ngram_n=2)
+    params = {"target": model.params}
+    prompts = jnp.array([[1, 2, 3, 1, 2, 3, 0, 0], [5, 6, 0, 0, 0, 0, 0, 0]], jnp.int32)
+    st = prefill(eng, params, prompts, jnp.array([6, 2]), jnp.array([30, 30]), jnp.array([-1, -1]),
+                 jnp.array([0, 1], jnp.uint32))
+    before = step._cache_size()
+    for _ in range(5):
+        st = step(eng, params, st)
+    assert step._cache_size() == before + 1
+    assert int(st.i) == 5 and (np.asarray(st.known) > np.array([7, 3])).all()
