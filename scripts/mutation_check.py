@@ -192,6 +192,13 @@ MUTATIONS: list[Mutation] = [
         "        return dstate\n",
         ("tests/test_engine.py::test_greedy_speculative_equals_plain",),
     ),
+    Mutation(
+        "MTP cache never advances",
+        "specjax/drafter.py",
+        "return MtpState(cache.advance(advance), h, tok, q)",
+        "return MtpState(cache, h, tok, q)",
+        ("tests/test_engine.py::test_mtp_first_draft_matches_uncached_mtp",),
+    ),
 ]
 
 

@@ -296,3 +296,39 @@ def test_public_step_is_one_compile_across_steps():
         st = step(eng, params, st)
     assert step._cache_size() == before + 1
     assert int(st.i) == 5 and (np.asarray(st.known) > np.array([7, 3])).all()
+
+
+@pytest.mark.parametrize("rule", ["per_sequence", "cohort"])
+def test_mtp_first_draft_matches_uncached_mtp(rule):
+    """The MTP drafter's per-row cache stays exact: after every step its first draft equals
+    the MTP head run without a cache over the row's whole known sequence."""
+    import jax.numpy as jnp
+
+    from specjax.advance import KvAdvance
+    from specjax.engine import make_engine, prefill, step
+    from specjax.model import hidden_states, mtp_forward
+
+    model = MODELS["global"]
+    cfg = model.config
+    eng = make_engine(model, drafter="mtp", draft_model=None, depth=3, kv_advance_rule=KvAdvance(rule),
+                      cache="dense", temperature=0.0, top_k=None, top_p=None)
+    params = {"target": model.params}
+    prompts = _prompts(3, 41, hi=8)
+    toks = np.zeros((3, 8), np.int32)
+    for i, p in enumerate(prompts):
+        toks[i, : len(p)] = p
+    plen = np.array([len(p) for p in prompts], np.int32)
+    st = prefill(eng, params, jnp.asarray(toks), jnp.asarray(plen), jnp.asarray(plen + 30), jnp.full((3,), -1),
+                 jnp.zeros((3,), jnp.uint32))
+    for _ in range(4):
+        seq, known = np.asarray(st.seq), np.asarray(st.known)
+        for b in range(3):
+            s = seq[b, : known[b]][None]
+            _, h = hidden_states(model, s)
+            k = known[b]
+            lg, g, _ = mtp_forward(model.params, cfg, h[:, : k - 1], s[:, 1:k],
+                                   jnp.arange(k - 1, dtype=jnp.int32)[None])
+            np.testing.assert_allclose(np.asarray(st.dstate.h[b]), np.asarray(g)[0, -1], atol=1e-4)
+            assert int(np.argmax(np.asarray(lg)[0, -1])) == int(st.dstate.first[b])
+        st = step(eng, params, st)
+    assert int(np.asarray(st.cache.lengths).min()) > int(plen.min())
