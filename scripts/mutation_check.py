@@ -199,6 +199,21 @@ MUTATIONS: list[Mutation] = [
         "return MtpState(cache, h, tok, q)",
         ("tests/test_engine.py::test_mtp_first_draft_matches_uncached_mtp",),
     ),
+    # --- Hugging Face loading ---
+    Mutation(
+        "loader maps q_proj into k's place",
+        "specjax/hf.py",
+        '"wk": r.get(pre + "self_attn.k_proj.weight", (d, nkv), transpose=True),',
+        '"wk": r.get(pre + "self_attn.q_proj.weight", (d, nq), transpose=True)[:, :nkv],',
+        ("tests/test_hf.py::test_logits_match_transformers",),
+    ),
+    Mutation(
+        "Mistral loaded without its sliding window",
+        "specjax/hf.py",
+        'sliding = raw.get("sliding_window") if arch == "MistralForCausalLM" else None',
+        "sliding = None",
+        ("tests/test_hf.py::test_logits_match_transformers",),
+    ),
 ]
 
 

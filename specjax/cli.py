@@ -1,4 +1,4 @@
-"""``specjax`` command line: ``specjax simulate ...``."""
+"""``specjax`` command line: ``specjax simulate ...``, ``specjax generate ...``."""
 
 from __future__ import annotations
 
@@ -101,6 +101,52 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_generate(args: argparse.Namespace) -> int:
+    import time
+
+    from specjax.hf import generate_text, load_hf_checkpoint, load_tokenizer
+
+    prompts = list(args.prompt)
+    if args.batch_file:
+        with open(args.batch_file) as f:
+            prompts += [line.rstrip("\n").replace("\\n", "\n") for line in f if line.strip()]
+    try:
+        if not prompts:
+            raise ValueError("give a prompt or --batch-file with one prompt per line")
+        if args.model is None:
+            raise ValueError("--model PATH (a local Hugging Face checkpoint directory) is required")
+        model = load_hf_checkpoint(args.model)
+        tok = load_tokenizer(args.model)
+        draft = load_hf_checkpoint(args.draft_model) if args.draft_model else None
+        drafter = None if args.drafter == "none" else args.drafter
+        if drafter is None and args.drafter is None:
+            drafter = "mtp" if model.config.mtp_depth > 0 else ("draft_model" if draft is not None else "ngram")
+        t0 = time.perf_counter()
+        texts, res = generate_text(
+            model, tok, prompts, max_new_tokens=args.max_new_tokens, drafter=drafter, draft_model=draft,
+            depth=args.depth, kv_advance=args.kv_advance, cache=args.cache, temperature=args.temperature,
+            top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        )
+        dt = time.perf_counter() - t0
+    except ValueError as e:
+        print(f"specjax generate: error: {e}", file=sys.stderr)
+        return 2
+    m = res.metrics
+    n_tok = sum(len(t) for t in res.tokens)
+    summary = {"tok_per_step": m["tok_per_step"], "mean_accepted_length": m["mean_accepted_length"],
+               "tok_per_s_incl_compile": n_tok / dt, "drafter": m["drafter"], "kv_advance": m["kv_advance"],
+               "depth": m["depth"], "new_tokens": n_tok, "seconds": dt}
+    if args.json:
+        print(json.dumps({"texts": texts, "tokens": res.tokens, "summary": summary, "metrics": m}))
+        return 0
+    for p, t in zip(prompts, texts, strict=True):
+        print(p + t)
+        print("-" * 40)
+    print(f"{m['drafter']} depth {m['depth']}, {m['kv_advance']}: {m['tok_per_step']:.3f} tok/step, "
+          f"mean accepted length {m['mean_accepted_length']:.3f}, {n_tok / dt:.1f} tok/s (incl. compile)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specjax", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -117,6 +163,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--plot", metavar="FILE", default=None,
                    help="write a PNG of tok/step vs batch size (1..256) for both rules")
     s.set_defaults(func=cmd_simulate)
+
+    g = sub.add_parser("generate", help="generate text with speculative decoding from a local checkpoint")
+    g.add_argument("prompt", nargs="*", help="prompt text (several: one batch)")
+    g.add_argument("--model", default=None, help="local Hugging Face checkpoint directory")
+    g.add_argument("--draft-model", default=None, help="checkpoint of a smaller model with the same tokenizer")
+    g.add_argument("--drafter", choices=["mtp", "draft_model", "ngram", "none"], default=None,
+                   help="default: mtp if the model has it, else draft_model if given, else ngram")
+    g.add_argument("--depth", type=int, default=3)
+    g.add_argument("--kv-advance", choices=["per_sequence", "cohort"], default=None)
+    g.add_argument("--cache", choices=["dense", "paged"], default="dense")
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--batch-file", default=None, help="one prompt per line (\\n for a newline)")
+    g.add_argument("--json", action="store_true")
+    g.set_defaults(func=cmd_generate)
     return parser
 
 
