@@ -278,19 +278,30 @@ def test_bad_input_is_rejected_before_compile(kwargs, match):
     assert engine_mod._TRACES["generate"] == before
 
 
-def test_public_step_is_one_compile_across_steps():
+def _prefilled(drafter, rule, prompts, budget=30, **kw):
+    """An engine for the global model and its state after prefill (the public step API)."""
     import jax.numpy as jnp
 
     from specjax.advance import KvAdvance
-    from specjax.engine import make_engine, prefill, step
+    from specjax.engine import make_engine, prefill
 
     model = MODELS["global"]
-    eng = make_engine(model, drafter="ngram", draft_model=None, depth=3, kv_advance_rule=KvAdvance.COHORT,
-                      cache="dense", temperature=0.0, top_k=None, top_p=None, ngram_n=2)
+    eng = make_engine(model, drafter=drafter, draft_model=None, depth=3, kv_advance_rule=KvAdvance(rule),
+                      cache="dense", temperature=0.0, top_k=None, top_p=None, **kw)
     params = {"target": model.params}
-    prompts = jnp.array([[1, 2, 3, 1, 2, 3, 0, 0], [5, 6, 0, 0, 0, 0, 0, 0]], jnp.int32)
-    st = prefill(eng, params, prompts, jnp.array([6, 2]), jnp.array([30, 30]), jnp.array([-1, -1]),
-                 jnp.array([0, 1], jnp.uint32))
+    toks = np.zeros((len(prompts), 8), np.int32)
+    for i, p in enumerate(prompts):
+        toks[i, : len(p)] = p
+    plen = np.array([len(p) for p in prompts], np.int32)
+    st = prefill(eng, params, jnp.asarray(toks), jnp.asarray(plen), jnp.asarray(plen + budget),
+                 jnp.full((len(prompts),), -1), jnp.arange(len(prompts), dtype=jnp.uint32))
+    return eng, params, st
+
+
+def test_public_step_is_one_compile_across_steps():
+    from specjax.engine import step
+
+    eng, params, st = _prefilled("ngram", "cohort", [[1, 2, 3, 1, 2, 3], [5, 6]], ngram_n=2)
     before = step._cache_size()
     for _ in range(5):
         st = step(eng, params, st)
@@ -304,31 +315,21 @@ def test_mtp_first_draft_matches_uncached_mtp(rule):
     the MTP head run without a cache over the row's whole known sequence."""
     import jax.numpy as jnp
 
-    from specjax.advance import KvAdvance
-    from specjax.engine import make_engine, prefill, step
+    from specjax.engine import step
     from specjax.model import hidden_states, mtp_forward
 
     model = MODELS["global"]
-    cfg = model.config
-    eng = make_engine(model, drafter="mtp", draft_model=None, depth=3, kv_advance_rule=KvAdvance(rule),
-                      cache="dense", temperature=0.0, top_k=None, top_p=None)
-    params = {"target": model.params}
     prompts = _prompts(3, 41, hi=8)
-    toks = np.zeros((3, 8), np.int32)
-    for i, p in enumerate(prompts):
-        toks[i, : len(p)] = p
-    plen = np.array([len(p) for p in prompts], np.int32)
-    st = prefill(eng, params, jnp.asarray(toks), jnp.asarray(plen), jnp.asarray(plen + 30), jnp.full((3,), -1),
-                 jnp.zeros((3,), jnp.uint32))
+    eng, params, st = _prefilled("mtp", rule, prompts)
     for _ in range(4):
         seq, known = np.asarray(st.seq), np.asarray(st.known)
         for b in range(3):
             s = seq[b, : known[b]][None]
             _, h = hidden_states(model, s)
             k = known[b]
-            lg, g, _ = mtp_forward(model.params, cfg, h[:, : k - 1], s[:, 1:k],
+            lg, g, _ = mtp_forward(model.params, model.config, h[:, : k - 1], s[:, 1:k],
                                    jnp.arange(k - 1, dtype=jnp.int32)[None])
             np.testing.assert_allclose(np.asarray(st.dstate.h[b]), np.asarray(g)[0, -1], atol=1e-4)
             assert int(np.argmax(np.asarray(lg)[0, -1])) == int(st.dstate.first[b])
         st = step(eng, params, st)
-    assert int(np.asarray(st.cache.lengths).min()) > int(plen.min())
+    assert int(np.asarray(st.cache.lengths).min()) > min(len(p) for p in prompts)
