@@ -214,6 +214,56 @@ MUTATIONS: list[Mutation] = [
         "sliding = None",
         ("tests/test_hf.py::test_logits_match_transformers",),
     ),
+    # --- training, bundles, bench (bundled model) ---
+    Mutation(
+        "MTP training chain does not see its own earlier chain keys",
+        "specjax/train.py",
+        "            attn = _chain_attention(q, k1, v1, ks, vs)\n",
+        "            attn = _chain_attention(q, k1, v1, ks[-1:], vs[-1:])\n",
+        ("tests/test_train.py::test_mtp_chain_logits_match_the_cached_drafter_chain",),
+    ),
+    Mutation(
+        "data position ignores the step within an epoch",
+        "specjax/train.py",
+        "        g = step * batch + i\n",
+        "        g = (step % 2) * batch + i\n",
+        ("tests/test_train.py::test_batches_are_a_pure_function_of_step_and_cover_each_epoch",),
+    ),
+    Mutation(
+        "resume restarts the data stream at step 0",
+        "specjax/train.py",
+        "batch_for_step(corpus.train, sc.seq_len, sc.batch, step, sc.seed)",
+        "batch_for_step(corpus.train, sc.seq_len, sc.batch, step - start, sc.seed)",
+        ("tests/test_train.py::test_resume_continues_at_the_same_step_and_data",),
+    ),
+    Mutation(
+        "bits/byte counts BOS/EOS labels as bytes",
+        "specjax/train.py",
+        "    mask = labels < 256\n",
+        "    mask = labels >= 0\n",
+        ("tests/test_train.py::test_bits_per_byte_counts_byte_labels_only",),
+    ),
+    Mutation(
+        "truncated checkpoint surfaces orbax's own exception",
+        "specjax/checkpoint.py",
+        "    except Exception as e:  # orbax/tensorstore raise many types; name the file instead\n",
+        "    except KeyError as e:\n",
+        ("tests/test_bundle.py::test_truncated_or_missing_tensors_are_clear",),
+    ),
+    Mutation(
+        "stream drops the first token of every chunk",
+        "specjax/engine.py",
+        "        new = [seq[r, shown[r] : known[r]].tolist() for r in range(seq.shape[0])]\n",
+        "        new = [seq[r, shown[r] + 1 : known[r]].tolist() for r in range(seq.shape[0])]\n",
+        ("tests/test_bundle.py::test_bundle_generate_and_stream_agree",),
+    ),
+    Mutation(
+        "bench tok/step divides by the last batch's steps only",
+        "specjax/bench.py",
+        '            "tok_per_step": emitted / max(row_steps, 1),\n',
+        '            "tok_per_step": emitted / max(m["total_row_steps"], 1),\n',
+        ("tests/test_bundle.py::test_bench_rows_and_batch_invariance",),
+    ),
 ]
 
 

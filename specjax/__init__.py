@@ -13,7 +13,8 @@ from specjax.cache import (
     front_align_batch,
     front_pad_kv_cache,
 )
-from specjax.engine import GenerationResult, generate
+from specjax.checkpoint import Bundle, CheckpointError, load_model
+from specjax.engine import GenerationResult, StreamChunk, generate, stream
 from specjax.masks import RaggedKvLens, make_left_padded_causal_mask
 from specjax.model import Model, ModelConfig, init_model, logits
 from specjax.plan import (
@@ -26,6 +27,11 @@ from specjax.plan import (
 from specjax.sim import simulate, simulate_alone
 
 __all__ = [
+    "Bundle",
+    "CheckpointError",
+    "StreamChunk",
+    "load_model",
+    "stream",
     "CohortStepPlan",
     "DenseKVCache",
     "GenerationResult",

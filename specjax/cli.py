@@ -1,4 +1,4 @@
-"""``specjax`` command line: ``specjax simulate ...``, ``specjax generate ...``."""
+"""``specjax`` command line: ``simulate``, ``generate``, ``train``, ``bench``."""
 
 from __future__ import annotations
 
@@ -101,10 +101,48 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _is_bundle(path: str | None) -> bool:
+    import pathlib
+
+    if path is None or not pathlib.Path(path).exists():
+        return True  # the bundle loader reports a missing path
+    cfg = pathlib.Path(path) / "config.json"
+    try:
+        return cfg.is_file() and json.loads(cfg.read_text()).get("format") == "specjax-bundle"
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return False
+
+
+class _TextRunner:
+    """Text in/out over either a specjax bundle (byte tokenizer) or a HF checkpoint."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        if _is_bundle(args.model):
+            from specjax.checkpoint import load_model
+
+            if args.draft_model:
+                raise ValueError("--draft-model applies to Hugging Face checkpoints; a bundle carries its own")
+            self.bundle = load_model(args.model)
+            self.model, self.draft = self.bundle.model, self.bundle.draft_model
+            self.encode = lambda p: self.bundle.tokenizer.encode(p, bos=True)
+            self.decode = self.bundle.tokenizer.decode
+            self.eos = self.bundle.tokenizer.eos_id
+        else:
+            from specjax.hf import load_hf_checkpoint, load_tokenizer
+
+            self.model = load_hf_checkpoint(args.model)
+            tok = load_tokenizer(args.model)
+            self.draft = load_hf_checkpoint(args.draft_model) if args.draft_model else None
+            self.encode = lambda p: tok.encode(p, True)
+            self.decode = tok.decode
+            self.eos = tok.eos_id
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     import time
 
-    from specjax.hf import generate_text, load_hf_checkpoint, load_tokenizer
+    from specjax.checkpoint import CheckpointError
+    from specjax.engine import generate, stream
 
     prompts = list(args.prompt)
     if args.batch_file:
@@ -113,24 +151,26 @@ def cmd_generate(args: argparse.Namespace) -> int:
     try:
         if not prompts:
             raise ValueError("give a prompt or --batch-file with one prompt per line")
-        if args.model is None:
-            raise ValueError("--model PATH (a local Hugging Face checkpoint directory) is required")
-        model = load_hf_checkpoint(args.model)
-        tok = load_tokenizer(args.model)
-        draft = load_hf_checkpoint(args.draft_model) if args.draft_model else None
+        if args.stream and args.json:
+            raise ValueError("--stream and --json cannot be combined")
+        run = _TextRunner(args)
         drafter = None if args.drafter == "none" else args.drafter
         if drafter is None and args.drafter is None:
-            drafter = "mtp" if model.config.mtp_depth > 0 else ("draft_model" if draft is not None else "ngram")
+            drafter = "mtp" if run.model.config.mtp_depth > 0 else ("draft_model" if run.draft is not None else "ngram")
+        kw = dict(max_new_tokens=args.max_new_tokens, drafter=drafter, draft_model=run.draft, depth=args.depth,
+                  kv_advance=args.kv_advance, cache=args.cache, temperature=args.temperature, top_k=args.top_k,
+                  top_p=args.top_p, seed=args.seed, eos_id=run.eos)
+        toks = [run.encode(p) for p in prompts]
         t0 = time.perf_counter()
-        texts, res = generate_text(
-            model, tok, prompts, max_new_tokens=args.max_new_tokens, drafter=drafter, draft_model=draft,
-            depth=args.depth, kv_advance=args.kv_advance, cache=args.cache, temperature=args.temperature,
-            top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-        )
+        if args.stream:
+            res = _stream_out(stream(run.model, toks, **kw), prompts, run.decode)
+        else:
+            res = generate(run.model, toks, **kw)
         dt = time.perf_counter() - t0
-    except ValueError as e:
+    except (ValueError, CheckpointError) as e:
         print(f"specjax generate: error: {e}", file=sys.stderr)
         return 2
+    texts = [run.decode(t) for t in res.tokens]
     m = res.metrics
     n_tok = sum(len(t) for t in res.tokens)
     summary = {"tok_per_step": m["tok_per_step"], "mean_accepted_length": m["mean_accepted_length"],
@@ -139,11 +179,105 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"texts": texts, "tokens": res.tokens, "summary": summary, "metrics": m}))
         return 0
-    for p, t in zip(prompts, texts, strict=True):
-        print(p + t)
-        print("-" * 40)
+    if not args.stream:
+        for p, t in zip(prompts, texts, strict=True):
+            print(p + t)
+            print("-" * 40)
     print(f"{m['drafter']} depth {m['depth']}, {m['kv_advance']}: {m['tok_per_step']:.3f} tok/step, "
           f"mean accepted length {m['mean_accepted_length']:.3f}, {n_tok / dt:.1f} tok/s (incl. compile)")
+    return 0
+
+
+def _stream_out(chunks, prompts: list[str], decode):
+    """Print tokens as they arrive: one prompt streams live; a batch prints row by row at the end."""
+    live = len(prompts) == 1
+    got: list[list[int]] = [[] for _ in prompts]
+    shown = 0
+    if live:
+        sys.stdout.write(prompts[0])
+    for ch in chunks:
+        for i, t in enumerate(ch.new_tokens):
+            got[i] += t
+        if live:
+            text = decode(got[0])
+            # print only whole characters: hold back a cut multi-byte sequence
+            safe = text.encode("utf-8", "surrogateescape").decode("utf-8", "ignore") if ch.result is None else text
+            sys.stdout.write(safe[shown:])
+            sys.stdout.flush()
+            shown = max(shown, len(safe))
+        if ch.result is not None:
+            res = ch.result
+    if live:
+        print()
+        print("-" * 40)
+    else:
+        for p, t in zip(prompts, got, strict=True):
+            print(p + decode(t))
+            print("-" * 40)
+    return res
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from specjax.bench import bench, plot, table
+    from specjax.checkpoint import CheckpointError, load_model
+
+    try:
+        batches = [int(x) for x in args.batches.split(",") if x.strip()]
+        drafters = [x.strip() for x in args.drafters.split(",") if x.strip()]
+        bundle = load_model(args.model)
+        result = bench(bundle, batches=batches, drafters=drafters, depth=args.depth,
+                       max_new_tokens=args.max_new_tokens, n_prompts=args.prompts, progress=not args.json)
+    except (ValueError, CheckpointError) as e:
+        print(f"specjax bench: error: {e}", file=sys.stderr)
+        return 2
+    if args.plot:
+        plot(result, args.plot)
+        result["plot"] = args.plot
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(table(result))
+    if args.plot:
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import dataclasses
+    import time
+
+    from specjax.train import STAGES, preset, train
+
+    try:
+        recipe = preset(args.preset)
+        stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
+        given = (("batch", args.batch), ("seq_len", args.seq_len), ("lr", args.lr),
+                 ("ckpt_every", args.ckpt_every), ("eval_every", args.eval_every))
+        overrides = {k: v for k, v in given if v is not None}
+        new_stages = {}
+        for s in STAGES:
+            steps = getattr(args, f"{s}_steps")
+            sc = dataclasses.replace(recipe.stages[s], **overrides, **({"steps": steps} if steps is not None else {}))
+            new_stages[s] = sc
+        recipe = dataclasses.replace(recipe, stages=new_stages,
+                                     max_files=args.max_files if args.max_files is not None else recipe.max_files)
+        t0 = time.perf_counter()
+        summary = train(recipe, args.run_dir, args.out, resume=args.resume, stages=stages, progress=not args.json)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"specjax train: error: {e}", file=sys.stderr)
+        return 2
+    summary["wall_s_this_run"] = time.perf_counter() - t0
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    for stage, info in summary["stages"].items():
+        ev = info.get("final_eval", {})
+        print(f"{stage:<7} step {info['step']:>6}  tokens {info['tokens']:>11,}  wall {info['wall_s'] / 60:7.1f} min  "
+              f"held-out bits/byte {ev.get('bits_per_byte')}  accuracy {ev.get('accuracy')}")
+    for stage, ev in summary.get("held_out_full", {}).items():
+        print(f"full held-out set, {stage}: bits/byte {ev['bits_per_byte']}, accuracy {ev['accuracy']}")
+    if summary.get("out"):
+        print(f"wrote bundle {summary['out']}")
     return 0
 
 
@@ -164,9 +298,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write a PNG of tok/step vs batch size (1..256) for both rules")
     s.set_defaults(func=cmd_simulate)
 
-    g = sub.add_parser("generate", help="generate text with speculative decoding from a local checkpoint")
+    g = sub.add_parser("generate", help="generate text with speculative decoding (default: the bundled model)")
     g.add_argument("prompt", nargs="*", help="prompt text (several: one batch)")
-    g.add_argument("--model", default=None, help="local Hugging Face checkpoint directory")
+    g.add_argument("--model", default=None,
+                   help="a specjax bundle or a local Hugging Face checkpoint directory (default: checkpoints/default)")
     g.add_argument("--draft-model", default=None, help="checkpoint of a smaller model with the same tokenizer")
     g.add_argument("--drafter", choices=["mtp", "draft_model", "ngram", "none"], default=None,
                    help="default: mtp if the model has it, else draft_model if given, else ngram")
@@ -176,11 +311,40 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=None)
     g.add_argument("--top-p", type=float, default=None)
-    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--batch-file", default=None, help="one prompt per line (\\n for a newline)")
+    g.add_argument("--stream", action="store_true", help="print tokens as each step emits them")
     g.add_argument("--json", action="store_true")
     g.set_defaults(func=cmd_generate)
+
+    b = sub.add_parser("bench", help="plain vs cohort vs per_sequence on the bundled model, all drafters")
+    b.add_argument("--model", default=None, help="specjax bundle (default: checkpoints/default)")
+    b.add_argument("--batches", default="1,8,32,64")
+    b.add_argument("--drafters", default="mtp,draft_model,ngram")
+    b.add_argument("--depth", type=int, default=3)
+    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--prompts", type=int, default=None, help="use the first N of the 64 fixed prompts")
+    b.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
+    b.add_argument("--plot", metavar="FILE", default=None, help="PNG of tok/step and tok/s vs batch size")
+    b.set_defaults(func=cmd_bench)
+
+    t = sub.add_parser("train", help="train the target, its MTP module and a draft model on the stdlib corpus")
+    t.add_argument("--preset", choices=["default", "smoke"], default="default")
+    t.add_argument("--run-dir", default="runs/default", help="orbax training checkpoints and log.jsonl")
+    t.add_argument("--out", default=None, help="export the trained bundle here (e.g. checkpoints/default)")
+    t.add_argument("--resume", action="store_true", help="continue each stage from its last checkpoint")
+    t.add_argument("--stages", default="target,mtp,draft", help="comma-separated subset, in order")
+    for stage in ("target", "mtp", "draft"):
+        t.add_argument(f"--{stage}-steps", type=int, default=None)
+    t.add_argument("--batch", type=int, default=None)
+    t.add_argument("--seq-len", type=int, default=None)
+    t.add_argument("--lr", type=float, default=None)
+    t.add_argument("--ckpt-every", type=int, default=None)
+    t.add_argument("--eval-every", type=int, default=None)
+    t.add_argument("--max-files", type=int, default=None, help="use only the first N corpus files")
+    t.add_argument("--json", action="store_true", help="no progress bar; print the summary as JSON")
+    t.set_defaults(func=cmd_train)
     return parser
 
 

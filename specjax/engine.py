@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -30,7 +31,10 @@ from specjax.plan import plan_step
 from specjax.sampling import SAMPLE, SamplingParams, position_keys, probs, sample
 from specjax.verify import greedy_verify, rejection_verify
 
-__all__ = ["MAX_DEPTH", "Engine", "EngineState", "GenerationResult", "generate", "make_engine", "prefill", "step"]
+__all__ = [
+    "MAX_DEPTH", "Engine", "EngineState", "GenerationResult", "StreamChunk", "generate", "make_engine", "prefill",
+    "step", "stream",
+]
 
 MAX_DEPTH = 8
 
@@ -284,6 +288,34 @@ def make_engine(model: Model, *, drafter, draft_model, depth, kv_advance_rule, c
     )
 
 
+def _setup(model, prompts, max_new_tokens, drafter, draft_model, depth, kv_advance, cache, temperature, top_k, top_p,
+           seed, eos_id, ngram_n):
+    """Validate (before any compile), build the static engine and the host-side batch."""
+    seeds = _validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache, temperature, top_k, top_p,
+                      seed, eos_id)
+    rule = resolve_kv_advance(kv_advance)
+    eng = make_engine(model, drafter=drafter, draft_model=draft_model, depth=depth, kv_advance_rule=rule,
+                      cache=cache, temperature=temperature, top_k=top_k, top_p=top_p, ngram_n=ngram_n)
+    b = len(prompts)
+    width = _bucket(max(len(p) for p in prompts))
+    if width > eng.capacity:
+        width = eng.capacity
+    toks = np.zeros((b, width), np.int32)
+    for i, p in enumerate(prompts):  # host-side batch assembly
+        toks[i, : len(p)] = p
+    plen = np.array([len(p) for p in prompts], np.int32)
+    params = {"target": model.params}
+    if eng.draft_config is not None:
+        params["draft"] = draft_model.params
+    if rule is KvAdvance.PER_SEQUENCE:
+        check_per_sequence_cache(jax.eval_shape(lambda: eng.new_cache(eng.config, b, width)))
+    args = (
+        jnp.asarray(toks), jnp.asarray(plen), jnp.asarray(plen + max_new_tokens),
+        jnp.full((b,), -1 if eos_id is None else eos_id, jnp.int32), jnp.asarray(np.array(seeds, np.uint32)),
+    )
+    return eng, params, args
+
+
 def generate(
     model: Model,
     prompts: list[list[int]],
@@ -308,32 +340,49 @@ def generate(
     Compiles once per (batch, prompt-width bucket, model, drafter, depth, cache kind,
     rule, sampling mode); everything else is data.
     """
-    seeds = _validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache, temperature, top_k, top_p,
-                      seed, eos_id)
-    rule = resolve_kv_advance(kv_advance)
-    eng = make_engine(model, drafter=drafter, draft_model=draft_model, depth=depth, kv_advance_rule=rule,
-                      cache=cache, temperature=temperature, top_k=top_k, top_p=top_p, ngram_n=ngram_n)
-    b = len(prompts)
-    width = _bucket(max(len(p) for p in prompts))
-    if width > eng.capacity:
-        width = eng.capacity
-    toks = np.zeros((b, width), np.int32)
-    for i, p in enumerate(prompts):  # host-side batch assembly
-        toks[i, : len(p)] = p
-    plen = np.array([len(p) for p in prompts], np.int32)
-    params = {"target": model.params}
-    if eng.draft_config is not None:
-        params["draft"] = draft_model.params
-    if rule is KvAdvance.PER_SEQUENCE:
-        check_per_sequence_cache(jax.eval_shape(lambda: eng.new_cache(eng.config, b, width)))
+    eng, params, args = _setup(model, prompts, max_new_tokens, drafter, draft_model, depth, kv_advance, cache,
+                               temperature, top_k, top_p, seed, eos_id, ngram_n)
     before = _TRACES["generate"]
-    st = _generate(
-        eng, params, jnp.asarray(toks), jnp.asarray(plen), jnp.asarray(plen + max_new_tokens),
-        jnp.full((b,), -1 if eos_id is None else eos_id, jnp.int32), jnp.asarray(np.array(seeds, np.uint32)),
-    )
-    st = jax.device_get(st)
+    st = jax.device_get(_generate(eng, params, *args))
     compiles = _TRACES["generate"] - before
     return GenerationResult(_tokens(st), _metrics(st, eng, compiles))
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamChunk:
+    new_tokens: list[list[int]]  # per row: tokens emitted since the previous chunk
+    result: GenerationResult | None  # set on the last chunk only
+
+
+def stream(model: Model, prompts: list[list[int]], **kwargs: Any) -> Iterator[StreamChunk]:
+    """``generate`` one step at a time, for interactive output: the same jitted ``prefill``
+    and ``step`` (same tokens, same metrics), but the host reads the new tokens after
+    every step (one device sync per step; ``generate`` has none). Same keyword arguments
+    as ``generate``; the last chunk carries the ``GenerationResult``."""
+    defaults = {"drafter": "mtp", "draft_model": None, "depth": 3, "kv_advance": None, "cache": "dense",
+                "temperature": 0.0, "top_k": None, "top_p": None, "seed": 0, "eos_id": None, "ngram_n": 3}
+    unknown = sorted(set(kwargs) - set(defaults) - {"max_new_tokens"})
+    if unknown:
+        raise TypeError(f"stream() got unexpected keyword argument(s) {unknown}")
+    if "max_new_tokens" not in kwargs:
+        raise TypeError("stream() needs max_new_tokens")
+    kw = {**defaults, **kwargs}
+    eng, params, args = _setup(model, prompts, kw["max_new_tokens"], kw["drafter"], kw["draft_model"], kw["depth"],
+                               kw["kv_advance"], kw["cache"], kw["temperature"], kw["top_k"], kw["top_p"], kw["seed"],
+                               kw["eos_id"], kw["ngram_n"])
+    st = prefill(eng, params, *args)
+    shown = np.asarray(args[1]).copy()
+    while True:
+        known, done, i = jax.device_get((st.known, st.done, st.i))
+        seq = np.asarray(st.seq[:, : int(known.max())])
+        new = [seq[r, shown[r] : known[r]].tolist() for r in range(seq.shape[0])]
+        shown = known.copy()
+        if bool(done.all()) or int(i) >= eng.max_steps:
+            host = jax.device_get(st)
+            yield StreamChunk(new, GenerationResult(_tokens(host), _metrics(host, eng, 0)))
+            return
+        yield StreamChunk(new, None)
+        st = step(eng, params, st)
 
 
 def _tokens(st) -> list[list[int]]:
@@ -354,6 +403,11 @@ def _metrics(st, eng: Engine, compiles: int) -> dict:
         "mean_accepted_length": float((acc.sum() + total_steps) / total_steps) if total_steps else 0.0,
         "mean_accepted_drafts": float(acc.sum() / total_steps) if total_steps else 0.0,
         "acceptance_per_position": [float(x) for x in acc_pos.sum(axis=0) / np.maximum(pp, 1)],
+        "accepted_per_position_count": [int(x) for x in acc_pos.sum(axis=0)],
+        "proposed_per_position_count": [int(x) for x in pp],
+        "accepted_drafts": int(acc.sum()),
+        "total_row_steps": total_steps,
+        "emitted": int(emitted.sum()),
         "steps": int(steps.max()) if len(steps) else 0,
         "row_steps": steps.tolist(),
         "row_accepted_trace": [[int(x) for x in r if x >= 0] for r in np.asarray(st.trace)],

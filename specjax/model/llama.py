@@ -15,7 +15,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax._pytree import pytree_dataclass, static_field
-from specjax.attention import ragged_attention
 from specjax.cache import DenseKVCache, PagedKVCache, RollingKVCache
 from specjax.model.config import ModelConfig
 
@@ -241,9 +240,17 @@ def forward(
 
 
 def _full_attention(q, k, v, window):
-    b = q.shape[0]
-    zeros = jnp.zeros((b,), jnp.int32)
-    return ragged_attention(q, k, v, zeros, zeros, window=window)
+    """Plain causal softmax attention over the ``t`` tokens themselves (no cache): the
+    training path and the oracle the cached forward is tested against. Query ``i``
+    sees keys ``j <= i`` (and ``j > i - window`` when windowed)."""
+    t, d = q.shape[1], q.shape[-1]
+    g = q.shape[2] // k.shape[2]
+    k, v = jnp.repeat(k, g, axis=2), jnp.repeat(v, g, axis=2)
+    i, j = jnp.arange(t)[:, None], jnp.arange(t)[None]
+    visible = (j <= i) if window is None else (j <= i) & (j > i - window)
+    s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), k.astype(jnp.float32)) * d**-0.5
+    p = jax.nn.softmax(jnp.where(visible, s, -1e30), axis=-1)
+    return jnp.einsum("bhqk,bkhd->bqhd", p, v.astype(jnp.float32)).astype(q.dtype)
 
 
 def hidden_states(model: Model, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -1,0 +1,196 @@
+"""Model bundles on disk: ``config.json`` + orbax parameter checkpoints.
+
+Layout of a bundle directory (what ``specjax train`` exports, what ``checkpoints/``
+ships)::
+
+    config.json   {"format": "specjax-bundle", "version": 1, "target": ModelConfig,
+                   "draft": ModelConfig | null, "tokenizer": "bytes", "dtype": ..., "training": {...}}
+    target/       orbax StandardCheckpointer tree: the target params (with its MTP module)
+    draft/        the draft model's params (optional)
+
+Weights are stored in ``dtype`` (bfloat16 for the shipped bundle, to fit the size
+budget) and loaded as float32. Every failure names the file: a missing directory,
+bad JSON, a config field that is wrong, a truncated or mismatched tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.model import Model, ModelConfig, init_model
+from specjax.tokenizer import ByteTokenizer
+
+__all__ = ["Bundle", "CheckpointError", "DEFAULT_BUNDLE", "load_model", "save_bundle"]
+
+FORMAT = "specjax-bundle"
+VERSION = 1
+DEFAULT_BUNDLE = pathlib.Path(__file__).resolve().parent.parent / "checkpoints" / "default"
+
+
+class CheckpointError(ValueError):
+    """A bundle that cannot be loaded; the message names the file and what is wrong."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Bundle:
+    """A loaded bundle: target ``model`` (with MTP), optional ``draft_model``, tokenizer."""
+
+    model: Model
+    draft_model: Model | None
+    tokenizer: ByteTokenizer
+    path: pathlib.Path
+    meta: dict
+
+    def encode_prompts(self, prompts: list[str], bos: bool = True) -> list[list[int]]:
+        if isinstance(prompts, str) or not isinstance(prompts, list | tuple) or not all(
+            isinstance(p, str) for p in prompts
+        ):
+            raise ValueError(f"prompts must be a list of strings, got {prompts!r}")
+        return [self.tokenizer.encode(p, bos=bos) for p in prompts]
+
+    def generate_kwargs(self, kwargs: dict) -> dict:
+        kwargs = dict(kwargs)
+        kwargs.setdefault("eos_id", self.tokenizer.eos_id)
+        if kwargs.get("drafter", "mtp") == "draft_model":
+            if self.draft_model is None and kwargs.get("draft_model") is None:
+                raise ValueError(f"drafter='draft_model': the bundle {self.path} has no draft model")
+            kwargs.setdefault("draft_model", self.draft_model)
+        return kwargs
+
+    def generate(self, prompts: list[str], *, bos: bool = True, **kwargs: Any):
+        """Text in, text out over ``specjax.generate`` (``draft_model`` and EOS filled in).
+        ``bos``: start each prompt with BOS, as every training document did (use False for
+        a snippet from the middle of a file). Returns ``(texts, GenerationResult)``."""
+        from specjax.engine import generate
+
+        res = generate(self.model, self.encode_prompts(prompts, bos), **self.generate_kwargs(kwargs))
+        return [self.tokenizer.decode(t) for t in res.tokens], res
+
+
+def _cast(tree, dtype):
+    return jax.tree.map(lambda x: np.asarray(jnp.asarray(x, dtype)), tree)
+
+
+def _checkpointer():
+    import orbax.checkpoint as ocp
+
+    return ocp.StandardCheckpointer()
+
+
+def save_bundle(
+    path: str | pathlib.Path,
+    model: Model,
+    draft_model: Model | None = None,
+    *,
+    dtype: str = "bfloat16",
+    training: dict | None = None,
+) -> pathlib.Path:
+    """Write a bundle (overwrites ``path``). Returns the path."""
+    import shutil
+
+    path = pathlib.Path(path).absolute()
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    ckpt = _checkpointer()
+    ckpt.save(path / "target", _cast(model.params, dtype))
+    if draft_model is not None:
+        ckpt.save(path / "draft", _cast(draft_model.params, dtype))
+    ckpt.wait_until_finished()
+    cfg = {
+        "format": FORMAT,
+        "version": VERSION,
+        "target": model.config.to_dict(),
+        "draft": None if draft_model is None else draft_model.config.to_dict(),
+        "tokenizer": "bytes",
+        "dtype": dtype,
+        "training": training or {},
+    }
+    (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return path
+
+
+def _config(raw: Any, where: str) -> ModelConfig:
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{where}: expected a ModelConfig object, got {type(raw).__name__}")
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        raise CheckpointError(f"{where}: unknown ModelConfig field(s) {unknown}; allowed: {sorted(names)}")
+    try:
+        return ModelConfig(**raw)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{where}: {e}") from None
+
+
+def _restore(directory: pathlib.Path, config: ModelConfig, dtype: str) -> Model:
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: parameter checkpoint directory is missing")
+    abstract = jax.eval_shape(lambda: init_model(config, dtype=jnp.dtype(dtype)).params)
+    try:
+        params = _checkpointer().restore(directory, abstract)
+    except Exception as e:  # orbax/tensorstore raise many types; name the file instead
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        raise CheckpointError(
+            f"{directory}: cannot restore parameters for the config in config.json "
+            f"(missing, truncated or mismatched checkpoint): {first}"
+        ) from None
+    want = jax.tree_util.tree_flatten_with_path(abstract)[0]
+    got = jax.tree.leaves(params)
+    if len(want) != len(got):
+        raise CheckpointError(f"{directory}: {len(got)} tensors, config.json implies {len(want)}")
+    for (kp, a), x in zip(want, got, strict=True):
+        if tuple(x.shape) != tuple(a.shape):
+            raise CheckpointError(
+                f"{directory}: tensor {jax.tree_util.keystr(kp)} has shape {tuple(x.shape)}, "
+                f"config.json implies {tuple(a.shape)}"
+            )
+    return Model(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params), config)
+
+
+def load_model(path: str | pathlib.Path | None = None) -> Bundle:
+    """Load a bundle (default: the one shipped in ``checkpoints/default``).
+
+    Raises ``CheckpointError`` naming the file for a missing, truncated or mismatched
+    checkpoint."""
+    path = pathlib.Path(path if path is not None else DEFAULT_BUNDLE).absolute()
+    if not path.is_dir():
+        hint = " (the bundled default ships in checkpoints/default of the source tree)"
+        hint = hint if path == DEFAULT_BUNDLE else ""
+        raise CheckpointError(f"{path}: bundle directory does not exist{hint}")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise CheckpointError(f"{cfg_file}: missing (is {path} a specjax bundle?)")
+    try:
+        meta = json.loads(cfg_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{cfg_file}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"{cfg_file}: 'format' must be {FORMAT!r}")
+    if meta.get("version") != VERSION:
+        raise CheckpointError(f"{cfg_file}: unsupported bundle version {meta.get('version')!r} (this is {VERSION})")
+    if meta.get("tokenizer") != "bytes":
+        raise CheckpointError(f"{cfg_file}: tokenizer {meta.get('tokenizer')!r} is not supported (only 'bytes')")
+    dtype = meta.get("dtype", "float32")
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise CheckpointError(f"{cfg_file}: dtype {dtype!r} is not one of float32, bfloat16, float16")
+    target_cfg = _config(meta.get("target"), f"{cfg_file} ['target']")
+    if target_cfg.vocab_size != ByteTokenizer.vocab_size:
+        raise CheckpointError(
+            f"{cfg_file}: target vocab_size {target_cfg.vocab_size} != byte tokenizer's {ByteTokenizer.vocab_size}"
+        )
+    model = _restore(path / "target", target_cfg, dtype)
+    draft = None
+    if meta.get("draft") is not None:
+        draft_cfg = _config(meta["draft"], f"{cfg_file} ['draft']")
+        if draft_cfg.vocab_size != target_cfg.vocab_size:
+            raise CheckpointError(f"{cfg_file}: draft vocab_size {draft_cfg.vocab_size} != target's")
+        draft = _restore(path / "draft", draft_cfg, dtype)
+    return Bundle(model, draft, ByteTokenizer(), path, meta)

@@ -1,0 +1,172 @@
+"""Bundles on disk (save/load, clear errors), text generation and streaming over a
+bundle, ``specjax bench`` and the ``generate``/``bench``/``train`` CLI, on a tiny bundle."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from specjax.bench import bench, bench_prompts
+from specjax.checkpoint import CheckpointError, load_model, save_bundle
+from specjax.cli import main
+from specjax.engine import generate, stream
+from specjax.model import init_model
+from specjax.train import preset
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> pathlib.Path:
+    recipe = preset("smoke")
+    path = tmp_path_factory.mktemp("bundle") / "tiny"
+    save_bundle(path, init_model(recipe.target, seed=1), init_model(recipe.draft, seed=2), dtype="float32")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_bundle(tiny):
+    return load_model(tiny)
+
+
+def _copy(tiny: pathlib.Path, tmp_path: pathlib.Path) -> pathlib.Path:
+    dst = tmp_path / "copy"
+    shutil.copytree(tiny, dst)
+    return dst
+
+
+def test_round_trip_exact_in_float32_and_rounded_in_bfloat16(tmp_path, tiny_bundle):
+    recipe = preset("smoke")
+    ref = init_model(recipe.target, seed=1)
+    for a, b in zip(jax.tree.leaves(ref.params), jax.tree.leaves(tiny_bundle.model.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    save_bundle(tmp_path / "bf16", ref)
+    got = load_model(tmp_path / "bf16")
+    assert got.draft_model is None and got.meta["dtype"] == "bfloat16"
+    for a, b in zip(jax.tree.leaves(ref.params), jax.tree.leaves(got.model.params), strict=True):
+        assert b.dtype == np.float32
+        np.testing.assert_array_equal(np.asarray(a.astype("bfloat16").astype("float32")), np.asarray(b))
+
+
+def test_missing_bundle_is_clear(tmp_path):
+    with pytest.raises(CheckpointError, match="bundle directory does not exist"):
+        load_model(tmp_path / "nope")
+    tmp_path.joinpath("empty").mkdir()
+    with pytest.raises(CheckpointError, match=r"empty/config\.json: missing"):
+        load_model(tmp_path / "empty")
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda c: "{not json", r"config\.json: not valid JSON"),
+        (lambda c: json.dumps({**c, "format": "other"}), "'format' must be"),
+        (lambda c: json.dumps({**c, "target": {**c["target"], "d_model": 48}}), r"target: .*(cannot restore|shape)"),
+        (lambda c: json.dumps({**c, "target": {**c["target"], "n_layers": 3}}), r"target: .*(cannot restore|tensors)"),
+        (lambda c: json.dumps({**c, "target": {**c["target"], "wat": 1}}), r"unknown ModelConfig field\(s\) \['wat'\]"),
+        (lambda c: json.dumps({**c, "draft": {**c["draft"], "vocab_size": 7}}), "draft vocab_size 7"),
+    ],
+)
+def test_bad_config_is_clear(tmp_path, tiny, edit, match):
+    path = _copy(tiny, tmp_path)
+    cfg_file = path / "config.json"
+    cfg_file.write_text(edit(json.loads(cfg_file.read_text())))
+    with pytest.raises(CheckpointError, match=match):
+        load_model(path)
+
+
+def test_truncated_or_missing_tensors_are_clear(tmp_path, tiny):
+    path = _copy(tiny, tmp_path)
+    data = max((p for p in (path / "target").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match=r"/target: cannot restore"):
+        load_model(path)
+    shutil.rmtree(path)
+    path = _copy(tiny, tmp_path)
+    shutil.rmtree(path / "draft")
+    with pytest.raises(CheckpointError, match=r"/draft: parameter checkpoint directory is missing"):
+        load_model(path)
+
+
+def test_bundle_generate_and_stream_agree(tiny_bundle):
+    b = tiny_bundle
+    prompts = [b.tokenizer.encode(p, bos=True) for p in ("def f(x):\n", "import os\n\nclass A")]
+    for drafter in ("mtp", "draft_model"):
+        kw = b.generate_kwargs({"drafter": drafter, "max_new_tokens": 12, "kv_advance": "per_sequence"})
+        ref = generate(b.model, prompts, **kw)
+        chunks = list(stream(b.model, prompts, **kw))
+        assert chunks[-1].result is not None and all(c.result is None for c in chunks[:-1])
+        got = [sum((c.new_tokens[i] for c in chunks), []) for i in range(len(prompts))]
+        assert got == ref.tokens == chunks[-1].result.tokens
+        assert chunks[-1].result.metrics["tok_per_step"] == ref.metrics["tok_per_step"]
+    texts, res = b.generate(["def f(x):\n"], max_new_tokens=5, drafter="ngram")
+    assert texts == [b.tokenizer.decode(res.tokens[0])]
+    with pytest.raises(ValueError, match="prompts must be a list of strings"):
+        b.generate("def f(")
+
+
+def test_bench_rows_and_batch_invariance(tiny_bundle):
+    out = bench(tiny_bundle, batches=(1, 2), drafters=("mtp",), max_new_tokens=10, n_prompts=2, progress=False)
+    rows = out["rows"]
+    assert [(r["batch"], r["drafter"], r["kv_advance"]) for r in rows] == [
+        (b, d, r) for b in (1, 2) for d, r in (("none", "n/a"), ("mtp", "cohort"), ("mtp", "per_sequence"))]
+    by = {(r["batch"], r["drafter"], r["kv_advance"]): r for r in rows}
+    assert by[(1, "none", "n/a")]["speedup_vs_plain"] == 1.0 and by[(1, "none", "n/a")]["tok_per_step"] == 1.0
+    # per_sequence: each row is batch-invariant, so tok/step over the set is the same at B=1 and B=2
+    assert by[(1, "mtp", "per_sequence")]["tok_per_step"] == by[(2, "mtp", "per_sequence")]["tok_per_step"]
+    assert by[(2, "mtp", "cohort")]["tok_per_step"] <= by[(2, "mtp", "per_sequence")]["tok_per_step"]
+    assert all(r["new_tokens"] == 2 * 10 or r["new_tokens"] < 20 for r in rows)
+    assert len(by[(1, "mtp", "cohort")]["acceptance_per_position"]) == 3
+    with pytest.raises(ValueError, match="must be >= 1 and divide"):
+        bench(tiny_bundle, batches=(3,), n_prompts=2, progress=False)
+    assert len(bench_prompts()) == 64 and all(len(p.encode()) <= 120 for p in bench_prompts())
+
+
+def test_cli_generate_json_and_stream(tiny, capsys):
+    assert main(["generate", "--model", str(tiny), "def f(", "--max-new-tokens", "6", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["tokens"][0]) == 6 and out["summary"]["drafter"] == "mtp"
+    assert main(["generate", "--model", str(tiny), "def f(", "--max-new-tokens", "6", "--stream",
+                 "--drafter", "ngram", "--kv-advance", "cohort"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("def f(") and "ngram depth 3, cohort:" in text and "tok/step" in text
+    assert main(["generate", "--model", str(tiny), "x", "--drafter", "mtp", "--depth", "0"]) == 2
+    assert "depth=0 is invalid" in capsys.readouterr().err
+    assert main(["generate", "--model", str(tiny / "nope"), "x"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_cli_bench_json_and_plot(tiny, tmp_path, capsys):
+    png = tmp_path / "b.png"
+    assert main(["bench", "--model", str(tiny), "--batches", "1", "--drafters", "ngram", "--prompts", "1",
+                 "--max-new-tokens", "4", "--json", "--plot", str(png)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) >= {"machine", "rows"} and png.stat().st_size > 1000
+    assert {r["drafter"] for r in out["rows"]} == {"none", "ngram"}
+    assert set(out["rows"][0]) >= {"drafter", "kv_advance", "batch", "tok_per_step", "tok_per_s", "speedup_vs_plain"}
+    assert main(["bench", "--model", str(tiny), "--drafters", "beam"]) == 2
+    assert "drafters=['beam'] is invalid" in capsys.readouterr().err
+
+
+def test_cli_train_smoke_end_to_end(tmp_path, capsys):
+    out = tmp_path / "bundle"
+    assert main(["train", "--preset", "smoke", "--run-dir", str(tmp_path / "run"), "--out", str(out), "--json",
+                 "--target-steps", "4", "--mtp-steps", "3", "--draft-steps", "3", "--ckpt-every", "2"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert [s["step"] for s in summary["stages"].values()] == [4, 3, 3]
+    assert len(summary["held_out_full"]["mtp"]["bits_per_byte"]) == 3
+    b = load_model(out)
+    assert b.meta["training"]["stages"]["target"]["tokens"] == 4 * 2 * 32
+    # --resume over finished stages trains nothing more and exports the same weights
+    assert main(["train", "--preset", "smoke", "--run-dir", str(tmp_path / "run"), "--out", str(tmp_path / "again"),
+                 "--json", "--resume", "--target-steps", "4", "--mtp-steps", "3", "--draft-steps", "3",
+                 "--ckpt-every", "2"]) == 0
+    capsys.readouterr()
+    again = load_model(tmp_path / "again")
+    for a, c in zip(jax.tree.leaves(b.model.params), jax.tree.leaves(again.model.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
+    assert main(["train", "--preset", "smoke", "--stages", "target,beam"]) == 2
+    assert "stages must be" in capsys.readouterr().err
