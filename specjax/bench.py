@@ -60,8 +60,7 @@ def _run(bundle, token_prompts, drafter, rule, depth, max_new_tokens):
     from specjax.engine import generate
 
     kw = bundle.generate_kwargs({"drafter": None if drafter == "none" else drafter})
-    return generate(bundle.model, token_prompts, max_new_tokens=max_new_tokens, depth=depth if drafter != "none" else 1,
-                    kv_advance=rule, **kw)
+    return generate(bundle.model, token_prompts, max_new_tokens=max_new_tokens, depth=depth, kv_advance=rule, **kw)
 
 
 def bench(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -359,17 +360,10 @@ def stream(model: Model, prompts: list[list[int]], **kwargs: Any) -> Iterator[St
     and ``step`` (same tokens, same metrics), but the host reads the new tokens after
     every step (one device sync per step; ``generate`` has none). Same keyword arguments
     as ``generate``; the last chunk carries the ``GenerationResult``."""
-    defaults = {"drafter": "mtp", "draft_model": None, "depth": 3, "kv_advance": None, "cache": "dense",
-                "temperature": 0.0, "top_k": None, "top_p": None, "seed": 0, "eos_id": None, "ngram_n": 3}
-    unknown = sorted(set(kwargs) - set(defaults) - {"max_new_tokens"})
-    if unknown:
-        raise TypeError(f"stream() got unexpected keyword argument(s) {unknown}")
-    if "max_new_tokens" not in kwargs:
-        raise TypeError("stream() needs max_new_tokens")
-    kw = {**defaults, **kwargs}
-    eng, params, args = _setup(model, prompts, kw["max_new_tokens"], kw["drafter"], kw["draft_model"], kw["depth"],
-                               kw["kv_advance"], kw["cache"], kw["temperature"], kw["top_k"], kw["top_p"], kw["seed"],
-                               kw["eos_id"], kw["ngram_n"])
+    # generate's signature is the one source of names and defaults (a bad name is a TypeError)
+    bound = inspect.signature(generate).bind(model, prompts, **kwargs)
+    bound.apply_defaults()
+    eng, params, args = _setup(**bound.arguments)
     st = prefill(eng, params, *args)
     shown = np.asarray(args[1]).copy()
     while True:

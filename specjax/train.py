@@ -24,7 +24,7 @@ import numpy as np
 import optax
 
 from specjax.corpus import Corpus
-from specjax.model import Model, ModelConfig, init_model
+from specjax.model import Model, ModelConfig, init_model, logits
 from specjax.model.llama import _finish_block, _head, _qkv, hidden_states, rms_norm
 
 __all__ = [
@@ -114,10 +114,6 @@ def _byte_ce(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array
     return jnp.sum(nll * mask), jnp.sum(hit & mask), jnp.sum(mask)
 
 
-def lm_logits(params: dict, config: ModelConfig, tokens: jax.Array) -> jax.Array:
-    return hidden_states(Model(params, config), tokens)[0]
-
-
 def _chain_attention(q, k1, v1, extra_k: list, extra_v: list) -> jax.Array:
     """Query row ``i`` sees pass-1 keys ``j <= i`` plus the chain's own keys at row ``i``
     (the MTP cache during a chained draft). ``q [B, T, H, D]``, keys ``[B, T, Hkv, D]``."""
@@ -170,18 +166,18 @@ def make_loss(stage: str, config: ModelConfig, mtp_depth: int) -> Callable:
     if stage in ("target", "draft"):
 
         def loss(trainable, frozen, windows):
-            lg = lm_logits(trainable, config, windows[:, :-1])
+            lg = logits(Model(trainable, config), windows[:, :-1])
             nll, hit, cnt = _byte_ce(lg, windows[:, 1:])
             return nll / jnp.maximum(cnt, 1), (nll, hit, cnt)
 
         return loss
 
     def mtp_loss(trainable, frozen, windows):
-        params = dict(frozen, mtp=trainable)
+        params = _merge("mtp", trainable, frozen)
         tokens = windows[:, :-1]
         t = tokens.shape[1] - mtp_depth
-        _, hidden = hidden_states(Model(jax.lax.stop_gradient(frozen) | {"mtp": trainable}, config), tokens)
-        hidden = jax.lax.stop_gradient(hidden)[:, :t]
+        _, hidden = hidden_states(Model(params, config), tokens)
+        hidden = jax.lax.stop_gradient(hidden)[:, :t]  # the target stays frozen
         lgs = mtp_chain_logits(params, config, hidden, windows, mtp_depth)
         total, stats = 0.0, []
         for k, lg in enumerate(lgs, start=1):
@@ -253,6 +249,14 @@ def _manager(directory: pathlib.Path, sc: StageConfig):
     return ocp.CheckpointManager(directory.absolute(), options=opts)
 
 
+def _restore(mngr, step: int, like: dict) -> tuple[dict, dict]:
+    """(state shaped like ``like``, meta) of checkpoint ``step``."""
+    import orbax.checkpoint as ocp
+
+    r = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(like), meta=ocp.args.JsonRestore()))
+    return r["state"], r["meta"]
+
+
 def _save(mngr, step: int, state: dict, meta: dict, force: bool = False) -> None:
     import orbax.checkpoint as ocp
 
@@ -279,7 +283,6 @@ def run_stage(
     """Train one stage; returns the updated model and a summary (steps, tokens, wall
     time, final held-out metrics). Checkpoints go to ``run_dir/<stage>``. ``stop_at``
     ends the run at that step without a final checkpoint (a simulated kill)."""
-    import orbax.checkpoint as ocp
     from tqdm import tqdm
 
     if stage not in STAGES:
@@ -297,11 +300,7 @@ def run_stage(
     meta: dict = {"stage": stage, "step": 0, "tokens": 0, "wall_s": 0.0, "history": [], "stage_config": {}}
     if resume and mngr.latest_step() is not None:
         step0 = mngr.latest_step()
-        restored = mngr.restore(
-            step0,
-            args=ocp.args.Composite(state=ocp.args.StandardRestore(state), meta=ocp.args.JsonRestore()),
-        )
-        state, meta = restored["state"], restored["meta"]
+        state, meta = _restore(mngr, step0, state)
         if meta.get("stage_config") != dataclasses.asdict(sc):
             raise ValueError(
                 f"{directory}: --resume with different stage settings than the checkpoint "
@@ -482,7 +481,6 @@ def train(
 
 def _load_final(directory: pathlib.Path, stage: str, model: Model, sc: StageConfig):
     """Final weights of a finished stage from its checkpoints, or None if not trained."""
-    import orbax.checkpoint as ocp
 
     if not directory.is_dir():
         return None
@@ -493,14 +491,12 @@ def _load_final(directory: pathlib.Path, stage: str, model: Model, sc: StageConf
     trainable, frozen = split_params(stage, model.params)
     opt = make_optimizer(sc)
     abstract = {"params": trainable, "opt": opt.init(trainable), "step": jnp.zeros((), jnp.int32)}
-    r = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                                   meta=ocp.args.JsonRestore()))
+    state, meta = _restore(mngr, step, abstract)
     mngr.close()
-    meta = r["meta"]
     if meta["step"] != sc.steps:
         raise ValueError(f"{directory}: stage {stage!r} stopped at step {meta['step']} of {sc.steps}; "
                          f"train it (with --resume) before using it")
     info = {k: meta[k] for k in ("stage", "step", "tokens", "wall_s")}
     info["stage_config"] = meta["stage_config"]
     info["final_eval"] = meta["history"][-1] if meta["history"] else {}
-    return Model(_merge(stage, r["state"]["params"], frozen), model.config), info
+    return Model(_merge(stage, state["params"], frozen), model.config), info
