@@ -10,7 +10,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-MASK_VALUE = -1e30
+from specjax.masks import MASK_VALUE
+
+__all__ = ["MASK_VALUE", "block_update", "finalize", "group_queries", "init_carry", "key_positions",
+           "live_block_range"]
 
 
 def live_block_range(
@@ -22,6 +25,18 @@ def live_block_range(
     lo = lead if window is None else jnp.maximum(lead, q_start - window + 1)
     lo = jnp.maximum(lo, 0)
     return lo // block, jnp.where(hi >= lo, hi // block, lo // block - 1)
+
+
+def key_positions(j: jax.Array, block: int, q_start: jax.Array, t_q: int, ring: int | None) -> jax.Array:
+    """Absolute positions ``[block]`` held by key block ``j``. Dense and paged layouts: slot
+    ``s`` holds position ``s``. A ring of ``ring`` slots whose newest query sits at
+    ``q_start + t_q - 1``: slot ``s`` holds ``hi - (hi - s) mod ring`` (``-1``: never written)."""
+    s = j * block + jax.lax.broadcasted_iota(jnp.int32, (block,), 0)
+    if ring is None:
+        return s
+    hi = q_start + t_q - 1
+    p = hi - jax.lax.rem(jax.lax.rem(hi - s, ring) + ring, ring)
+    return jnp.where(p >= 0, p, -1)
 
 
 def group_queries(q: jax.Array, h: int, groups: int) -> jax.Array:

@@ -25,16 +25,21 @@ from pallas_kernels.ragged_attention import (
     default_body,
     grid_call,
     interpret_arg,
+    kv_spec,
+    layer_view,
     loop_kernel,
 )
+from specjax.attention import gather_pages
+from specjax.attention import ragged_attention as xla_ragged_attention
 
 __all__ = ["paged_attention", "paged_attention_reference"]
 
 
-@functools.partial(jax.jit, static_argnames=("window", "scale", "body", "interpret"))
-def _paged_attention(q, k_pages, v_pages, block_table, lead_pad, q_start, *, window, scale, body, interpret):
+@functools.partial(jax.jit, static_argnames=("window", "scale", "body", "interpret", "layer"))
+def _paged_attention(q, k_pages, v_pages, block_table, lead_pad, q_start, *, window, scale, body, interpret, layer):
     bsz, t_q, hq, d = q.shape
-    _, page, hkv, _ = k_pages.shape
+    page, hkv = k_pages.shape[-3], k_pages.shape[-2]
+    pool = k_pages.shape[-4:]
     max_pages = block_table.shape[1]
     num_keys = max_pages * page
     groups = hq // hkv
@@ -51,8 +56,8 @@ def _paged_attention(q, k_pages, v_pages, block_table, lead_pad, q_start, *, win
                 pl.BlockSpec((bsz,), lambda b: (0,)),
                 pl.BlockSpec((bsz, max_pages), lambda b: (0, 0)),
                 pl.BlockSpec((None, t_q, hq, d), lambda b: (b, 0, 0, 0)),
-                pl.BlockSpec(k_pages.shape, lambda b: (0, 0, 0, 0)),
-                pl.BlockSpec(v_pages.shape, lambda b: (0, 0, 0, 0)),
+                kv_spec(pool, lambda b: (0, 0, 0, 0), layer),
+                kv_spec(pool, lambda b: (0, 0, 0, 0), layer),
             ],
             out_specs=pl.BlockSpec((None, t_q, hq, d), lambda b: (b, 0, 0, 0)),
             out_shape=out_shape,
@@ -66,7 +71,7 @@ def _paged_attention(q, k_pages, v_pages, block_table, lead_pad, q_start, *, win
     def kv_map(b, j, lead_ref, qs_ref, bt_ref):
         return jnp.maximum(bt_ref[b, clamp(j, lead_ref[b], qs_ref[b])], 0), 0, 0, 0
 
-    call = grid_call(static, n_prefetch=3, grid=(bsz, max_pages), kv_block=(None, page, hkv, d), kv_map=kv_map,
+    call = grid_call(static, n_prefetch=3, grid=(bsz, max_pages), kv_spec=kv_spec((None, page, hkv, d), kv_map, layer),
                      q=q, interpret=interpret)
     return call(lead_pad, q_start, block_table, q, k_pages, v_pages)
 
@@ -99,32 +104,30 @@ def paged_attention(
     scale: float | None = None,
     body: str | None = None,
     interpret: bool | str | None = None,
+    layer: int | None = None,
 ) -> jax.Array:
     """``q [B, t_q, Hq, D]``; ``k_pages, v_pages [num_pages, page_size, Hkv, D]`` (one
-    layer of the pool); ``block_table int32 [B, max_pages]`` (``-1`` = none);
-    ``lead_pad, q_start int32 [B]`` -> ``[B, t_q, Hq, D]``."""
+    layer of the pool, or ``[L, num_pages, ...]`` with ``layer``); ``block_table int32
+    [B, max_pages]`` (``-1`` = none); ``lead_pad, q_start int32 [B]`` -> ``[B, t_q, Hq, D]``."""
     body = default_body() if body is None else body
-    check_static(q, k_pages, v_pages, lead_pad, q_start, body, k_pages.shape[1] if k_pages.ndim == 4 else 1,
-                 what="k_pages")
+    kl, vl = layer_view(k_pages, layer, "k_pages"), layer_view(v_pages, layer, "v_pages")
+    check_static(q, kl, vl, lead_pad, q_start, body, kl.shape[1] if kl.ndim == 4 else 1, what="k_pages")
     if np.ndim(block_table) != 2 or np.shape(block_table)[0] != q.shape[0]:
         raise ValueError(f"block_table must be [B={q.shape[0]}, max_pages], got shape {np.shape(block_table)}")
     if window is not None and window < 1:
         raise ValueError(f"window must be >= 1 or None, got {window}")
-    page, num_pages = k_pages.shape[1], k_pages.shape[0]
+    page, num_pages = kl.shape[1], kl.shape[0]
     check_dynamic(lead_pad, q_start, q.shape[1], np.shape(block_table)[1] * page)
     _check_pages(block_table, lead_pad, q_start, q.shape[1], window, page, num_pages)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     return _paged_attention(
         q, k_pages, v_pages, jnp.asarray(block_table), jnp.asarray(lead_pad), jnp.asarray(q_start),
-        window=window, scale=scale, body=body, interpret=interpret_arg(interpret),
+        window=window, scale=scale, body=body, interpret=interpret_arg(interpret), layer=layer,
     )
 
 
 def paged_attention_reference(q, k_pages, v_pages, block_table, lead_pad, q_start, *, window=None, scale=None):
     """Gather each row's pages into a contiguous ``[B, max_pages * page, Hkv, D]`` and run
     the XLA oracle."""
-    from specjax.attention import ragged_attention as xla_ragged_attention
-    from specjax.cache.paged import gather_pages
-
     k, v, _ = gather_pages(k_pages, v_pages, block_table)
-    return xla_ragged_attention(q, k, v, lead_pad, q_start, window=window, scale=scale, impl="xla")
+    return xla_ragged_attention(q, k, v, lead_pad, q_start, window=window, scale=scale)

@@ -1,9 +1,11 @@
-"""Pallas kernel: ragged masked attention over a dense per-row KV layout.
+"""Pallas kernels: ragged masked attention over a dense per-row KV layout or a per-row ring.
 
-Semantics are those of ``specjax.attention.ragged_attention`` (the oracle, see
-``ragged_attention_reference``): query ``t`` of row ``b`` sits at key slot
-``q_start[b] + t`` and sees slots ``[lead_pad[b], q_start[b] + t]`` (within ``window``
-if given); GQA; float32 accumulation; a query with no visible key returns zeros.
+Semantics are those of ``specjax.attention`` (the oracle, see ``ragged_attention_reference``
+and ``ring_attention_reference``): query ``t`` of row ``b`` sits at position
+``q_start[b] + t`` and sees keys at positions ``[lead_pad[b], q_start[b] + t]`` (within
+``window`` if given); GQA; float32 accumulation; a query with no visible key returns zeros.
+In the dense layout slot ``s`` holds position ``s``; in a ring of ``S`` slots (the rolling
+cache) slot ``s`` holds the newest position ``p <= q_start + t_q - 1`` with ``p % S == s``.
 
 Two kernel bodies share the online-softmax step (``_online_softmax``):
 
@@ -14,6 +16,10 @@ Two kernel bodies share the online-softmax step (``_online_softmax``):
   no copy, and ``pl.when`` skips its compute. Accumulators live in VMEM scratch.
 * ``"loop"`` (GPU / Triton style): grid ``(B,)``; ``lead_pad``/``q_start`` are plain
   inputs; each program loops over *only* its live KV blocks with ``fori_loop``.
+
+``layer``: the caches stack every layer in one buffer ``[L, B, T, Hkv, D]``; passing the
+static layer index lets the BlockSpecs read that layer in place (slicing it out first
+would copy the whole layer's capacity every call).
 
 On CPU both run in interpret mode (``interpret=True``; the grid body also under the
 TPU interpreter, ``pltpu.InterpretParams``). K/V blocks carry all KV heads
@@ -36,10 +42,13 @@ from pallas_kernels._online_softmax import (
     finalize,
     group_queries,
     init_carry,
+    key_positions,
     live_block_range,
 )
+from specjax.attention import attention_with_positions
+from specjax.attention import ragged_attention as xla_ragged_attention
 
-__all__ = ["BODIES", "ragged_attention", "ragged_attention_reference"]
+__all__ = ["BODIES", "ragged_attention", "ragged_attention_reference", "ring_attention", "ring_attention_reference"]
 
 BODIES = ("grid", "loop")
 _TPU_PARAMS = getattr(pltpu, "CompilerParams", None) or getattr(pltpu, "TPUCompilerParams", None)
@@ -48,14 +57,21 @@ _TPU_PARAMS = getattr(pltpu, "CompilerParams", None) or getattr(pltpu, "TPUCompi
 # ----------------------------------------------------------------------------- bodies
 
 
-def grid_kernel(*refs, n_prefetch, t_q, hkv, groups, block, window, scale, num_keys):
+def _block_range(lead, qs, *, t_q, window, block, num_keys, ring):
+    """Live KV blocks of a row; a ring's slots are all visited (it holds only ~window keys)."""
+    if ring is not None:
+        return jnp.int32(0), jnp.int32(num_keys // block - 1)
+    return live_block_range(lead, qs, t_q, window, block, num_keys)
+
+
+def grid_kernel(*refs, n_prefetch, t_q, hkv, groups, block, window, scale, num_keys, ring=None):
     """Body for grid ``(B, num_blocks)``. Refs: ``lead, q_start[, block_table]`` (scalar
     prefetch), ``q [t_q, Hq, D]``, ``k, v [block, Hkv, D]``, ``o``, scratch ``m, l, acc``."""
     lead_ref, qs_ref = refs[0], refs[1]
     q_ref, k_ref, v_ref, o_ref, m_sc, l_sc, acc_sc = refs[n_prefetch:]
     b, j = pl.program_id(0), pl.program_id(1)
     lead, qs = lead_ref[b], qs_ref[b]
-    first, last = live_block_range(lead, qs, t_q, window, block, num_keys)
+    first, last = _block_range(lead, qs, t_q=t_q, window=window, block=block, num_keys=num_keys, ring=ring)
 
     @pl.when(j == 0)
     def _init():
@@ -66,7 +82,7 @@ def grid_kernel(*refs, n_prefetch, t_q, hkv, groups, block, window, scale, num_k
     @pl.when((j >= first) & (j <= last))
     def _compute():
         q = q_ref[...]
-        key_pos = j * block + jax.lax.broadcasted_iota(jnp.int32, (block,), 0)
+        key_pos = key_positions(j, block, qs, t_q, ring)
         for h in range(hkv):
             m, denom, acc = block_update(
                 (m_sc[h], l_sc[h], acc_sc[h]), group_queries(q, h, groups), k_ref[:, h, :], v_ref[:, h, :],
@@ -82,7 +98,7 @@ def grid_kernel(*refs, n_prefetch, t_q, hkv, groups, block, window, scale, num_k
                 o_ref[:, h * groups + g, :] = out[g * t_q : (g + 1) * t_q].astype(o_ref.dtype)
 
 
-def loop_kernel(lead_ref, qs_ref, *refs, paged, t_q, hkv, groups, block, window, scale, num_keys):
+def loop_kernel(lead_ref, qs_ref, *refs, paged, t_q, hkv, groups, block, window, scale, num_keys, ring=None):
     """Body for grid ``(B,)``: loop over this row's live KV blocks only. Refs: ``lead [B]``,
     ``q_start [B]``, ``[block_table [B, M]]``, ``q``, ``k``, ``v`` (a row ``[T, Hkv, D]`` or
     the page pool ``[P, page, Hkv, D]``), ``o``."""
@@ -92,7 +108,7 @@ def loop_kernel(lead_ref, qs_ref, *refs, paged, t_q, hkv, groups, block, window,
         q_ref, k_ref, v_ref, o_ref = refs
     b = pl.program_id(0)
     lead, qs = lead_ref[b], qs_ref[b]
-    first, last = live_block_range(lead, qs, t_q, window, block, num_keys)
+    first, last = _block_range(lead, qs, t_q=t_q, window=window, block=block, num_keys=num_keys, ring=ring)
     q = q_ref[...]
     d = q.shape[-1]
     for h in range(hkv):
@@ -104,7 +120,7 @@ def loop_kernel(lead_ref, qs_ref, *refs, paged, t_q, hkv, groups, block, window,
                 k, v = k_ref[page, :, h, :], v_ref[page, :, h, :]
             else:
                 k, v = k_ref[pl.ds(j * block, block), h, :], v_ref[pl.ds(j * block, block), h, :]
-            key_pos = j * block + jax.lax.broadcasted_iota(jnp.int32, (block,), 0)
+            key_pos = key_positions(j, block, qs, t_q, ring)
             return block_update(carry, qg, k, v, key_pos, qs, lead, t_q, window, scale)
 
         _, denom, acc = jax.lax.fori_loop(first, last + 1, body, init_carry(groups * t_q, d))
@@ -113,16 +129,16 @@ def loop_kernel(lead_ref, qs_ref, *refs, paged, t_q, hkv, groups, block, window,
             o_ref[:, h * groups + g, :] = out[g * t_q : (g + 1) * t_q].astype(o_ref.dtype)
 
 
-def grid_call(static: dict, *, n_prefetch: int, grid: tuple[int, int], kv_block: tuple, kv_map, q, interpret):
+def grid_call(static: dict, *, n_prefetch: int, grid: tuple[int, int], kv_spec, q, interpret):
     """``pallas_call`` of ``grid_kernel``: q/out blocks are whole rows, K/V blocks follow
-    ``kv_map`` (which receives the scalar-prefetch refs), accumulators in VMEM scratch."""
+    ``kv_spec`` (whose index map receives the scalar-prefetch refs), accumulators in VMEM scratch."""
     _, t_q, hq, d = q.shape
     rows = static["groups"] * t_q
     row_spec = pl.BlockSpec((None, t_q, hq, d), lambda b, j, *_: (b, 0, 0, 0))
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=n_prefetch,
         grid=grid,
-        in_specs=[row_spec, pl.BlockSpec(kv_block, kv_map), pl.BlockSpec(kv_block, kv_map)],
+        in_specs=[row_spec, kv_spec, kv_spec],
         out_specs=row_spec,
         scratch_shapes=[
             pltpu.VMEM((static["hkv"], rows, 1), jnp.float32),
@@ -204,20 +220,38 @@ def check_dynamic(lead_pad, q_start, t_q: int, num_keys: int) -> None:
         raise ValueError(f"lead_pad must be >= 0; rows {bad[:16].tolist()} have {lp[bad][:16].tolist()}")
 
 
-# ----------------------------------------------------------------------------- dense
+# ----------------------------------------------------------------------------- dense and ring
 
 
-@functools.partial(jax.jit, static_argnames=("window", "scale", "block_k", "body", "interpret"))
-def _ragged_attention(q, k, v, lead_pad, q_start, *, window, scale, block_k, body, interpret):
+def layer_view(x, layer: int | None, what: str):
+    """Shape/dtype of the one layer a kernel reads (``x [L, ...]`` when ``layer`` is given)."""
+    if layer is None:
+        return x
+    if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < x.shape[0]:
+        raise ValueError(f"layer={layer!r} must be an int in [0, {x.shape[0]}) for {what} of shape {x.shape}")
+    return jax.ShapeDtypeStruct(x.shape[1:], x.dtype)
+
+
+def kv_spec(block_shape: tuple, index_map, layer: int | None) -> pl.BlockSpec:
+    """A K/V BlockSpec, with a squeezed leading layer axis pinned to ``layer`` if given."""
+    if layer is None:
+        return pl.BlockSpec(block_shape, index_map)
+    return pl.BlockSpec((None, *block_shape), lambda *a: (layer, *index_map(*a)))
+
+
+@functools.partial(jax.jit, static_argnames=("window", "scale", "block_k", "body", "interpret", "layer", "ring"))
+def _ragged_attention(q, k, v, lead_pad, q_start, *, window, scale, block_k, body, interpret, layer, ring):
     bsz, t_q, hq, d = q.shape
-    num_keys, hkv = k.shape[1], k.shape[2]
+    num_keys, hkv = k.shape[-3], k.shape[-2]
     groups = hq // hkv
     nb = num_keys // block_k
-    static = dict(t_q=t_q, hkv=hkv, groups=groups, block=block_k, window=window, scale=scale, num_keys=num_keys)
+    static = dict(t_q=t_q, hkv=hkv, groups=groups, block=block_k, window=window, scale=scale, num_keys=num_keys,
+                  ring=num_keys if ring else None)
     lead_pad = lead_pad.astype(jnp.int32)
     q_start = q_start.astype(jnp.int32)
     out_shape = jax.ShapeDtypeStruct(q.shape, q.dtype)
     if body == "loop":
+        row = kv_spec((None, num_keys, hkv, d), lambda b: (b, 0, 0, 0), layer)
         return pl.pallas_call(
             functools.partial(loop_kernel, paged=False, **static),
             grid=(bsz,),
@@ -225,24 +259,40 @@ def _ragged_attention(q, k, v, lead_pad, q_start, *, window, scale, block_k, bod
                 pl.BlockSpec((bsz,), lambda b: (0,)),
                 pl.BlockSpec((bsz,), lambda b: (0,)),
                 pl.BlockSpec((None, t_q, hq, d), lambda b: (b, 0, 0, 0)),
-                pl.BlockSpec((None, num_keys, hkv, d), lambda b: (b, 0, 0, 0)),
-                pl.BlockSpec((None, num_keys, hkv, d), lambda b: (b, 0, 0, 0)),
+                row,
+                row,
             ],
             out_specs=pl.BlockSpec((None, t_q, hq, d), lambda b: (b, 0, 0, 0)),
             out_shape=out_shape,
             interpret=interpret,
         )(lead_pad, q_start, q, k, v)
 
-    clamp = functools.partial(
-        clamp_block, t_q=t_q, window=window, block=block_k, num_keys=num_keys, num_blocks=nb
-    )
+    if ring:
+        def kv_map(b, j, lead_ref, qs_ref):
+            return b, j, 0, 0
+    else:
+        clamp = functools.partial(
+            clamp_block, t_q=t_q, window=window, block=block_k, num_keys=num_keys, num_blocks=nb
+        )
 
-    def kv_map(b, j, lead_ref, qs_ref):
-        return b, clamp(j, lead_ref[b], qs_ref[b]), 0, 0
+        def kv_map(b, j, lead_ref, qs_ref):
+            return b, clamp(j, lead_ref[b], qs_ref[b]), 0, 0
 
-    call = grid_call(static, n_prefetch=2, grid=(bsz, nb), kv_block=(None, block_k, hkv, d), kv_map=kv_map,
+    call = grid_call(static, n_prefetch=2, grid=(bsz, nb), kv_spec=kv_spec((None, block_k, hkv, d), kv_map, layer),
                      q=q, interpret=interpret)
     return call(lead_pad, q_start, q, k, v)
+
+
+def _validate_dense(q, k, v, lead_pad, q_start, window, block_k, body, layer, what="k"):
+    kl, vl = layer_view(k, layer, what), layer_view(v, layer, "v")
+    check_static(q, kl, vl, lead_pad, q_start, body, block_k, what)
+    if kl.shape[0] != q.shape[0]:
+        raise ValueError(f"{what} batch {kl.shape[0]} must equal q's batch {q.shape[0]}")
+    if kl.shape[1] % block_k:
+        raise ValueError(f"block_k={block_k} must divide the key length T={kl.shape[1]}")
+    if window is not None and window < 1:
+        raise ValueError(f"window must be >= 1 or None, got {window}")
+    return kl.shape[1]
 
 
 def ragged_attention(
@@ -257,29 +307,78 @@ def ragged_attention(
     block_k: int = 128,
     body: str | None = None,
     interpret: bool | str | None = None,
+    layer: int | None = None,
 ) -> jax.Array:
-    """Ragged masked attention. ``q [B, t_q, Hq, D]``, ``k, v [B, T, Hkv, D]``,
-    ``lead_pad, q_start int32 [B]`` -> ``[B, t_q, Hq, D]``.
+    """Ragged masked attention. ``q [B, t_q, Hq, D]``, ``k, v [B, T, Hkv, D]`` (or
+    ``[L, B, T, Hkv, D]`` with ``layer``), ``lead_pad, q_start int32 [B]`` -> ``[B, t_q, Hq, D]``.
 
     ``block_k`` must divide ``T``; ``body``: ``"grid"`` (TPU) or ``"loop"`` (GPU),
     default by backend; ``interpret``: ``None`` = on CPU only, ``"tpu"`` = the TPU interpreter.
     """
     body = default_body() if body is None else body
-    check_static(q, k, v, lead_pad, q_start, body, block_k)
-    if k.shape[1] % block_k:
-        raise ValueError(f"block_k={block_k} must divide the key length T={k.shape[1]}")
-    if window is not None and window < 1:
-        raise ValueError(f"window must be >= 1 or None, got {window}")
-    check_dynamic(lead_pad, q_start, q.shape[1], k.shape[1])
+    num_keys = _validate_dense(q, k, v, lead_pad, q_start, window, block_k, body, layer)
+    check_dynamic(lead_pad, q_start, q.shape[1], num_keys)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     return _ragged_attention(
         q, k, v, jnp.asarray(lead_pad), jnp.asarray(q_start), window=window, scale=scale, block_k=block_k,
-        body=body, interpret=interpret_arg(interpret),
+        body=body, interpret=interpret_arg(interpret), layer=layer, ring=False,
+    )
+
+
+def ring_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    lead_pad: jax.Array,
+    lengths: jax.Array,
+    *,
+    window: int,
+    scale: float | None = None,
+    block_k: int | None = None,
+    body: str | None = None,
+    interpret: bool | str | None = None,
+    layer: int | None = None,
+) -> jax.Array:
+    """Sliding-window attention over a per-row ring (``specjax.cache.RollingKVCache``).
+
+    ``k, v [B, S, Hkv, D]`` (or ``[L, B, S, Hkv, D]`` with ``layer``): position ``p`` of
+    row ``b`` lives in slot ``p % S``; queries sit at absolute ``lengths[b] + [0, t_q)``
+    and were just written, so ``S >= window + t_q - 1`` keeps every visible key alive.
+    ``block_k`` (default: ``S``) must divide ``S``.
+    """
+    body = default_body() if body is None else body
+    size = layer_view(k, layer, "k").shape[1] if k.ndim >= 4 else 0
+    block_k = size if block_k is None else block_k
+    _validate_dense(q, k, v, lead_pad, lengths, window, block_k, body, layer)
+    if window is None:
+        raise ValueError("window must be an int >= 1 for a ring")
+    if size < window + q.shape[1] - 1:
+        raise ValueError(f"ring of {size} slots cannot hold window={window} plus t_q={q.shape[1]} new keys")
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    return _ragged_attention(
+        q, k, v, jnp.asarray(lead_pad), jnp.asarray(lengths), window=window, scale=scale, block_k=block_k,
+        body=body, interpret=interpret_arg(interpret), layer=layer, ring=True,
     )
 
 
 def ragged_attention_reference(q, k, v, lead_pad, q_start, *, window=None, scale=None) -> jax.Array:
-    """The XLA oracle the kernel is tested against."""
-    from specjax.attention import ragged_attention as xla_ragged_attention
+    """The XLA oracle the dense kernel is tested against."""
+    return xla_ragged_attention(q, k, v, lead_pad, q_start, window=window, scale=scale)
 
-    return xla_ragged_attention(q, k, v, lead_pad, q_start, window=window, scale=scale, impl="xla")
+
+def ring_positions(lengths: jax.Array, t_q: int, size: int) -> jax.Array:
+    """``[B, size]``: the absolute position each ring slot holds once ``t_q`` tokens were
+    written at ``lengths`` (``-1``: never written)."""
+    hi = (jnp.asarray(lengths, jnp.int32) + t_q - 1)[:, None]
+    s = jnp.arange(size, dtype=jnp.int32)[None]
+    p = hi - jnp.mod(hi - s, size)
+    return jnp.where(p >= 0, p, -1)
+
+
+def ring_attention_reference(q, k, v, lead_pad, lengths, *, window, scale=None) -> jax.Array:
+    """The XLA oracle for the ring kernel: positions of every slot, then one masked pass."""
+    t_q = q.shape[1]
+    q_pos = jnp.asarray(lengths, jnp.int32)[:, None] + jnp.arange(t_q, dtype=jnp.int32)
+    key_pos = ring_positions(lengths, t_q, k.shape[1])
+    return attention_with_positions(q, k, v, q_pos, key_pos, jnp.asarray(lead_pad, jnp.int32), window=window,
+                                    scale=scale)

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.model import Model, ModelConfig, init_model
+from specjax.model import Model, ModelConfig, fuse_params, init_model, unfuse_params
 from specjax.tokenizer import ByteTokenizer
 
 __all__ = ["Bundle", "CheckpointError", "DEFAULT_BUNDLE", "load_model", "save_bundle"]
@@ -100,9 +100,10 @@ def save_bundle(
         shutil.rmtree(path)
     path.mkdir(parents=True)
     ckpt = _checkpointer()
-    ckpt.save(path / "target", _cast(model.params, dtype))
+    # on disk: the separate q/k/v and gate/up tensors (the layout HF checkpoints use)
+    ckpt.save(path / "target", _cast(unfuse_params(model.params, model.config), dtype))
     if draft_model is not None:
-        ckpt.save(path / "draft", _cast(draft_model.params, dtype))
+        ckpt.save(path / "draft", _cast(unfuse_params(draft_model.params, draft_model.config), dtype))
     ckpt.wait_until_finished()
     cfg = {
         "format": FORMAT,
@@ -133,7 +134,7 @@ def _config(raw: Any, where: str) -> ModelConfig:
 def _restore(directory: pathlib.Path, config: ModelConfig, dtype: str) -> Model:
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: parameter checkpoint directory is missing")
-    abstract = jax.eval_shape(lambda: init_model(config, dtype=jnp.dtype(dtype)).params)
+    abstract = jax.eval_shape(lambda: unfuse_params(init_model(config, dtype=jnp.dtype(dtype)).params, config))
     try:
         params = _checkpointer().restore(directory, abstract)
     except Exception as e:  # orbax/tensorstore raise many types; name the file instead
@@ -152,7 +153,7 @@ def _restore(directory: pathlib.Path, config: ModelConfig, dtype: str) -> Model:
                 f"{directory}: tensor {jax.tree_util.keystr(kp)} has shape {tuple(x.shape)}, "
                 f"config.json implies {tuple(a.shape)}"
             )
-    return Model(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params), config)
+    return Model(fuse_params(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)), config)
 
 
 def load_model(path: str | pathlib.Path | None = None) -> Bundle:

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from specjax._pytree import pytree_dataclass
 from specjax.cache import DenseKVCache
-from specjax.model.llama import ModelCache, forward, mtp_forward
+from specjax.model.llama import ModelCache, forward_hidden, head, mtp_hidden
 from specjax.sampling import DRAFT, position_keys, probs, sample
 
 __all__ = ["DRAFTERS", "DraftModelDrafter", "MtpDrafter", "NgramDrafter", "NoDrafter", "pick"]
@@ -103,8 +103,8 @@ class DraftModelDrafter:
         cfg = eng.draft_config
         cache = eng.new_cache(cfg, st.seq.shape[0], positions.shape[1]).reserve(positions.shape[1])
         tokens = _gather(st.seq, positions)
-        _, _, cache = forward(params["draft"], cfg, tokens, positions, cache)
-        return cache.advance(st.prompt_len)
+        _, cache = forward_hidden(params["draft"], cfg, tokens, positions, cache, attention_impl=eng.attention_impl)
+        return cache.advance(st.prompt_len)  # only the K/V is needed: no logits
 
     def propose(self, eng, params, st):
         cfg, d, w = eng.draft_config, eng.depth, eng.depth + 1
@@ -112,15 +112,17 @@ class DraftModelDrafter:
         lengths, u = cache.lengths, st.u
         cache = cache.reserve(2 * w)
         pos = lengths[:, None] + jnp.arange(w)[None]
-        lg, _, cache = forward(params["draft"], cfg, _gather(st.seq, pos), pos, cache)
-        first = jnp.take_along_axis(lg, (u - 1)[:, None, None], axis=1)[:, 0]
+        x, cache = forward_hidden(params["draft"], cfg, _gather(st.seq, pos), pos, cache,
+                                  attention_impl=eng.attention_impl)
+        first = head(params["draft"], cfg, jnp.take_along_axis(x, (u - 1)[:, None, None], axis=1)[:, 0])
         tok, q = pick(first, eng, st.seeds, lengths + u)
         drafts, qs = [tok], [q]
         for k in range(1, d + 1):  # feed d_k at L + u + k - 1 (the last feed only writes its KV)
             at = lengths + u + k - 1
-            lg, _, cache = forward(params["draft"], cfg, tok[:, None], at[:, None], cache.with_lengths(at))
+            x, cache = forward_hidden(params["draft"], cfg, tok[:, None], at[:, None], cache.with_lengths(at),
+                                      attention_impl=eng.attention_impl)
             if k < d:
-                tok, q = pick(lg[:, 0], eng, st.seeds, at + 1)
+                tok, q = pick(head(params["draft"], cfg, x[:, 0]), eng, st.seeds, at + 1)
                 drafts.append(tok)
                 qs.append(q)
         cache = cache.with_lengths(lengths)
@@ -151,10 +153,10 @@ class MtpDrafter:
         t = hidden.shape[1]
         pos = lengths[:, None] + jnp.arange(t)[None]
         nxt = _gather(st.seq, pos + 1)
-        lg, g, cache = mtp_forward(params["target"], cfg, hidden, nxt, pos, cache)
-        last = (count - 1)[:, None, None]
-        h = jnp.take_along_axis(g, last, axis=1)[:, 0]
-        tok, q = pick(jnp.take_along_axis(lg, last, axis=1)[:, 0], eng, st.seeds, lengths + count + 1)
+        g, cache = mtp_hidden(params["target"], cfg, hidden, nxt, pos, cache, attention_impl=eng.attention_impl)
+        h = jnp.take_along_axis(g, (count - 1)[:, None, None], axis=1)[:, 0]
+        # logits only for the one position a draft is taken from (not all t)
+        tok, q = pick(head(params["target"], cfg, h), eng, st.seeds, lengths + count + 1)
         return cache, h, tok, q
 
     def prefill(self, eng, params, st, hidden, positions):
@@ -172,10 +174,10 @@ class MtpDrafter:
         base = st.known - 1  # MTP position of (h, first)
         for k in range(1, d):  # chain: (h_k, d_k) at the next position predicts d_{k+1}
             at = base + k - 1
-            lg, g, cache = mtp_forward(params["target"], cfg, h[:, None], tok[:, None], at[:, None],
-                                       cache.replace(lengths=at))
+            g, cache = mtp_hidden(params["target"], cfg, h[:, None], tok[:, None], at[:, None],
+                                  cache.replace(lengths=at), attention_impl=eng.attention_impl)
             h = g[:, 0]
-            tok, q = pick(lg[:, 0], eng, st.seeds, at + 2)
+            tok, q = pick(head(params["target"], cfg, h), eng, st.seeds, at + 2)
             drafts.append(tok)
             qs.append(q)
         cache = cache.replace(lengths=s.cache.lengths)

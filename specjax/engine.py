@@ -24,20 +24,39 @@ import numpy as np
 from specjax._pytree import pytree_dataclass
 from specjax.advance import KvAdvance
 from specjax.advance import kv_advance as resolve_kv_advance
-from specjax.cache import cache_supports_per_sequence_advance
+from specjax.cache import cache_supports_per_sequence_advance, describe_status
+from specjax.cache.base import ATTENTION_IMPLS, resolve_attention_impl
 from specjax.drafter import DRAFTERS, DraftModelDrafter, MtpDrafter, NgramDrafter, NoDrafter
 from specjax.model.config import ModelConfig
-from specjax.model.llama import Model, ModelCache, forward, init_cache
+from specjax.model.llama import Model, ModelCache, forward, forward_hidden, head, init_cache
 from specjax.plan import plan_step
 from specjax.sampling import SAMPLE, SamplingParams, position_keys, probs, sample
 from specjax.verify import greedy_verify, rejection_verify
 
 __all__ = [
     "MAX_DEPTH", "Engine", "EngineState", "GenerationResult", "StreamChunk", "generate", "make_engine", "prefill",
-    "step", "stream",
+    "request_capacity", "step", "stream",
 ]
 
 MAX_DEPTH = 8
+CAPACITY_BLOCK = 128  # request-sized capacities are multiples of this (kernel key blocks divide them)
+
+
+def request_capacity(prompt_width: int, max_new_tokens: int, depth: int, *, bucket: bool = True) -> int:
+    """Cache slots per row for one request batch: the padded prompt, then every token the
+    generation can commit, plus scratch for the widest write past a row's committed length
+    (the verify window ``w = depth + 1`` and a draft model's ``w`` chained feeds: ``2w + 2``).
+
+    With ``bucket`` the result rounds up to a multiple of ``CAPACITY_BLOCK`` (eight buckets
+    per octave above 1024 slots), so nearby requests share one compile and kernel blocks
+    divide it. The model's ``max_seq_len`` is only a validation bound, never a size.
+    """
+    w = depth + 1
+    need = max(prompt_width, 0) + max_new_tokens + 2 * w + 2
+    if not bucket:
+        return need
+    step = CAPACITY_BLOCK if need <= 1024 else max(CAPACITY_BLOCK, (1 << (need - 1).bit_length()) // 8)
+    return -(-need // step) * step
 
 
 @pytree_dataclass
@@ -72,10 +91,11 @@ class Engine:
     kv_rule: KvAdvance
     cache_kind: str
     sampling: SamplingParams
-    capacity: int  # cache slots per row
-    max_steps: int  # trace length
+    capacity: int  # cache slots per row (request-sized: ``request_capacity``)
+    max_steps: int  # trace length (a step emits >= 1 token per active row, so capacity bounds it)
     draft_config: ModelConfig | None = None
     dtype: Any = jnp.float32
+    attention_impl: str = "xla"  # resolved: "xla" | "pallas"
 
     @property
     def window(self) -> int:
@@ -98,9 +118,11 @@ def _prefill(eng: Engine, params: dict, prompts: jax.Array, prompt_len: jax.Arra
     seq = jnp.zeros((b, c), jnp.int32).at[:, :p].set(prompts)
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
     cache = eng.new_cache(eng.config, b, p).reserve(p)
-    logits, hidden, cache = forward(params["target"], eng.config, prompts, positions, cache)
+    hidden, cache = forward_hidden(params["target"], eng.config, prompts, positions, cache,
+                                   attention_impl=eng.attention_impl)
     cache = cache.advance(prompt_len)
-    last = jnp.take_along_axis(logits, (prompt_len - 1)[:, None, None], axis=1)[:, 0]
+    h_last = jnp.take_along_axis(hidden, (prompt_len - 1)[:, None, None], axis=1)[:, 0]
+    last = head(params["target"], eng.config, h_last)  # logits for the one position used
     if eng.sampling.greedy:
         first = jnp.argmax(last, axis=-1).astype(jnp.int32)
     else:
@@ -136,7 +158,8 @@ def _step(eng: Engine, params: dict, st: EngineState) -> EngineState:
         window = jnp.where(j < u[:, None], known_tok, draft_tok)
     else:
         window = known_tok
-    logits, hidden, cache = forward(params["target"], eng.config, window, pos, st.cache.reserve(w))
+    logits, hidden, cache = forward(params["target"], eng.config, window, pos, st.cache.reserve(w),
+                                    attention_impl=eng.attention_impl)
 
     if eng.sampling.greedy:
         a, nxt = greedy_verify(logits, drafts, u)
@@ -182,8 +205,20 @@ def _step(eng: Engine, params: dict, st: EngineState) -> EngineState:
 
 prefill = jax.jit(_prefill, static_argnums=0)
 prefill.__doc__ = """``prefill(engine, params, prompts [B, P], prompt_len, max_len, eos, seeds) -> EngineState``."""
-step = jax.jit(_step, static_argnums=0)
-step.__doc__ = """``step(engine, params, state) -> state``: one jitted speculative step (static ``engine``)."""
+step = jax.jit(_step, static_argnums=0, donate_argnums=2)
+step.__doc__ = """``step(engine, params, state) -> state``: one jitted speculative step (static ``engine``).
+The input state is donated: its buffers (caches included) are updated in place, not copied."""
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+def _stream_step(eng: Engine, params: dict, st: EngineState):
+    """``step`` plus the few values ``stream`` reads back: the (up to ``w``) tokens each row
+    emitted, how many, and the loop state. Never the caches or the whole sequence."""
+    before = st.known
+    st = _step(eng, params, st)
+    idx = before[:, None] + jnp.arange(eng.window, dtype=jnp.int32)[None]
+    new = jnp.take_along_axis(st.seq, jnp.clip(idx, 0, st.seq.shape[1] - 1), axis=1)
+    return st, (new, st.known - before, st.done, st.i)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -212,7 +247,7 @@ def _fail(arg: str, value: object, allowed: str) -> None:
 
 
 def _validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache, temperature, top_k, top_p, seed,
-              eos_id):
+              eos_id, attention_impl="xla"):
     cfg = model.config
     if not isinstance(prompts, list | tuple) or len(prompts) == 0:
         _fail("prompts", prompts, "must be a non-empty list of token-id lists")
@@ -248,6 +283,8 @@ def _validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache
                   f"must be >= the target's max_seq_len {cfg.max_seq_len}")
     if cache not in ("dense", "paged"):
         _fail("cache", cache, "must be 'dense' or 'paged'")
+    if attention_impl not in ATTENTION_IMPLS:
+        _fail("attention_impl", attention_impl, f"must be one of {list(ATTENTION_IMPLS)}")
     if not isinstance(temperature, int | float) or temperature < 0:
         _fail("temperature", temperature, "must be a float >= 0")
     if top_p is not None and not 0 < top_p <= 1:
@@ -270,11 +307,15 @@ def check_per_sequence_cache(cache: Any) -> None:
 
 
 def make_engine(model: Model, *, drafter, draft_model, depth, kv_advance_rule, cache, temperature, top_k, top_p,
-                ngram_n: int = 3) -> Engine:
+                ngram_n: int = 3, capacity: int | None = None, attention_impl: str = "xla") -> Engine:
+    """The static engine. ``capacity`` (cache slots per row; ``request_capacity``) defaults to
+    what the model's longest sequence would need; ``generate`` passes the request's."""
     d = 0 if drafter is None else depth
     dr = {None: NoDrafter(), "ngram": NgramDrafter(ngram_n), "draft_model": DraftModelDrafter(),
           "mtp": MtpDrafter()}[drafter]
     cfg = model.config
+    if capacity is None:
+        capacity = request_capacity(0, cfg.max_seq_len, d)
     return Engine(
         config=cfg,
         drafter=dr,
@@ -282,25 +323,26 @@ def make_engine(model: Model, *, drafter, draft_model, depth, kv_advance_rule, c
         kv_rule=kv_advance_rule,
         cache_kind=cache,
         sampling=SamplingParams(float(temperature), top_k, None if top_p is None else float(top_p)),
-        capacity=cfg.max_seq_len + 2 * (d + 1) + 2,
-        max_steps=cfg.max_seq_len + 1,
+        capacity=capacity,
+        max_steps=capacity,
         draft_config=None if draft_model is None or drafter != "draft_model" else draft_model.config,
         dtype=model.params["embed"].dtype,
+        attention_impl=resolve_attention_impl(attention_impl),
     )
 
 
 def _setup(model, prompts, max_new_tokens, drafter, draft_model, depth, kv_advance, cache, temperature, top_k, top_p,
-           seed, eos_id, ngram_n):
+           seed, eos_id, ngram_n, attention_impl):
     """Validate (before any compile), build the static engine and the host-side batch."""
     seeds = _validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache, temperature, top_k, top_p,
-                      seed, eos_id)
+                      seed, eos_id, attention_impl)
     rule = resolve_kv_advance(kv_advance)
-    eng = make_engine(model, drafter=drafter, draft_model=draft_model, depth=depth, kv_advance_rule=rule,
-                      cache=cache, temperature=temperature, top_k=top_k, top_p=top_p, ngram_n=ngram_n)
-    b = len(prompts)
     width = _bucket(max(len(p) for p in prompts))
-    if width > eng.capacity:
-        width = eng.capacity
+    capacity = request_capacity(width, max_new_tokens, 0 if drafter is None else depth)
+    eng = make_engine(model, drafter=drafter, draft_model=draft_model, depth=depth, kv_advance_rule=rule,
+                      cache=cache, temperature=temperature, top_k=top_k, top_p=top_p, ngram_n=ngram_n,
+                      capacity=capacity, attention_impl=attention_impl)
+    b = len(prompts)
     toks = np.zeros((b, width), np.int32)
     for i, p in enumerate(prompts):  # host-side batch assembly
         toks[i, : len(p)] = p
@@ -333,20 +375,33 @@ def generate(
     seed: int | list[int] = 0,
     eos_id: int | None = None,
     ngram_n: int = 3,
+    attention_impl: str = "auto",
 ) -> GenerationResult:
     """Generate up to ``max_new_tokens`` per prompt with speculative decoding.
 
     ``drafter=None`` is plain autoregressive decoding on the same step (the baseline).
     ``kv_advance``: ``"per_sequence"`` | ``"cohort"`` | ``None`` (the latched rule).
-    Compiles once per (batch, prompt-width bucket, model, drafter, depth, cache kind,
-    rule, sampling mode); everything else is data.
+    ``attention_impl``: ``"xla"`` | ``"pallas"`` | ``"auto"`` (Pallas on TPU/GPU, XLA on CPU).
+    Caches hold ``request_capacity(prompt bucket, max_new_tokens, depth)`` slots per row,
+    whatever the model's ``max_seq_len``. Compiles once per (batch, prompt-width bucket,
+    capacity bucket, model, drafter, depth, cache kind, rule, sampling mode, attention);
+    everything else is data. A cache that refused a write raises ``RuntimeError``.
     """
     eng, params, args = _setup(model, prompts, max_new_tokens, drafter, draft_model, depth, kv_advance, cache,
-                               temperature, top_k, top_p, seed, eos_id, ngram_n)
+                               temperature, top_k, top_p, seed, eos_id, ngram_n, attention_impl)
     before = _TRACES["generate"]
     st = jax.device_get(_generate(eng, params, *args))
     compiles = _TRACES["generate"] - before
+    _check_status(st)
     return GenerationResult(_tokens(st), _metrics(st, eng, compiles))
+
+
+def _check_status(st) -> None:
+    """Surface any cache status bit (a refused write or advance) instead of returning tokens
+    computed from a cache that fell behind."""
+    bad = describe_status(st.cache.status)
+    if bad:
+        raise RuntimeError(f"KV cache refused a write or advance (engine bug or undersized cache): rows {bad}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -365,18 +420,19 @@ def stream(model: Model, prompts: list[list[int]], **kwargs: Any) -> Iterator[St
     bound.apply_defaults()
     eng, params, args = _setup(**bound.arguments)
     st = prefill(eng, params, *args)
-    shown = np.asarray(args[1]).copy()
+    # the first token comes from prefill; afterwards each step reads back only [B, w] tokens
+    first, done, i = jax.device_get((st.seq[jnp.arange(st.seq.shape[0]), args[1]], st.done, st.i))
+    new = [[int(t)] for t in first]
     while True:
-        known, done, i = jax.device_get((st.known, st.done, st.i))
-        seq = np.asarray(st.seq[:, : int(known.max())])
-        new = [seq[r, shown[r] : known[r]].tolist() for r in range(seq.shape[0])]
-        shown = known.copy()
         if bool(done.all()) or int(i) >= eng.max_steps:
             host = jax.device_get(st)
+            _check_status(host)
             yield StreamChunk(new, GenerationResult(_tokens(host), _metrics(host, eng, 0)))
             return
         yield StreamChunk(new, None)
-        st = step(eng, params, st)
+        st, small = _stream_step(eng, params, st)
+        toks, n_new, done, i = jax.device_get(small)
+        new = [toks[r, : n_new[r]].tolist() for r in range(toks.shape[0])]
 
 
 def _tokens(st) -> list[list[int]]:

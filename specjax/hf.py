@@ -14,7 +14,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.model import Model, ModelConfig
+from specjax.model import Model, ModelConfig, fuse_params, unfuse_params
 
 __all__ = ["HFTokenizer", "generate_text", "load_hf_checkpoint", "load_tokenizer", "save_hf_checkpoint"]
 
@@ -171,7 +171,7 @@ def load_hf_checkpoint(path: str | Path, dtype=None) -> Model:
     extra = sorted(n for n in r.files if n not in r.used and not n.endswith(_IGNORED_SUFFIXES))
     if extra:
         raise ValueError(f"checkpoint tensor {extra[0]!r} is not used by this architecture ({len(extra)} unused)")
-    return Model(params, cfg)
+    return Model(fuse_params(params), cfg)  # HF's separate q/k/v and gate/up -> one matmul each
 
 
 def save_hf_checkpoint(model: Model, path: str | Path) -> None:
@@ -180,7 +180,7 @@ def save_hf_checkpoint(model: Model, path: str | Path) -> None:
     which those architectures lack, are not written."""
     from safetensors.numpy import save_file
 
-    cfg, p = model.config, model.params
+    cfg, p = model.config, unfuse_params(model.params, model.config)
     if cfg.sliding_window is not None and cfg.global_layers:
         raise ValueError("interleaved local/global layers have no transformers architecture to export to")
     if cfg.qkv_bias and cfg.sliding_window is not None:

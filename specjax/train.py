@@ -23,9 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from specjax.attention import attend_visible
 from specjax.corpus import Corpus
 from specjax.model import Model, ModelConfig, init_model, logits
-from specjax.model.llama import _finish_block, _head, _qkv, hidden_states, rms_norm
+from specjax.model.llama import _finish_block, _qkv, head, hidden_states, rms_norm
 
 __all__ = [
     "STAGES",
@@ -116,21 +117,16 @@ def _byte_ce(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array
 
 def _chain_attention(q, k1, v1, extra_k: list, extra_v: list) -> jax.Array:
     """Query row ``i`` sees pass-1 keys ``j <= i`` plus the chain's own keys at row ``i``
-    (the MTP cache during a chained draft). ``q [B, T, H, D]``, keys ``[B, T, Hkv, D]``."""
-    b, t, h, d = q.shape
-    g = h // k1.shape[2]
-    rep = lambda x: jnp.repeat(x, g, axis=2)  # noqa: E731
-    k1, v1 = rep(k1), rep(v1)
-    s = jnp.einsum("bqhd,bkhd->bhqk", q, k1) * d**-0.5
+    (the MTP cache during a chained draft). ``q [B, T, H, D]``, keys ``[B, T, Hkv, D]``.
+    The same attention core as inference: the chain keys are appended after the pass-1
+    keys and the visibility mask is causal on the first block, the diagonal on the rest."""
+    t = q.shape[1]
     causal = jnp.tril(jnp.ones((t, t), bool))
-    s = jnp.where(causal, s, -1e30)
-    ex = [jnp.einsum("bqhd,bqhd->bhq", q, rep(k)) * d**-0.5 for k in extra_k]
-    s_all = jnp.concatenate([s] + [e[..., None] for e in ex], axis=-1)
-    p = jax.nn.softmax(s_all, axis=-1)
-    o = jnp.einsum("bhqk,bkhd->bqhd", p[..., :t], v1)
-    for j, v in enumerate(extra_v):
-        o = o + p[..., t + j].transpose(0, 2, 1)[..., None] * rep(v)
-    return o
+    eye = jnp.eye(t, dtype=bool)
+    ok = jnp.concatenate([causal] + [eye] * len(extra_k), axis=-1)[None]  # [1, T, T * (1 + n)]
+    k = jnp.concatenate([k1, *extra_k], axis=1)
+    v = jnp.concatenate([v1, *extra_v], axis=1)
+    return attend_visible(q, k, v, ok)
 
 
 def mtp_chain_logits(params: dict, config: ModelConfig, hidden: jax.Array, tokens: jax.Array, depth: int):
@@ -157,7 +153,7 @@ def mtp_chain_logits(params: dict, config: ModelConfig, hidden: jax.Array, token
             vs.append(vv)
             attn = _chain_attention(q, k1, v1, ks, vs)
         h = _finish_block(m["block"], x, attn, config)
-        out.append(_head(params, config, h))
+        out.append(head(params, config, h))
     return out
 
 

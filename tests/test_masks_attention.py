@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specjax.attention import masked_attention, ragged_attention
+from specjax.attention import live_attention, live_block_bounds, masked_attention, ragged_attention
 from specjax.masks import MASK_VALUE, RaggedKvLens, make_left_padded_causal_mask
 
 from refs import ref_attention, ref_visible
@@ -36,7 +36,7 @@ def test_mask_matches_loop_reference(case):
     assert np.isfinite(m).all() and (m[~vis[:, None]] <= -1e9).all()
 
 
-_attn = jax.jit(ragged_attention, static_argnames=("window", "impl"))
+_attn = jax.jit(ragged_attention, static_argnames=("window",))
 
 
 @pytest.mark.parametrize("hq,hkv", [(2, 2), (4, 1), (8, 2)])
@@ -120,7 +120,6 @@ def test_ragged_kv_lens_is_a_pytree():
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        (dict(impl="cuda"), r"impl must be one of \[.xla., .pallas., .auto.\]"),
         (dict(k=np.zeros((B, T, 3, D), np.float32)), r"query heads 4 must be a multiple of kv heads 3"),
         (dict(q=np.zeros((B, 4, D), np.float32)), r"rank 4"),
     ],
@@ -128,6 +127,68 @@ def test_ragged_kv_lens_is_a_pytree():
 def test_attention_bad_input(kwargs, match):
     args = dict(q=np.zeros((B, 2, 4, D), np.float32), k=np.zeros((B, T, 2, D), np.float32))
     args |= kwargs
-    impl = args.pop("impl", "xla")
     with pytest.raises(ValueError, match=match):
-        ragged_attention(args["q"], args["k"], args["k"], np.zeros(B, np.int32), np.zeros(B, np.int32), impl=impl)
+        ragged_attention(args["q"], args["k"], args["k"], np.zeros(B, np.int32), np.zeros(B, np.int32))
+
+
+# ----------------------------------------------------------------------------- live range
+
+
+def _blocked_reader(k, v, block, touched):
+    def read(j):
+        touched.append(j)
+        kb = jax.lax.dynamic_slice_in_dim(k, j * block, block, axis=1)
+        vb = jax.lax.dynamic_slice_in_dim(v, j * block, block, axis=1)
+        return kb, vb, (j * block + jnp.arange(block, dtype=jnp.int32))[None]
+
+    return read
+
+
+@pytest.mark.parametrize("block", [4, 8, 24])
+@given(case=ragged(), seed=st.integers(0, 2**16))
+def test_live_attention_matches_loop_reference(block, case, seed):
+    """The XLA live-range path (online softmax over live blocks) equals the NumPy reference."""
+    t_q, q_start, lead, window = case
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((B, t_q, 4, D)).astype(np.float32)
+    k = rng.standard_normal((B, T, 2, D)).astype(np.float32)
+    v = rng.standard_normal((B, T, 2, D)).astype(np.float32)
+    q_pos = (q_start[:, None] + np.arange(t_q)[None]).astype(np.int32)
+    out = live_attention(jnp.asarray(q), _blocked_reader(jnp.asarray(k), jnp.asarray(v), block, []),
+                         jnp.asarray(q_pos), jnp.asarray(lead), block=block, num_blocks=T // block, window=window)
+    ref = ref_attention(q, k, v, q_pos, np.broadcast_to(np.arange(T), (B, T)), lead, window)
+    np.testing.assert_allclose(np.asarray(out), ref, atol=2e-5, rtol=2e-5)
+
+
+@given(case=ragged())
+def test_live_block_bounds_cover_exactly_the_visible_blocks(case):
+    """[first, stop) holds every block with a key visible to some query, and no block past
+    the batch's last query (the cost follows the longest live row, not the capacity)."""
+    t_q, q_start, lead, window = case
+    block, nb = 4, T // 4
+    q_pos = q_start[:, None] + np.arange(t_q)[None]
+    vis = ref_visible(q_pos, np.broadcast_to(np.arange(T), (B, T)), lead, window).any(axis=(0, 1))
+    first, stop = (int(x) for x in live_block_bounds(jnp.asarray(q_pos), jnp.asarray(lead), window, block, nb))
+    used = np.nonzero(vis)[0] // block
+    if len(used):
+        assert first <= used.min() and stop >= used.max() + 1
+    assert stop <= int(q_pos.max()) // block + 1
+
+
+def test_live_attention_never_reads_blocks_past_the_longest_row():
+    """NaN in every block past the batch's last query: a read of any of them would poison the output."""
+    rng = np.random.default_rng(5)
+    cap, block = 64, 8
+    q = rng.standard_normal((2, 2, 2, D)).astype(np.float32)
+    k = rng.standard_normal((2, cap, 1, D)).astype(np.float32)
+    v = rng.standard_normal((2, cap, 1, D)).astype(np.float32)
+    q_start = np.array([9, 20], np.int32)  # last query at 21: blocks 0..2 are live
+    k[:, 24:] = np.nan
+    v[:, 24:] = np.nan
+    q_pos = q_start[:, None] + np.arange(2)[None]
+    lead = np.zeros(2, np.int32)
+    out = np.asarray(live_attention(jnp.asarray(q), _blocked_reader(jnp.asarray(k), jnp.asarray(v), block, []),
+                                    jnp.asarray(q_pos), jnp.asarray(lead), block=block, num_blocks=cap // block))
+    assert np.isfinite(out).all()
+    ref = ref_attention(q, np.nan_to_num(k), np.nan_to_num(v), q_pos, np.broadcast_to(np.arange(cap), (2, cap)), lead)
+    np.testing.assert_allclose(out, ref, atol=2e-5)

@@ -30,8 +30,7 @@ def _bias(model):
         return model
     params = jax.tree.map(lambda x: x, model.params)
     for i, p in enumerate(params["layers"]):
-        for name in ("bq", "bk", "bv"):
-            p[name] = jax.random.normal(jax.random.key(i), p[name].shape) * 0.1
+        p["bqkv"] = jax.random.normal(jax.random.key(i), p["bqkv"].shape) * 0.1
     return model.replace(params=params)
 
 

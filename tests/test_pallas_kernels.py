@@ -9,8 +9,13 @@ import numpy as np
 import pytest
 
 from pallas_kernels.paged_attention import paged_attention, paged_attention_reference
-from pallas_kernels.ragged_attention import ragged_attention, ragged_attention_reference
-from specjax.attention import ragged_attention as specjax_ragged_attention
+from pallas_kernels.ragged_attention import (
+    ragged_attention,
+    ragged_attention_reference,
+    ring_attention,
+    ring_attention_reference,
+)
+from specjax.cache import DenseKVCache, PagedKVCache, RollingKVCache
 
 TOL = {jnp.float32: 2e-5, jnp.bfloat16: 3e-2}
 B = 4
@@ -116,13 +121,77 @@ def test_paged_kernel_matches_reference(body, t_q, hq, hkv, d, page, max_pages, 
     np.testing.assert_array_equal(np.asarray(out, np.float32)[2], 0.0)
 
 
-def test_specjax_attention_dispatches_to_pallas():
-    rng = np.random.default_rng(2)
-    q, k, v = _data(rng, 4, 4, 2, 64, 64, jnp.float32)
-    lead, qs = _rows(rng, 4, 64, None)
-    a = specjax_ragged_attention(q, k, v, lead, qs, impl="pallas")
-    b = specjax_ragged_attention(q, k, v, lead, qs, impl="auto")  # XLA on CPU
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
+# (t_q, Hq, Hkv, head_dim, ring size, block, window, dtype)
+RING_CASES = [
+    (1, 4, 2, 64, 16, None, 8, jnp.float32),
+    (4, 4, 1, 64, 24, 8, 12, jnp.float32),
+    (8, 2, 2, 128, 32, 16, 20, jnp.bfloat16),
+]
+
+
+@pytest.mark.parametrize("body", ["grid", "loop"])
+@pytest.mark.parametrize("t_q,hq,hkv,d,size,block,window,dtype", RING_CASES)
+def test_ring_kernel_matches_reference(body, t_q, hq, hkv, d, size, block, window, dtype):
+    """Per-row rings at different absolute lengths: short rows (slots never written) and rows
+    that wrapped around several times."""
+    rng = np.random.default_rng(size + t_q + d)
+    q, k, v = _data(rng, t_q, hq, hkv, d, size, dtype)
+    lengths = np.array([0, 3, 5 * size + 7, 2 * size], np.int32)
+    lead = np.array([0, 0, 4 * size, 2 * size + t_q], np.int32)  # row 3: lead past its queries -> zeros
+    out = ring_attention(q, k, v, lead, lengths, window=window, block_k=block, body=body)
+    ref = ring_attention_reference(q, k, v, lead, lengths, window=window)
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), atol=TOL[dtype])
+    np.testing.assert_array_equal(np.asarray(out, np.float32)[3], 0.0)
+
+
+@pytest.mark.parametrize("body", ["grid", "loop"])
+def test_kernels_read_one_layer_of_a_stacked_cache_in_place(body):
+    """``layer=`` reads layer ``l`` of ``[L, B, T, Hkv, D]`` (and ``[L, P, page, Hkv, D]``) exactly
+    as the kernel run on that layer alone."""
+    rng = np.random.default_rng(11)
+    q, _, _ = _data(rng, 4, 4, 2, 64, 32, jnp.float32)
+    k = jnp.asarray(rng.standard_normal((3, B, 32, 2, 64)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((3, B, 32, 2, 64)), jnp.float32)
+    lead, qs = _rows(rng, 4, 32, None)
+    for layer in range(3):
+        a = ragged_attention(q, k, v, lead, qs, block_k=8, body=body, layer=layer)
+        b = ragged_attention(q, k[layer], v[layer], lead, qs, block_k=8, body=body)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    kp = jnp.asarray(rng.standard_normal((2, 12, 8, 2, 64)), jnp.float32)
+    bt = np.arange(B * 3, dtype=np.int32).reshape(B, 3)
+    qs8 = np.minimum(qs, 20)
+    a = paged_attention(q, kp, kp, bt, lead * 0, qs8, body=body, layer=1)
+    b = paged_attention(q, kp[1], kp[1], bt, lead * 0, qs8, body=body)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("kind", ["dense", "paged", "ring"])
+def test_cache_attend_pallas_matches_xla(kind):
+    """Every cache kind's ``attend(impl="pallas")`` (interpret mode here) equals its XLA path."""
+    rng = np.random.default_rng(3)
+    layers, hkv, d, t = 2, 2, 32, 4
+    if kind == "dense":
+        c = DenseKVCache.create(layers, B, 64, hkv, d)
+    elif kind == "paged":
+        c = PagedKVCache.create(layers, B, 40, 8, 8, hkv, d)
+    else:
+        c = RollingKVCache.create(layers, B, 6, 10, hkv, d)
+    lengths = np.array([0, 9, 30, 17], np.int32)
+    for layer in range(layers):  # fill, then position every row at its own length
+        for lo in range(0, 36, t):
+            c = c.replace(lengths=jnp.full((B,), lo, jnp.int32))
+            if kind == "paged":
+                c = c.reserve(t)
+            kv = rng.standard_normal((2, B, t, hkv, d)).astype(np.float32)
+            c = c.write(layer, jnp.asarray(kv[0]), jnp.asarray(kv[1]))
+    c = c.replace(lengths=jnp.asarray(lengths))
+    if kind == "dense":
+        c = c.replace(start=jnp.asarray([0, 2, 5, 0], jnp.int32))
+    q = jnp.asarray(rng.standard_normal((B, t, 4, d)), jnp.float32)
+    for layer in range(layers):
+        a = c.attend(q, layer, impl="pallas")
+        b = c.attend(q, layer, impl="xla")
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 
 from specjax._pytree import pytree_dataclass
-from specjax.attention import attention_with_positions
-from specjax.cache.base import CAPACITY_EXCEEDED, ROLLBACK_INVALID, as_rows, positions
+from specjax.attention import live_attention
+from specjax.cache.base import CAPACITY_EXCEEDED, ROLLBACK_INVALID, as_rows, kernel_block, key_block, positions
 
 __all__ = ["DenseKVCache"]
 
@@ -87,23 +87,33 @@ class DenseKVCache:
             status=self.status | jnp.where(ok, 0, ROLLBACK_INVALID),
         )
 
-    def key_positions(self, t_q: int) -> jax.Array:
-        """Absolute position of each slot, ``[B, capacity]`` (slot index in the dense layout)."""
-        return jnp.broadcast_to(jnp.arange(self.capacity, dtype=jnp.int32), (self.batch, self.capacity))
-
     def attend(
-        self, q: jax.Array, layer: int | jax.Array, *, window: int | None = None, scale: float | None = None
+        self,
+        q: jax.Array,
+        layer: int,
+        *,
+        window: int | None = None,
+        scale: float | None = None,
+        impl: str = "xla",
     ) -> jax.Array:
         """Attention of ``q [B, t_q, Hq, D]`` sitting at ``lengths + [0, t_q)`` (the tokens
-        just written) over this layer's cache; ``[B, t_q, Hq, D]``."""
+        just written) over this layer's cache; ``[B, t_q, Hq, D]``. Reads only key blocks
+        up to the batch's longest live row (XLA) or each row's own live blocks (Pallas)."""
         t_q = q.shape[1]
-        return attention_with_positions(
-            q,
-            self.k[layer],
-            self.v[layer],
-            positions(self.lengths, t_q),
-            self.key_positions(t_q),
-            self.start,
-            window=window,
-            scale=scale,
-        )
+        if impl == "pallas":
+            # lazy import: pallas_kernels imports specjax (the reference), never the reverse at import time
+            from pallas_kernels.ragged_attention import ragged_attention as pallas_ragged_attention
+
+            return pallas_ragged_attention(q, self.k, self.v, self.start, self.lengths, window=window, scale=scale,
+                                           block_k=kernel_block(self.capacity), layer=layer)
+        block = key_block(self.capacity)
+        b, _, hkv, d = self.k.shape[1:]
+
+        def read(j):
+            at = (layer, 0, j * block, 0, 0)
+            k = jax.lax.dynamic_slice(self.k, at, (1, b, block, hkv, d))[0]
+            v = jax.lax.dynamic_slice(self.v, at, (1, b, block, hkv, d))[0]
+            return k, v, (j * block + jnp.arange(block, dtype=jnp.int32))[None]
+
+        return live_attention(q, read, positions(self.lengths, t_q), self.start, block=block,
+                              num_blocks=self.capacity // block, window=window, scale=scale)

@@ -17,31 +17,14 @@ import jax
 import jax.numpy as jnp
 
 from specjax._pytree import pytree_dataclass
-from specjax.attention import attention_with_positions
-from specjax.cache.base import CAPACITY_EXCEEDED, OUT_OF_PAGES, ROLLBACK_INVALID, as_rows, positions
+from specjax.attention import gather_pages, live_attention
+from specjax.cache.base import CAPACITY_EXCEEDED, OUT_OF_PAGES, ROLLBACK_INVALID, as_rows, key_block, positions
 
 __all__ = ["PagedKVCache", "gather_pages"]
 
 
 def _ceil_div(a: jax.Array, b: int) -> jax.Array:
     return (a + b - 1) // b
-
-
-def gather_pages(
-    k_pages: jax.Array, v_pages: jax.Array, block_table: jax.Array
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """One layer's pool ``[num_pages, page_size, Hkv, D]`` read through ``block_table [B, M]``:
-    contiguous ``k, v [B, M * page_size, Hkv, D]`` and ``key_pos [B, M * page_size]``
-    (``-1`` where the row owns no page; those slots read page 0 and must stay masked)."""
-    bt = jnp.asarray(block_table, jnp.int32)
-    safe = jnp.where(bt >= 0, bt, 0)
-    b, mp = bt.shape
-    ps = k_pages.shape[1]
-    k = k_pages[safe].reshape(b, mp * ps, *k_pages.shape[2:])
-    v = v_pages[safe].reshape(b, mp * ps, *v_pages.shape[2:])
-    pos = jnp.arange(mp * ps, dtype=jnp.int32).reshape(mp, ps)[None]
-    key_pos = jnp.where((bt >= 0)[:, :, None], pos, -1).reshape(b, mp * ps)
-    return k, v, key_pos
 
 
 @pytree_dataclass
@@ -180,11 +163,36 @@ class PagedKVCache:
         return gather_pages(self.k[layer], self.v[layer], self.block_table)
 
     def attend(
-        self, q: jax.Array, layer: int | jax.Array, *, window: int | None = None, scale: float | None = None
+        self,
+        q: jax.Array,
+        layer: int,
+        *,
+        window: int | None = None,
+        scale: float | None = None,
+        impl: str = "xla",
     ) -> jax.Array:
-        """Attention of ``q [B, t_q, Hq, D]`` at ``lengths + [0, t_q)`` through the block table."""
-        k, v, key_pos = self.gather(layer)
+        """Attention of ``q [B, t_q, Hq, D]`` at ``lengths + [0, t_q)`` through the block table.
+
+        Only live pages are read: XLA gathers key blocks of whole pages up to the batch's
+        longest live row; the Pallas kernel visits each row's own live pages."""
+        t_q = q.shape[1]
         zeros = jnp.zeros((self.batch,), jnp.int32)
-        return attention_with_positions(
-            q, k, v, positions(self.lengths, q.shape[1]), key_pos, zeros, window=window, scale=scale
-        )
+        if impl == "pallas":
+            from pallas_kernels.paged_attention import paged_attention  # lazy: pallas_kernels imports specjax
+
+            return paged_attention(q, self.k, self.v, self.block_table, zeros, self.lengths, window=window,
+                                   scale=scale, layer=layer)
+        ps, mp = self.page_size, self.max_pages
+        block = key_block(mp * ps)
+        ppb = block // ps if block % ps == 0 and mp % (block // ps) == 0 else mp  # pages per key block
+
+        def read(j):
+            bt = jax.lax.dynamic_slice_in_dim(self.block_table, j * ppb, ppb, axis=1)  # [B, ppb]
+            safe = jnp.where(bt >= 0, bt, 0)
+            k = self.k[layer, safe].reshape(self.batch, ppb * ps, *self.k.shape[3:])
+            v = self.v[layer, safe].reshape(self.batch, ppb * ps, *self.v.shape[3:])
+            pos = j * ppb * ps + jnp.arange(ppb * ps, dtype=jnp.int32).reshape(ppb, ps)[None]
+            return k, v, jnp.where((bt >= 0)[:, :, None], pos, -1).reshape(self.batch, ppb * ps)
+
+        return live_attention(q, read, positions(self.lengths, t_q), zeros, block=ppb * ps, num_blocks=mp // ppb,
+                              window=window, scale=scale)

@@ -90,19 +90,25 @@ class RollingKVCache:
         return jnp.where(p >= 0, p, -1)
 
     def attend(
-        self, q: jax.Array, layer: int | jax.Array, *, window: int | None = None, scale: float | None = None
+        self,
+        q: jax.Array,
+        layer: int,
+        *,
+        window: int | None = None,
+        scale: float | None = None,
+        impl: str = "xla",
     ) -> jax.Array:
-        """Windowed attention of ``q [B, t_q, Hq, D]`` at ``lengths + [0, t_q)`` over the ring."""
+        """Windowed attention of ``q [B, t_q, Hq, D]`` at ``lengths + [0, t_q)`` over the ring
+        (``window + slack`` slots: the cost is the window's, whatever the row's length)."""
         if window is not None and window != self.window:
             raise ValueError(f"window={window} differs from this cache's window={self.window}")
         t_q = q.shape[1]
+        if impl == "pallas":
+            from pallas_kernels.ragged_attention import ring_attention  # lazy: pallas_kernels imports specjax
+
+            return ring_attention(q, self.k, self.v, self.start, self.lengths, window=self.window, scale=scale,
+                                  layer=layer)
         return attention_with_positions(
-            q,
-            self.k[layer],
-            self.v[layer],
-            positions(self.lengths, t_q),
-            self.key_positions(t_q),
-            self.start,
-            window=self.window,
-            scale=scale,
+            q, self.k[layer], self.v[layer], positions(self.lengths, t_q), self.key_positions(t_q), self.start,
+            window=self.window, scale=scale,
         )

@@ -5,11 +5,16 @@ from specjax.model.llama import (
     Model,
     ModelCache,
     forward,
+    forward_hidden,
+    fuse_params,
+    head,
     hidden_states,
     init_cache,
     init_model,
     logits,
     mtp_forward,
+    mtp_hidden,
+    unfuse_params,
 )
 
 __all__ = [
@@ -17,9 +22,14 @@ __all__ = [
     "ModelCache",
     "ModelConfig",
     "forward",
+    "forward_hidden",
+    "fuse_params",
+    "head",
     "hidden_states",
     "init_cache",
     "init_model",
     "logits",
     "mtp_forward",
+    "mtp_hidden",
+    "unfuse_params",
 ]

@@ -6,6 +6,14 @@ per-row KV cache -> the plain full-prefix forward -> MTP.
 Params are a plain pytree (dicts of arrays); ``Model`` pairs them with a static
 ``ModelConfig``. Shapes: tokens/positions ``[B, t]``, hidden ``[B, t, d_model]``,
 q ``[B, t, n_heads, head_dim]``, k/v ``[B, t, n_kv_heads, head_dim]``.
+
+Each block runs two input matmuls, not five: ``wqkv [d, (Hq + 2 Hkv) * hd]`` (q, k, v
+side by side) and ``w_gate_up [d, 2 * d_ff]``. ``fuse_params``/``unfuse_params`` convert
+to and from the separate tensors that bundles and Hugging Face checkpoints store.
+
+Attention goes through the caches (``cache.attend(..., impl=attention_impl)``): the
+XLA live-range path or the Pallas kernels; the uncached forward uses the same core
+(``specjax.attention``).
 """
 
 from __future__ import annotations
@@ -15,10 +23,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax._pytree import pytree_dataclass, static_field
+from specjax.attention import attend_visible
 from specjax.cache import DenseKVCache, PagedKVCache, RollingKVCache
+from specjax.masks import visible
 from specjax.model.config import ModelConfig
 
-__all__ = ["Model", "ModelCache", "forward", "init_cache", "init_model", "logits", "mtp_forward"]
+__all__ = [
+    "Model", "ModelCache", "forward", "forward_hidden", "fuse_params", "head", "init_cache", "init_model", "logits",
+    "mtp_forward", "mtp_hidden", "unfuse_params",
+]
 
 
 # ----------------------------------------------------------------------------- params
@@ -49,7 +62,49 @@ def _block_params(key: jax.Array, cfg: ModelConfig, dtype) -> dict:
         p["bq"] = jnp.zeros((cfg.n_heads * hd,), dtype)
         p["bk"] = jnp.zeros((cfg.n_kv_heads * hd,), dtype)
         p["bv"] = jnp.zeros((cfg.n_kv_heads * hd,), dtype)
-    return p
+    return _fuse_block(p)
+
+
+_FUSED = {"wqkv": ("wq", "wk", "wv"), "bqkv": ("bq", "bk", "bv"), "w_gate_up": ("w_gate", "w_up")}
+
+
+def _fuse_block(p: dict) -> dict:
+    out = {k: v for k, v in p.items() if not any(k in parts for parts in _FUSED.values())}
+    for fused, parts in _FUSED.items():
+        if parts[0] in p:
+            out[fused] = jnp.concatenate([p[n] for n in parts], axis=-1)
+    return out
+
+
+def _unfuse_block(p: dict, cfg: ModelConfig) -> dict:
+    hd = cfg.dim_head
+    sizes = {"wqkv": (cfg.n_heads * hd, cfg.n_kv_heads * hd), "bqkv": (cfg.n_heads * hd, cfg.n_kv_heads * hd),
+             "w_gate_up": (cfg.d_ff,)}
+    out = {k: v for k, v in p.items() if k not in _FUSED}
+    for fused, parts in _FUSED.items():
+        if fused in p:
+            cuts = np.cumsum(sizes[fused]).tolist()
+            for name, piece in zip(parts, jnp.split(p[fused], cuts, axis=-1), strict=True):
+                out[name] = piece
+    return out
+
+
+def _map_blocks(params: dict, fn) -> dict:
+    out = dict(params)
+    out["layers"] = [fn(p) for p in params["layers"]]
+    if "mtp" in params:
+        out["mtp"] = dict(params["mtp"], block=fn(params["mtp"]["block"]))
+    return out
+
+
+def fuse_params(params: dict) -> dict:
+    """Separate ``wq, wk, wv (bq, bk, bv), w_gate, w_up`` -> the fused ``wqkv (bqkv), w_gate_up``."""
+    return _map_blocks(params, _fuse_block)
+
+
+def unfuse_params(params: dict, config: ModelConfig) -> dict:
+    """The inverse of ``fuse_params`` (what bundles and HF checkpoints store)."""
+    return _map_blocks(params, lambda p: _unfuse_block(p, config))
 
 
 def init_model(config: ModelConfig, seed: int = 0, dtype=jnp.float32) -> Model:
@@ -100,9 +155,11 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
 def _qkv(p: dict, x: jax.Array, positions: jax.Array, cfg: ModelConfig):
     b, t, _ = x.shape
     h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
-    q, k, v = h @ p["wq"], h @ p["wk"], h @ p["wv"]
+    qkv = h @ p["wqkv"]  # one matmul for q, k and v
     if cfg.qkv_bias:
-        q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
+        qkv = qkv + p["bqkv"]
+    nq, nkv = cfg.n_heads * cfg.dim_head, cfg.n_kv_heads * cfg.dim_head
+    q, k, v = qkv[..., :nq], qkv[..., nq : nq + nkv], qkv[..., nq + nkv :]
     q = rope(q.reshape(b, t, cfg.n_heads, cfg.dim_head), positions, cfg.rope_theta)
     k = rope(k.reshape(b, t, cfg.n_kv_heads, cfg.dim_head), positions, cfg.rope_theta)
     return q, k, v.reshape(b, t, cfg.n_kv_heads, cfg.dim_head)
@@ -113,11 +170,14 @@ def _finish_block(p: dict, x: jax.Array, attn: jax.Array, cfg: ModelConfig) -> j
     b, t = x.shape[:2]
     x = x + attn.reshape(b, t, -1) @ p["wo"]
     h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
-    return x + (jax.nn.silu(h @ p["w_gate"]) * (h @ p["w_up"])) @ p["w_down"]
+    gate_up = h @ p["w_gate_up"]  # one matmul for gate and up
+    gate, up = gate_up[..., : cfg.d_ff], gate_up[..., cfg.d_ff :]
+    return x + (jax.nn.silu(gate) * up) @ p["w_down"]
 
 
-def _head(params: dict, cfg: ModelConfig, x: jax.Array) -> jax.Array:
-    """Shared final norm + output head -> float32 logits ``[B, t, V]``."""
+def head(params: dict, cfg: ModelConfig, x: jax.Array) -> jax.Array:
+    """Final norm + output head: pre-norm hidden ``[..., d]`` -> float32 logits ``[..., V]``.
+    Callers apply it only to the positions whose logits they use."""
     h = rms_norm(x, params["final_norm"], cfg.norm_eps)
     w = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
     return (h @ w).astype(jnp.float32)
@@ -212,16 +272,22 @@ def init_cache(
 # ----------------------------------------------------------------------------- forward
 
 
-def forward(
-    params: dict, config: ModelConfig, tokens: jax.Array, positions: jax.Array, cache: ModelCache
-) -> tuple[jax.Array, jax.Array, ModelCache]:
+def forward_hidden(
+    params: dict,
+    config: ModelConfig,
+    tokens: jax.Array,
+    positions: jax.Array,
+    cache: ModelCache,
+    *,
+    attention_impl: str = "xla",
+) -> tuple[jax.Array, ModelCache]:
     """Run ``tokens [B, t]`` at RoPE ``positions [B, t]``, writing their K/V at each row's
     own ``cache.lengths`` (the lengths do not move: commit with ``cache.apply_plan``).
 
     Query ``j`` of row ``b`` attends cache slots up to ``lengths[b] + j`` (and the window
-    on local layers); everything else is masked per row. Returns float32 logits
-    ``[B, t, V]``, the last block's hidden state ``[B, t, d]`` (before the final norm,
-    what MTP consumes), and the written cache.
+    on local layers); everything else is masked per row. ``attention_impl``: ``"xla"`` or
+    ``"pallas"`` (already resolved). Returns the last block's hidden state ``[B, t, d]``
+    (before the final norm: what ``head`` and MTP consume) and the written cache.
     """
     x = params["embed"][tokens]
     g_idx = {layer: i for i, layer in enumerate(config.global_layers)}
@@ -231,26 +297,35 @@ def forward(
         q, k, v = _qkv(p, x, positions, config)
         if config.is_local(layer):
             loc = loc.write(l_idx[layer], k, v)
-            attn = loc.attend(q, l_idx[layer])
+            attn = loc.attend(q, l_idx[layer], impl=attention_impl)
         else:
             g = g.write(g_idx[layer], k, v)
-            attn = g.attend(q, g_idx[layer])
+            attn = g.attend(q, g_idx[layer], impl=attention_impl)
         x = _finish_block(p, x, attn, config)
-    return _head(params, config, x), x, ModelCache(g, loc)
+    return x, ModelCache(g, loc)
 
 
-def _full_attention(q, k, v, window):
-    """Plain causal softmax attention over the ``t`` tokens themselves (no cache): the
-    training path and the oracle the cached forward is tested against. Query ``i``
-    sees keys ``j <= i`` (and ``j > i - window`` when windowed)."""
-    t, d = q.shape[1], q.shape[-1]
-    g = q.shape[2] // k.shape[2]
-    k, v = jnp.repeat(k, g, axis=2), jnp.repeat(v, g, axis=2)
-    i, j = jnp.arange(t)[:, None], jnp.arange(t)[None]
-    visible = (j <= i) if window is None else (j <= i) & (j > i - window)
-    s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), k.astype(jnp.float32)) * d**-0.5
-    p = jax.nn.softmax(jnp.where(visible, s, -1e30), axis=-1)
-    return jnp.einsum("bhqk,bkhd->bqhd", p, v.astype(jnp.float32)).astype(q.dtype)
+def forward(
+    params: dict,
+    config: ModelConfig,
+    tokens: jax.Array,
+    positions: jax.Array,
+    cache: ModelCache,
+    *,
+    attention_impl: str = "xla",
+) -> tuple[jax.Array, jax.Array, ModelCache]:
+    """``forward_hidden`` plus float32 logits ``[B, t, V]`` at every position:
+    ``(logits, hidden, cache)``."""
+    x, cache = forward_hidden(params, config, tokens, positions, cache, attention_impl=attention_impl)
+    return head(params, config, x), x, cache
+
+
+def _causal_attention(q, k, v, window):
+    """Attention of ``t`` tokens over themselves (no cache): the training path and the
+    oracle the cached forward is tested against. Query ``i`` sees keys ``j <= i`` (and
+    ``j > i - window`` when windowed): the same core and mask as every cache path."""
+    pos = jnp.arange(q.shape[1], dtype=jnp.int32)[None]
+    return attend_visible(q, k, v, visible(pos, pos, jnp.zeros((1,), jnp.int32), window))
 
 
 def hidden_states(model: Model, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -264,8 +339,8 @@ def hidden_states(model: Model, tokens: jax.Array) -> tuple[jax.Array, jax.Array
     for layer, p in enumerate(params["layers"]):
         q, k, v = _qkv(p, x, positions, cfg)
         window = cfg.sliding_window if cfg.is_local(layer) else None
-        x = _finish_block(p, x, _full_attention(q, k, v, window), cfg)
-    return _head(params, cfg, x), x
+        x = _finish_block(p, x, _causal_attention(q, k, v, window), cfg)
+    return head(params, cfg, x), x
 
 
 def logits(model: Model, tokens: jax.Array) -> jax.Array:
@@ -276,22 +351,23 @@ def logits(model: Model, tokens: jax.Array) -> jax.Array:
 # ----------------------------------------------------------------------------- MTP
 
 
-def mtp_forward(
+def mtp_hidden(
     params: dict,
     config: ModelConfig,
     hidden: jax.Array,
     next_tokens: jax.Array,
     positions: jax.Array,
     cache: DenseKVCache | None = None,
-) -> tuple[jax.Array, jax.Array, DenseKVCache | None]:
-    """DeepSeek-V3 MTP: ``concat(RMSNorm(h_i), RMSNorm(emb(t_{i+1}))) -> Linear -> block ->
-    final norm + head``, predicting ``t_{i+2}``.
+    *,
+    attention_impl: str = "xla",
+) -> tuple[jax.Array, DenseKVCache | None]:
+    """DeepSeek-V3 MTP block: ``concat(RMSNorm(h_i), RMSNorm(emb(t_{i+1}))) -> Linear -> block``.
 
     ``hidden [B, t, d]`` (target pre-norm hidden at positions ``i``), ``next_tokens [B, t]``
     (``t_{i+1}``). With ``cache`` (one layer, the MTP's own per-row cache) the block
     writes at ``cache.lengths``; without, it attends causally within the ``t`` tokens.
-    Returns logits ``[B, t, V]``, the block's hidden ``[B, t, d]`` (fed back as ``h``
-    when chaining) and the written cache.
+    Returns the block's hidden ``[B, t, d]`` (``head`` of it predicts ``t_{i+2}``; it is
+    fed back as ``h`` when chaining) and the written cache.
     """
     m = params["mtp"]
     e = params["embed"][next_tokens]
@@ -301,9 +377,23 @@ def mtp_forward(
     x = z @ m["proj"]
     q, k, v = _qkv(m["block"], x, positions, config)
     if cache is None:
-        attn = _full_attention(q, k, v, None)
+        attn = _causal_attention(q, k, v, None)
     else:
         cache = cache.write(0, k, v)
-        attn = cache.attend(q, 0)
-    x = _finish_block(m["block"], x, attn, config)
-    return _head(params, config, x), x, cache
+        attn = cache.attend(q, 0, impl=attention_impl)
+    return _finish_block(m["block"], x, attn, config), cache
+
+
+def mtp_forward(
+    params: dict,
+    config: ModelConfig,
+    hidden: jax.Array,
+    next_tokens: jax.Array,
+    positions: jax.Array,
+    cache: DenseKVCache | None = None,
+    *,
+    attention_impl: str = "xla",
+) -> tuple[jax.Array, jax.Array, DenseKVCache | None]:
+    """``mtp_hidden`` plus float32 logits ``[B, t, V]`` at every position: ``(logits, hidden, cache)``."""
+    x, cache = mtp_hidden(params, config, hidden, next_tokens, positions, cache, attention_impl=attention_impl)
+    return head(params, config, x), x, cache
