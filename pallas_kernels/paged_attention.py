@@ -38,7 +38,7 @@ __all__ = ["paged_attention", "paged_attention_reference"]
 @functools.partial(jax.jit, static_argnames=("window", "scale", "body", "interpret", "layer"))
 def _paged_attention(q, k_pages, v_pages, block_table, lead_pad, q_start, *, window, scale, body, interpret, layer):
     bsz, t_q, hq, d = q.shape
-    page, hkv = k_pages.shape[-3], k_pages.shape[-2]
+    hkv, page = k_pages.shape[-3], k_pages.shape[-2]
     pool = k_pages.shape[-4:]
     max_pages = block_table.shape[1]
     num_keys = max_pages * page
@@ -69,9 +69,9 @@ def _paged_attention(q, k_pages, v_pages, block_table, lead_pad, q_start, *, win
     )
 
     def kv_map(b, j, lead_ref, qs_ref, bt_ref):
-        return jnp.maximum(bt_ref[b, clamp(j, lead_ref[b], qs_ref[b])], 0), 0, 0, 0
+        return jnp.maximum(bt_ref[b, clamp(j, lead_ref[b], qs_ref[b])], 0), 0, 0, 0  # whole page, all heads
 
-    call = grid_call(static, n_prefetch=3, grid=(bsz, max_pages), kv_spec=kv_spec((None, page, hkv, d), kv_map, layer),
+    call = grid_call(static, n_prefetch=3, grid=(bsz, max_pages), kv_spec=kv_spec((None, hkv, page, d), kv_map, layer),
                      q=q, interpret=interpret)
     return call(lead_pad, q_start, block_table, q, k_pages, v_pages)
 
@@ -106,17 +106,17 @@ def paged_attention(
     interpret: bool | str | None = None,
     layer: int | None = None,
 ) -> jax.Array:
-    """``q [B, t_q, Hq, D]``; ``k_pages, v_pages [num_pages, page_size, Hkv, D]`` (one
+    """``q [B, t_q, Hq, D]``; ``k_pages, v_pages [num_pages, Hkv, page_size, D]`` (one
     layer of the pool, or ``[L, num_pages, ...]`` with ``layer``); ``block_table int32
     [B, max_pages]`` (``-1`` = none); ``lead_pad, q_start int32 [B]`` -> ``[B, t_q, Hq, D]``."""
     body = default_body() if body is None else body
     kl, vl = layer_view(k_pages, layer, "k_pages"), layer_view(v_pages, layer, "v_pages")
-    check_static(q, kl, vl, lead_pad, q_start, body, kl.shape[1] if kl.ndim == 4 else 1, what="k_pages")
+    check_static(q, kl, vl, lead_pad, q_start, body, kl.shape[2] if kl.ndim == 4 else 1, what="k_pages")
     if np.ndim(block_table) != 2 or np.shape(block_table)[0] != q.shape[0]:
         raise ValueError(f"block_table must be [B={q.shape[0]}, max_pages], got shape {np.shape(block_table)}")
     if window is not None and window < 1:
         raise ValueError(f"window must be >= 1 or None, got {window}")
-    page, num_pages = kl.shape[1], kl.shape[0]
+    page, num_pages = kl.shape[2], kl.shape[0]
     check_dynamic(lead_pad, q_start, q.shape[1], np.shape(block_table)[1] * page)
     _check_pages(block_table, lead_pad, q_start, q.shape[1], window, page, num_pages)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
@@ -127,7 +127,7 @@ def paged_attention(
 
 
 def paged_attention_reference(q, k_pages, v_pages, block_table, lead_pad, q_start, *, window=None, scale=None):
-    """Gather each row's pages into a contiguous ``[B, max_pages * page, Hkv, D]`` and run
+    """Gather each row's pages into a contiguous ``[B, Hkv, max_pages * page, D]`` and run
     the XLA oracle."""
     k, v, _ = gather_pages(k_pages, v_pages, block_table)
     return xla_ragged_attention(q, k, v, lead_pad, q_start, window=window, scale=scale)

@@ -17,13 +17,14 @@ Two kernel bodies share the online-softmax step (``_online_softmax``):
 * ``"loop"`` (GPU / Triton style): grid ``(B,)``; ``lead_pad``/``q_start`` are plain
   inputs; each program loops over *only* its live KV blocks with ``fori_loop``.
 
-``layer``: the caches stack every layer in one buffer ``[L, B, T, Hkv, D]``; passing the
+``layer``: the caches stack every layer in one buffer ``[L, B, Hkv, T, D]``; passing the
 static layer index lets the BlockSpecs read that layer in place (slicing it out first
 would copy the whole layer's capacity every call).
 
 On CPU both run in interpret mode (``interpret=True``; the grid body also under the
-TPU interpreter, ``pltpu.InterpretParams``). K/V blocks carry all KV heads
-(``[block, Hkv, D]``): the last two block dims equal the array's, as Mosaic requires.
+TPU interpreter, ``pltpu.InterpretParams``). K/V are head-major like the caches
+(``[B, Hkv, T, D]``); a block carries all KV heads (``[Hkv, block, D]``), its last two
+dims ``(block, D)`` as Mosaic tiles them.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def _block_range(lead, qs, *, t_q, window, block, num_keys, ring):
 
 def grid_kernel(*refs, n_prefetch, t_q, hkv, groups, block, window, scale, num_keys, ring=None):
     """Body for grid ``(B, num_blocks)``. Refs: ``lead, q_start[, block_table]`` (scalar
-    prefetch), ``q [t_q, Hq, D]``, ``k, v [block, Hkv, D]``, ``o``, scratch ``m, l, acc``."""
+    prefetch), ``q [t_q, Hq, D]``, ``k, v [Hkv, block, D]``, ``o``, scratch ``m, l, acc``."""
     lead_ref, qs_ref = refs[0], refs[1]
     q_ref, k_ref, v_ref, o_ref, m_sc, l_sc, acc_sc = refs[n_prefetch:]
     b, j = pl.program_id(0), pl.program_id(1)
@@ -85,7 +86,7 @@ def grid_kernel(*refs, n_prefetch, t_q, hkv, groups, block, window, scale, num_k
         key_pos = key_positions(j, block, qs, t_q, ring)
         for h in range(hkv):
             m, denom, acc = block_update(
-                (m_sc[h], l_sc[h], acc_sc[h]), group_queries(q, h, groups), k_ref[:, h, :], v_ref[:, h, :],
+                (m_sc[h], l_sc[h], acc_sc[h]), group_queries(q, h, groups), k_ref[h], v_ref[h],
                 key_pos, qs, lead, t_q, window, scale,
             )
             m_sc[h], l_sc[h], acc_sc[h] = m, denom, acc
@@ -100,8 +101,8 @@ def grid_kernel(*refs, n_prefetch, t_q, hkv, groups, block, window, scale, num_k
 
 def loop_kernel(lead_ref, qs_ref, *refs, paged, t_q, hkv, groups, block, window, scale, num_keys, ring=None):
     """Body for grid ``(B,)``: loop over this row's live KV blocks only. Refs: ``lead [B]``,
-    ``q_start [B]``, ``[block_table [B, M]]``, ``q``, ``k``, ``v`` (a row ``[T, Hkv, D]`` or
-    the page pool ``[P, page, Hkv, D]``), ``o``."""
+    ``q_start [B]``, ``[block_table [B, M]]``, ``q``, ``k``, ``v`` (a row ``[Hkv, T, D]`` or
+    the page pool ``[P, Hkv, page, D]``), ``o``."""
     if paged:
         bt_ref, q_ref, k_ref, v_ref, o_ref = refs
     else:
@@ -117,9 +118,9 @@ def loop_kernel(lead_ref, qs_ref, *refs, paged, t_q, hkv, groups, block, window,
         def body(j, carry, h=h, qg=qg):
             if paged:
                 page = bt_ref[b, j]
-                k, v = k_ref[page, :, h, :], v_ref[page, :, h, :]
+                k, v = k_ref[page, h], v_ref[page, h]
             else:
-                k, v = k_ref[pl.ds(j * block, block), h, :], v_ref[pl.ds(j * block, block), h, :]
+                k, v = k_ref[h, pl.ds(j * block, block), :], v_ref[h, pl.ds(j * block, block), :]
             key_pos = key_positions(j, block, qs, t_q, ring)
             return block_update(carry, qg, k, v, key_pos, qs, lead, t_q, window, scale)
 
@@ -190,9 +191,9 @@ def check_static(q, k, v, lead_pad, q_start, body: str, block: int, what: str = 
     if k.shape != v.shape:
         raise ValueError(f"{what} and v must have the same shape, got {k.shape} and {v.shape}")
     if k.ndim != 4 or k.shape[-1] != q.shape[-1]:
-        raise ValueError(f"{what} must be rank 4 with head_dim {q.shape[-1]}, got shape {k.shape}")
-    if q.shape[2] % k.shape[2]:
-        raise ValueError(f"q heads {q.shape[2]} must be a multiple of {what} heads {k.shape[2]} (GQA)")
+        raise ValueError(f"{what} must be rank 4 (head-major) with head_dim {q.shape[-1]}, got shape {k.shape}")
+    if q.shape[2] % k.shape[1]:
+        raise ValueError(f"q heads {q.shape[2]} must be a multiple of {what} heads {k.shape[1]} (GQA)")
     for name, x in (("q", q), (what, k), ("v", v)):
         if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
             raise ValueError(f"{name} dtype must be float32, bfloat16 or float16, got {x.dtype}")
@@ -242,7 +243,7 @@ def kv_spec(block_shape: tuple, index_map, layer: int | None) -> pl.BlockSpec:
 @functools.partial(jax.jit, static_argnames=("window", "scale", "block_k", "body", "interpret", "layer", "ring"))
 def _ragged_attention(q, k, v, lead_pad, q_start, *, window, scale, block_k, body, interpret, layer, ring):
     bsz, t_q, hq, d = q.shape
-    num_keys, hkv = k.shape[-3], k.shape[-2]
+    hkv, num_keys = k.shape[-3], k.shape[-2]
     groups = hq // hkv
     nb = num_keys // block_k
     static = dict(t_q=t_q, hkv=hkv, groups=groups, block=block_k, window=window, scale=scale, num_keys=num_keys,
@@ -251,7 +252,7 @@ def _ragged_attention(q, k, v, lead_pad, q_start, *, window, scale, block_k, bod
     q_start = q_start.astype(jnp.int32)
     out_shape = jax.ShapeDtypeStruct(q.shape, q.dtype)
     if body == "loop":
-        row = kv_spec((None, num_keys, hkv, d), lambda b: (b, 0, 0, 0), layer)
+        row = kv_spec((None, hkv, num_keys, d), lambda b: (b, 0, 0, 0), layer)
         return pl.pallas_call(
             functools.partial(loop_kernel, paged=False, **static),
             grid=(bsz,),
@@ -269,16 +270,16 @@ def _ragged_attention(q, k, v, lead_pad, q_start, *, window, scale, block_k, bod
 
     if ring:
         def kv_map(b, j, lead_ref, qs_ref):
-            return b, j, 0, 0
+            return b, 0, j, 0
     else:
         clamp = functools.partial(
             clamp_block, t_q=t_q, window=window, block=block_k, num_keys=num_keys, num_blocks=nb
         )
 
         def kv_map(b, j, lead_ref, qs_ref):
-            return b, clamp(j, lead_ref[b], qs_ref[b]), 0, 0
+            return b, 0, clamp(j, lead_ref[b], qs_ref[b]), 0
 
-    call = grid_call(static, n_prefetch=2, grid=(bsz, nb), kv_spec=kv_spec((None, block_k, hkv, d), kv_map, layer),
+    call = grid_call(static, n_prefetch=2, grid=(bsz, nb), kv_spec=kv_spec((None, hkv, block_k, d), kv_map, layer),
                      q=q, interpret=interpret)
     return call(lead_pad, q_start, q, k, v)
 
@@ -288,11 +289,11 @@ def _validate_dense(q, k, v, lead_pad, q_start, window, block_k, body, layer, wh
     check_static(q, kl, vl, lead_pad, q_start, body, block_k, what)
     if kl.shape[0] != q.shape[0]:
         raise ValueError(f"{what} batch {kl.shape[0]} must equal q's batch {q.shape[0]}")
-    if kl.shape[1] % block_k:
-        raise ValueError(f"block_k={block_k} must divide the key length T={kl.shape[1]}")
+    if kl.shape[2] % block_k:
+        raise ValueError(f"block_k={block_k} must divide the key length T={kl.shape[2]}")
     if window is not None and window < 1:
         raise ValueError(f"window must be >= 1 or None, got {window}")
-    return kl.shape[1]
+    return kl.shape[2]
 
 
 def ragged_attention(
@@ -309,8 +310,8 @@ def ragged_attention(
     interpret: bool | str | None = None,
     layer: int | None = None,
 ) -> jax.Array:
-    """Ragged masked attention. ``q [B, t_q, Hq, D]``, ``k, v [B, T, Hkv, D]`` (or
-    ``[L, B, T, Hkv, D]`` with ``layer``), ``lead_pad, q_start int32 [B]`` -> ``[B, t_q, Hq, D]``.
+    """Ragged masked attention. ``q [B, t_q, Hq, D]``, ``k, v [B, Hkv, T, D]`` (or
+    ``[L, B, Hkv, T, D]`` with ``layer``), ``lead_pad, q_start int32 [B]`` -> ``[B, t_q, Hq, D]``.
 
     ``block_k`` must divide ``T``; ``body``: ``"grid"`` (TPU) or ``"loop"`` (GPU),
     default by backend; ``interpret``: ``None`` = on CPU only, ``"tpu"`` = the TPU interpreter.
@@ -341,13 +342,13 @@ def ring_attention(
 ) -> jax.Array:
     """Sliding-window attention over a per-row ring (``specjax.cache.RollingKVCache``).
 
-    ``k, v [B, S, Hkv, D]`` (or ``[L, B, S, Hkv, D]`` with ``layer``): position ``p`` of
+    ``k, v [B, Hkv, S, D]`` (or ``[L, B, Hkv, S, D]`` with ``layer``): position ``p`` of
     row ``b`` lives in slot ``p % S``; queries sit at absolute ``lengths[b] + [0, t_q)``
     and were just written, so ``S >= window + t_q - 1`` keeps every visible key alive.
     ``block_k`` (default: ``S``) must divide ``S``.
     """
     body = default_body() if body is None else body
-    size = layer_view(k, layer, "k").shape[1] if k.ndim >= 4 else 0
+    size = layer_view(k, layer, "k").shape[2] if k.ndim >= 4 else 0
     block_k = size if block_k is None else block_k
     _validate_dense(q, k, v, lead_pad, lengths, window, block_k, body, layer)
     if window is None:
@@ -379,6 +380,6 @@ def ring_attention_reference(q, k, v, lead_pad, lengths, *, window, scale=None) 
     """The XLA oracle for the ring kernel: positions of every slot, then one masked pass."""
     t_q = q.shape[1]
     q_pos = jnp.asarray(lengths, jnp.int32)[:, None] + jnp.arange(t_q, dtype=jnp.int32)
-    key_pos = ring_positions(lengths, t_q, k.shape[1])
+    key_pos = ring_positions(lengths, t_q, k.shape[2])
     return attention_with_positions(q, k, v, q_pos, key_pos, jnp.asarray(lead_pad, jnp.int32), window=window,
                                     scale=scale)

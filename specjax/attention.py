@@ -1,6 +1,9 @@
 """Ragged masked attention: the one reference (kernel oracle, CPU path) and its live-range form.
 
-Shapes: ``q [B, t_q, Hq, D]``, ``k, v [B, T, Hkv, D]`` with ``Hq % Hkv == 0`` (GQA).
+Shapes: ``q [B, t_q, Hq, D]``, ``k, v [B, Hkv, T, D]`` with ``Hq % Hkv == 0`` (GQA).
+K/V are head-major everywhere (caches, kernels, references): with the batch and head
+axes leading, XLA's batched dot reads the cache as stored; a ``[B, T, Hkv, D]`` cache
+made XLA:CPU transpose the whole cache in every layer (measured in the README).
 Query ``i`` of row ``b`` sits at absolute position ``q_pos[b, i]``; key slot ``j``
 holds position ``key_pos[b, j]`` (``-1``: empty). Visibility is ``specjax.masks.visible``
 (one convention for every cache kind and for the Pallas kernels). Scores and softmax
@@ -37,32 +40,46 @@ __all__ = [
 
 def _check(q: jax.Array, k: jax.Array, v: jax.Array) -> None:
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-        raise ValueError(f"q, k, v must be rank 4 [B, t, H, D]; got q{q.shape} k{k.shape} v{v.shape}")
+        raise ValueError(f"q [B, t, Hq, D], k, v [B, Hkv, T, D] must be rank 4; got q{q.shape} k{k.shape} v{v.shape}")
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got k{k.shape} v{v.shape}")
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         raise ValueError(f"q{q.shape} and k{k.shape} must agree on batch and head_dim")
-    if q.shape[2] % k.shape[2]:
-        raise ValueError(f"query heads {q.shape[2]} must be a multiple of kv heads {k.shape[2]}")
+    if q.shape[2] % k.shape[1]:
+        raise ValueError(f"query heads {q.shape[2]} must be a multiple of kv heads {k.shape[1]}")
 
 
-def _scores(q: jax.Array, k: jax.Array, scale: float) -> jax.Array:
-    """``q [B, t_q, Hq, D]``, ``k [B, T, Hkv, D]`` -> float32 scores ``[B, Hkv, G, t_q, T]``."""
+def _group(q: jax.Array, hkv: int) -> jax.Array:
+    """``q [B, t_q, Hq, D]`` -> ``[B, Hkv, G * t_q, D]``: row ``g * t_q + t`` is query ``t`` of
+    head ``h * G + g``, so each KV head's keys are read once for its whole group."""
     b, t_q, hq, d = q.shape
-    hkv = k.shape[2]
-    qg = q.reshape(b, t_q, hkv, hq // hkv, d)
-    return jnp.einsum("bqhgd,bkhd->bhgqk", qg, k, preferred_element_type=jnp.float32) * scale
+    g = hq // hkv
+    return q.reshape(b, t_q, hkv, g, d).transpose(0, 2, 3, 1, 4).reshape(b, hkv, g * t_q, d)
+
+
+def _scores(qg: jax.Array, k: jax.Array, scale: float) -> jax.Array:
+    """``qg [B, Hkv, R, D]``, ``k [B, Hkv, T, D]`` -> float32 scores, key-major ``[B, Hkv, T, R]``.
+
+    Key-major because XLA:CPU runs ``K @ q^T`` (a tall matrix times a few columns) about
+    3x faster than ``q @ K^T`` for the few queries of a decode window (README)."""
+    return jnp.einsum("bhkd,bhqd->bhkq", k, qg, preferred_element_type=jnp.float32) * scale
 
 
 def _weighted_values(p: jax.Array, v: jax.Array) -> jax.Array:
-    """``p [B, Hkv, G, t_q, T]`` float32, ``v [B, T, Hkv, D]`` -> ``[B, Hkv, G, t_q, D]`` float32."""
-    return jnp.einsum("bhgqk,bkhd->bhgqd", p, v, preferred_element_type=jnp.float32)
+    """``p [B, Hkv, T, R]`` (key-major) float32, ``v [B, Hkv, T, D]`` -> ``[B, Hkv, R, D]`` float32."""
+    return jnp.einsum("bhqk,bhkd->bhqd", p.swapaxes(2, 3), v, preferred_element_type=jnp.float32)
 
 
-def _out(o: jax.Array, dtype) -> jax.Array:
-    """``[B, Hkv, G, t_q, D]`` -> ``[B, t_q, Hq, D]``."""
-    b, hkv, g, t_q, d = o.shape
-    return o.transpose(0, 3, 1, 2, 4).reshape(b, t_q, hkv * g, d).astype(dtype)
+def _group_mask(ok: jax.Array, groups: int) -> jax.Array:
+    """Visibility ``[B, t_q, T]`` -> key-major ``[B, 1, T, G * t_q]`` in ``_group``'s row order."""
+    return jnp.tile(ok[:, None], (1, 1, groups, 1)).swapaxes(2, 3)
+
+
+def _out(o: jax.Array, t_q: int, dtype) -> jax.Array:
+    """``[B, Hkv, G * t_q, D]`` -> ``[B, t_q, Hq, D]``."""
+    b, hkv, r, d = o.shape
+    g = r // t_q
+    return o.reshape(b, hkv, g, t_q, d).transpose(0, 3, 1, 2, 4).reshape(b, t_q, hkv * g, d).astype(dtype)
 
 
 def masked_attention(
@@ -74,15 +91,16 @@ def masked_attention(
 
 def attend_visible(q: jax.Array, k: jax.Array, v: jax.Array, ok: jax.Array, scale: float | None = None) -> jax.Array:
     """The core: one pass where boolean ``ok [B, t_q, T]`` (or broadcastable, e.g. ``[1, T, T]``
-    for plain causal training) says which keys each query sees."""
+    for plain causal training) says which keys each query sees. ``k, v [B, Hkv, T, D]``."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    s = _scores(q.astype(jnp.float32), k.astype(jnp.float32), scale)
-    ok = ok[:, None, None]  # over (kv head, group)
+    hkv, t_q = k.shape[1], q.shape[1]
+    s = _scores(_group(q.astype(jnp.float32), hkv), k.astype(jnp.float32), scale)
+    ok = _group_mask(ok, q.shape[2] // hkv)
     s = jnp.where(ok, s, MASK_VALUE)
-    m = jnp.max(s, axis=-1, keepdims=True)
+    m = jnp.max(s, axis=2, keepdims=True)  # over keys
     p = jnp.where(ok, jnp.exp(s - m), 0.0)  # a query with no visible key: all zeros
-    denom = jnp.maximum(jnp.sum(p, axis=-1, keepdims=True), jnp.finfo(jnp.float32).tiny)
-    return _out(_weighted_values(p / denom, v.astype(jnp.float32)), q.dtype)
+    denom = jnp.maximum(jnp.sum(p, axis=2, keepdims=True), jnp.finfo(jnp.float32).tiny)
+    return _out(_weighted_values(p / denom, v.astype(jnp.float32)), t_q, q.dtype)
 
 
 def attention_with_positions(
@@ -114,7 +132,7 @@ def ragged_attention(
     ``q_start[b] + t`` and sees slots ``[lead_pad[b], q_start[b] + t]`` (within ``window``)."""
     _check(q, k, v)
     b, t_q = q.shape[:2]
-    t = k.shape[1]
+    t = k.shape[2]
     q_pos = jnp.asarray(q_start, jnp.int32)[:, None] + jnp.arange(t_q, dtype=jnp.int32)
     key_pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     return attention_with_positions(q, k, v, q_pos, key_pos, jnp.asarray(lead_pad, jnp.int32), window=window,
@@ -124,15 +142,15 @@ def ragged_attention(
 def gather_pages(
     k_pages: jax.Array, v_pages: jax.Array, block_table: jax.Array
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """One layer's pool ``[num_pages, page_size, Hkv, D]`` read through ``block_table [B, M]``:
-    contiguous ``k, v [B, M * page_size, Hkv, D]`` and ``key_pos [B, M * page_size]``
+    """One layer's pool ``[num_pages, Hkv, page_size, D]`` read through ``block_table [B, M]``:
+    contiguous ``k, v [B, Hkv, M * page_size, D]`` and ``key_pos [B, M * page_size]``
     (``-1`` where the row owns no page; those slots read page 0 and must stay masked)."""
     bt = jnp.asarray(block_table, jnp.int32)
     safe = jnp.where(bt >= 0, bt, 0)
     b, mp = bt.shape
-    ps = k_pages.shape[1]
-    k = k_pages[safe].reshape(b, mp * ps, *k_pages.shape[2:])
-    v = v_pages[safe].reshape(b, mp * ps, *v_pages.shape[2:])
+    _, hkv, ps, d = k_pages.shape
+    k = k_pages[safe].transpose(0, 2, 1, 3, 4).reshape(b, hkv, mp * ps, d)
+    v = v_pages[safe].transpose(0, 2, 1, 3, 4).reshape(b, hkv, mp * ps, d)
     pos = jnp.arange(mp * ps, dtype=jnp.int32).reshape(mp, ps)[None]
     key_pos = jnp.where((bt >= 0)[:, :, None], pos, -1).reshape(b, mp * ps)
     return k, v, key_pos
@@ -170,7 +188,7 @@ def live_attention(
 ) -> jax.Array:
     """Attention over key blocks ``[first, stop)`` of ``live_block_bounds`` only.
 
-    ``read_block(j) -> (k, v [B, block, Hkv, D], key_pos [B, block])`` reads key block
+    ``read_block(j) -> (k, v [B, Hkv, block, D], key_pos [B, block])`` reads key block
     ``j`` (slots ``j * block ..``, holding positions ``key_pos``; ``-1`` = empty). With
     one block there is no loop (one fused pass); otherwise a ``fori_loop`` with a dynamic
     trip count and an online softmax, float32 accumulation.
@@ -181,29 +199,29 @@ def live_attention(
         k, v, key_pos = read_block(jnp.int32(0))
         return attend_visible(q, k, v, visible(q_pos, key_pos, lead_pad, window), scale)
     first, stop = live_block_bounds(q_pos, lead_pad, window, block, num_blocks)
-    q32 = q.astype(jnp.float32)
+    hkv = jax.eval_shape(read_block, jnp.int32(0))[0].shape[1]
+    g = hq // hkv
+    qg = _group(q.astype(jnp.float32), hkv)
 
     def body(j, carry):
-        m_prev, l_prev, acc_prev = carry
+        m_prev, l_prev, acc_prev = carry  # m, l [B, Hkv, 1, R] (key-major), acc [B, Hkv, R, D]
         k, v, key_pos = read_block(j)
-        ok = visible(q_pos, key_pos, lead_pad, window)[:, None, None]  # [B, 1, 1, t_q, block]
-        s = jnp.where(ok, _scores(q32, k.astype(jnp.float32), scale), MASK_VALUE)
-        m_new = jnp.maximum(m_prev, jnp.max(s, axis=-1, keepdims=True))
+        ok = _group_mask(visible(q_pos, key_pos, lead_pad, window), g)  # [B, 1, block, G * t_q]
+        s = jnp.where(ok, _scores(qg, k.astype(jnp.float32), scale), MASK_VALUE)
+        m_new = jnp.maximum(m_prev, jnp.max(s, axis=2, keepdims=True))
         p = jnp.where(ok, jnp.exp(s - m_new), 0.0)
         alpha = jnp.exp(m_prev - m_new)
-        l_new = alpha * l_prev + jnp.sum(p, axis=-1, keepdims=True)
-        acc_new = alpha * acc_prev + _weighted_values(p, v.astype(jnp.float32))
+        l_new = alpha * l_prev + jnp.sum(p, axis=2, keepdims=True)
+        acc_new = alpha.swapaxes(2, 3) * acc_prev + _weighted_values(p, v.astype(jnp.float32))
         return m_new, l_new, acc_new
 
-    probe_k = jax.eval_shape(read_block, jnp.int32(0))[0]
-    hkv = probe_k.shape[2]
-    g = hq // hkv
     init = (
-        jnp.full((b, hkv, g, t_q, 1), MASK_VALUE, jnp.float32),
-        jnp.zeros((b, hkv, g, t_q, 1), jnp.float32),
-        jnp.zeros((b, hkv, g, t_q, d), jnp.float32),
+        jnp.full((b, hkv, 1, g * t_q), MASK_VALUE, jnp.float32),
+        jnp.zeros((b, hkv, 1, g * t_q), jnp.float32),
+        jnp.zeros((b, hkv, g * t_q, d), jnp.float32),
     )
     _, denom, acc = jax.lax.fori_loop(first, stop, body, init)
+    denom = denom.swapaxes(2, 3)
     o = jnp.where(denom > 0, acc / jnp.where(denom > 0, denom, 1.0), 0.0)
-    return _out(o, q.dtype)
+    return _out(o, t_q, q.dtype)
 

@@ -43,16 +43,20 @@ CAPACITY_BLOCK = 128  # request-sized capacities are multiples of this (kernel k
 
 
 def request_capacity(prompt_width: int, max_new_tokens: int, depth: int, *, bucket: bool = True) -> int:
-    """Cache slots per row for one request batch: the padded prompt, then every token the
-    generation can commit, plus scratch for the widest write past a row's committed length
-    (the verify window ``w = depth + 1`` and a draft model's ``w`` chained feeds: ``2w + 2``).
+    """Cache slots per row for one request batch (``prompt_width`` = the padded prompt).
+
+    The largest slot any write touches: a row's committed length reaches at most
+    ``max_len - 1`` (``max_len = prompt + max_new_tokens``; a finished row stays there and
+    keeps receiving masked writes), and past it a step writes the verify window ``w`` and a
+    draft model reserves ``2w`` (its window plus ``d`` chained feeds). So
+    ``prompt_width + max_new_tokens + 2w - 1`` slots, exactly (tested at the boundary).
 
     With ``bucket`` the result rounds up to a multiple of ``CAPACITY_BLOCK`` (eight buckets
     per octave above 1024 slots), so nearby requests share one compile and kernel blocks
     divide it. The model's ``max_seq_len`` is only a validation bound, never a size.
     """
     w = depth + 1
-    need = max(prompt_width, 0) + max_new_tokens + 2 * w + 2
+    need = max(prompt_width, 1) + max_new_tokens + 2 * w - 1
     if not bucket:
         return need
     step = CAPACITY_BLOCK if need <= 1024 else max(CAPACITY_BLOCK, (1 << (need - 1).bit_length()) // 8)

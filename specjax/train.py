@@ -124,8 +124,8 @@ def _chain_attention(q, k1, v1, extra_k: list, extra_v: list) -> jax.Array:
     causal = jnp.tril(jnp.ones((t, t), bool))
     eye = jnp.eye(t, dtype=bool)
     ok = jnp.concatenate([causal] + [eye] * len(extra_k), axis=-1)[None]  # [1, T, T * (1 + n)]
-    k = jnp.concatenate([k1, *extra_k], axis=1)
-    v = jnp.concatenate([v1, *extra_v], axis=1)
+    k = jnp.concatenate([k1, *extra_k], axis=1).transpose(0, 2, 1, 3)  # head-major [B, Hkv, T', D]
+    v = jnp.concatenate([v1, *extra_v], axis=1).transpose(0, 2, 1, 3)
     return attend_visible(q, k, v, ok)
 
 

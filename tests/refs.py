@@ -19,10 +19,11 @@ def ref_visible(q_pos, key_pos, lead_pad, window=None):
 
 
 def ref_attention(q, k, v, q_pos, key_pos, lead_pad, window=None, scale=None):
-    """Loop over rows, queries and heads; softmax over visible keys only."""
+    """Loop over rows, queries and heads; softmax over visible keys only.
+    ``q [B, t_q, Hq, D]``, ``k, v [B, Hkv, T, D]`` (head-major, as the caches store them)."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     b, t_q, hq, d = q.shape
-    hkv = k.shape[2]
+    hkv = k.shape[1]
     g = hq // hkv
     scale = d**-0.5 if scale is None else scale
     vis = ref_visible(np.asarray(q_pos), np.asarray(key_pos), np.asarray(lead_pad), window)
@@ -33,8 +34,8 @@ def ref_attention(q, k, v, q_pos, key_pos, lead_pad, window=None, scale=None):
             if len(js) == 0:
                 continue
             for h in range(hq):
-                s = np.array([q[i, t, h] @ k[i, j, h // g] for j in js]) * scale
+                s = np.array([q[i, t, h] @ k[i, h // g, j] for j in js]) * scale
                 p = np.exp(s - s.max())
                 p /= p.sum()
-                out[i, t, h] = sum(pj * v[i, j, h // g] for pj, j in zip(p, js, strict=True))
+                out[i, t, h] = sum(pj * v[i, h // g, j] for pj, j in zip(p, js, strict=True))
     return out

@@ -1,5 +1,7 @@
 """Dense, rolling and paged caches against NumPy references and against each other."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,11 +32,16 @@ SLIDE = 6  # sliding window W
 PAGE = 4
 
 
+def _tok_major(x):
+    """A stored K buffer ``[L, B|P, Hkv, T|page, D]`` (head-major) as ``[L, B|P, T|page, Hkv, D]``."""
+    return np.asarray(x).swapaxes(2, 3)
+
+
 def _dense():
     return DenseKVCache.create(L, B, CAP, HKV, D)
 
 
-@jax.jit
+@functools.partial(jax.jit, static_argnums=1)
 def _write(cache, layer, k, v):
     return cache.write(layer, k, v)
 
@@ -69,14 +76,14 @@ def test_dense_write_advance_rollback_matches_numpy(start, grow, seed):
     np.testing.assert_array_equal(np.asarray(cache.lengths), ref_len)
     live = np.arange(CAP)[None] < (ref_len[:, None] + W_VERIFY)  # what the last write touched
     for b in range(B):
-        np.testing.assert_array_equal(np.asarray(cache.k)[:, b, live[b]], ref_k[:, b, live[b]])
+        np.testing.assert_array_equal(_tok_major(cache.k)[:, b, live[b]], ref_k[:, b, live[b]])
 
 
 def test_dense_write_is_per_row_not_shared_offset():
     cache = _dense().replace(lengths=jnp.array([0, 5, 9, 30], jnp.int32))
     kn = jnp.ones((B, 2, HKV, D)) * jnp.arange(1, B + 1, dtype=jnp.float32)[:, None, None, None]
     out = _write(cache, 1, kn, kn)
-    k = np.asarray(out.k)
+    k = _tok_major(out.k)
     for b, off in enumerate([0, 5, 9, 30]):
         written = np.nonzero(k[1, b, :, 0, 0])[0]
         np.testing.assert_array_equal(written, [off, off + 1])
@@ -90,7 +97,7 @@ def test_dense_capacity_guard_reports_and_never_clamps():
     out = _write(cache, 0, kn, kn)
     st_ = np.asarray(out.status)
     np.testing.assert_array_equal(st_, [0, CAPACITY_EXCEEDED, 0, 0])
-    assert not np.asarray(out.k)[0, 1].any()  # the overflowing row wrote nothing (no clamped write)
+    assert not _tok_major(out.k)[0, 1].any()  # the overflowing row wrote nothing (no clamped write)
     assert describe_status(out.status) == {1: ["capacity exceeded"]}
     adv = out.advance(jnp.array([1, 1, 4, 1]))
     np.testing.assert_array_equal(np.asarray(adv.lengths), [1, CAP - 1, CAP - 3, 11])
@@ -164,6 +171,7 @@ def test_rolling_matches_numpy_reference_after_wraparound():
             kk[b, : len(hist_k[b])] = hist_k[b]
             vv[b, : len(hist_v[b])] = hist_v[b]
         q_pos = lens[:, None] + np.arange(W_VERIFY)[None]
+        kk, vv = kk.swapaxes(1, 2), vv.swapaxes(1, 2)  # head-major, as ref_attention takes them
         ref = ref_attention(q, kk, vv, q_pos, np.broadcast_to(np.arange(t_max), (B, t_max)), np.zeros(B), SLIDE)
         np.testing.assert_allclose(np.asarray(out), ref, atol=1e-5)
     assert int(np.asarray(ring.lengths).max()) > SLIDE + W_VERIFY  # the ring wrapped
@@ -241,7 +249,7 @@ def test_paged_rollback_returns_pages_and_reuse_never_corrupts_another_row():
     assert int(c.num_free) == 1 and (np.asarray(c.status) == 0).all()
     c = c.write(0, kv[:, :4] * 100, kv[:, :4]).advance(jnp.array([0, 4, 0, 0]))
     _check_page_accounting(c)
-    k = np.asarray(c.gather(0)[0])
+    k = np.asarray(c.gather(0)[0]).swapaxes(1, 2)  # [B, T, Hkv, D]
     np.testing.assert_array_equal(k[2, :8, 0, 0], 3.0)
     np.testing.assert_array_equal(k[3, :3, 0, 0], 4.0)
     np.testing.assert_array_equal(k[1, :8, 0, 0], 2.0)
@@ -254,9 +262,9 @@ def test_paged_out_of_pages_sets_status_and_writes_nothing():
     c = c.reserve(8)  # needs 2 pages per row: rows 0, 1 served, rows 2, 3 refused
     np.testing.assert_array_equal(np.asarray(c.status), [0, 0, OUT_OF_PAGES, OUT_OF_PAGES])
     np.testing.assert_array_equal(np.asarray(c.pages_held), [2, 2, 0, 0])
-    k_before = np.asarray(c.k).copy()
+    k_before = _tok_major(c.k).copy()
     c = c.write(0, jnp.full((B, 8, HKV, D), 7.0), jnp.ones((B, 8, HKV, D)))
-    k = np.asarray(c.k)
+    k = _tok_major(c.k)
     owned = np.asarray(c.block_table)[:2, :2].ravel()
     assert (k[0, owned] == 7.0).all()
     unowned = sorted(set(range(5)) - set(owned.tolist()))

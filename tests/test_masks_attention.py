@@ -45,8 +45,8 @@ def test_attention_matches_loop_reference(hq, hkv, case, seed):
     t_q, q_start, lead, window = case
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((B, t_q, hq, D)).astype(np.float32)
-    k = rng.standard_normal((B, T, hkv, D)).astype(np.float32)
-    v = rng.standard_normal((B, T, hkv, D)).astype(np.float32)
+    k = rng.standard_normal((B, hkv, T, D)).astype(np.float32)
+    v = rng.standard_normal((B, hkv, T, D)).astype(np.float32)
     out = np.asarray(_attn(q, k, v, lead, q_start, window=window))
     q_pos = q_start[:, None] + np.arange(t_q)[None]
     ref = ref_attention(q, k, v, q_pos, np.broadcast_to(np.arange(T), (B, T)), lead, window)
@@ -56,7 +56,7 @@ def test_attention_matches_loop_reference(hq, hkv, case, seed):
 def test_query_with_no_visible_key_returns_zeros():
     rng = np.random.default_rng(0)
     q = rng.standard_normal((2, 3, 2, D)).astype(np.float32)
-    k = rng.standard_normal((2, T, 2, D)).astype(np.float32)
+    k = rng.standard_normal((2, 2, T, D)).astype(np.float32)
     lead = np.array([0, 20], np.int32)  # row 1: lead pad past every query position
     out = np.asarray(ragged_attention(q, k, k, lead, np.array([4, 4], np.int32)))
     assert np.isfinite(out).all()
@@ -67,7 +67,7 @@ def test_query_with_no_visible_key_returns_zeros():
 def test_bfloat16_inputs_softmax_in_float32():
     rng = np.random.default_rng(1)
     q = rng.standard_normal((B, 4, 4, D)).astype(np.float32)
-    k = rng.standard_normal((B, T, 2, D)).astype(np.float32)
+    k = rng.standard_normal((B, 2, T, D)).astype(np.float32)
     lead, qs = np.zeros(B, np.int32), np.array([0, 5, 10, 20], np.int32)
     ref = np.asarray(ragged_attention(q, k, k, lead, qs))
     bf = ragged_attention(*(jnp.asarray(x, jnp.bfloat16) for x in (q, k, k)), lead, qs)
@@ -80,33 +80,33 @@ def test_zero_filled_prefix_is_not_a_masked_prefix():
     rng = np.random.default_rng(2)
     lead = 6
     q = rng.standard_normal((1, 1, 1, D)).astype(np.float32) * 0.5
-    k = rng.standard_normal((1, T, 1, D)).astype(np.float32)
-    v = rng.standard_normal((1, T, 1, D)).astype(np.float32) + 2.0
+    k = rng.standard_normal((1, 1, T, D)).astype(np.float32)
+    v = rng.standard_normal((1, 1, T, D)).astype(np.float32) + 2.0
     q_start = np.array([12], np.int32)
     masked = np.asarray(ragged_attention(q, k, v, np.array([lead], np.int32), q_start))
     kz, vz = k.copy(), v.copy()
-    kz[:, :lead] = 0.0
-    vz[:, :lead] = 0.0
+    kz[:, :, :lead] = 0.0
+    vz[:, :, :lead] = 0.0
     zeroed = np.asarray(ragged_attention(q, kz, vz, np.array([0], np.int32), q_start))
     # zero keys score exp(0) each: 6 dead slots take real softmax weight
-    s = (q[0, 0, 0] @ k[0, lead:13, 0].T) * D**-0.5
+    s = (q[0, 0, 0] @ k[0, 0, lead:13].T) * D**-0.5
     dead_weight = lead / (lead + np.exp(s - 0).sum())
     assert dead_weight > 0.05
     assert np.abs(masked - zeroed).max() > 1e-2
     # while the masked run equals attention over the live slots alone
-    live = np.asarray(ragged_attention(q, k[:, lead:], v[:, lead:], np.array([0], np.int32), q_start - lead))
+    live = np.asarray(ragged_attention(q, k[:, :, lead:], v[:, :, lead:], np.array([0], np.int32), q_start - lead))
     np.testing.assert_allclose(masked, live, atol=1e-6)
 
 
 def test_masked_attention_ignores_values_behind_the_mask():
     rng = np.random.default_rng(3)
     q = rng.standard_normal((1, 2, 2, D)).astype(np.float32)
-    k = rng.standard_normal((1, T, 2, D)).astype(np.float32)
+    k = rng.standard_normal((1, 2, T, D)).astype(np.float32)
     mask = make_left_padded_causal_mask(np.array([3]), np.array([8]), 2, T)
     a = masked_attention(q, k, k, mask)
     k2 = k.copy()
-    k2[:, :3] = 1e4  # garbage in dead slots
-    k2[:, 10:] = -1e4
+    k2[:, :, :3] = 1e4  # garbage in dead slots
+    k2[:, :, 10:] = -1e4
     np.testing.assert_array_equal(np.asarray(a), np.asarray(masked_attention(q, k2, k2, mask)))
     assert MASK_VALUE <= -1e9
 
@@ -120,12 +120,12 @@ def test_ragged_kv_lens_is_a_pytree():
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        (dict(k=np.zeros((B, T, 3, D), np.float32)), r"query heads 4 must be a multiple of kv heads 3"),
+        (dict(k=np.zeros((B, 3, T, D), np.float32)), r"query heads 4 must be a multiple of kv heads 3"),
         (dict(q=np.zeros((B, 4, D), np.float32)), r"rank 4"),
     ],
 )
 def test_attention_bad_input(kwargs, match):
-    args = dict(q=np.zeros((B, 2, 4, D), np.float32), k=np.zeros((B, T, 2, D), np.float32))
+    args = dict(q=np.zeros((B, 2, 4, D), np.float32), k=np.zeros((B, 2, T, D), np.float32))
     args |= kwargs
     with pytest.raises(ValueError, match=match):
         ragged_attention(args["q"], args["k"], args["k"], np.zeros(B, np.int32), np.zeros(B, np.int32))
@@ -137,8 +137,8 @@ def test_attention_bad_input(kwargs, match):
 def _blocked_reader(k, v, block, touched):
     def read(j):
         touched.append(j)
-        kb = jax.lax.dynamic_slice_in_dim(k, j * block, block, axis=1)
-        vb = jax.lax.dynamic_slice_in_dim(v, j * block, block, axis=1)
+        kb = jax.lax.dynamic_slice_in_dim(k, j * block, block, axis=2)
+        vb = jax.lax.dynamic_slice_in_dim(v, j * block, block, axis=2)
         return kb, vb, (j * block + jnp.arange(block, dtype=jnp.int32))[None]
 
     return read
@@ -151,8 +151,8 @@ def test_live_attention_matches_loop_reference(block, case, seed):
     t_q, q_start, lead, window = case
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((B, t_q, 4, D)).astype(np.float32)
-    k = rng.standard_normal((B, T, 2, D)).astype(np.float32)
-    v = rng.standard_normal((B, T, 2, D)).astype(np.float32)
+    k = rng.standard_normal((B, 2, T, D)).astype(np.float32)
+    v = rng.standard_normal((B, 2, T, D)).astype(np.float32)
     q_pos = (q_start[:, None] + np.arange(t_q)[None]).astype(np.int32)
     out = live_attention(jnp.asarray(q), _blocked_reader(jnp.asarray(k), jnp.asarray(v), block, []),
                          jnp.asarray(q_pos), jnp.asarray(lead), block=block, num_blocks=T // block, window=window)
@@ -180,11 +180,11 @@ def test_live_attention_never_reads_blocks_past_the_longest_row():
     rng = np.random.default_rng(5)
     cap, block = 64, 8
     q = rng.standard_normal((2, 2, 2, D)).astype(np.float32)
-    k = rng.standard_normal((2, cap, 1, D)).astype(np.float32)
-    v = rng.standard_normal((2, cap, 1, D)).astype(np.float32)
+    k = rng.standard_normal((2, 1, cap, D)).astype(np.float32)
+    v = rng.standard_normal((2, 1, cap, D)).astype(np.float32)
     q_start = np.array([9, 20], np.int32)  # last query at 21: blocks 0..2 are live
-    k[:, 24:] = np.nan
-    v[:, 24:] = np.nan
+    k[:, :, 24:] = np.nan
+    v[:, :, 24:] = np.nan
     q_pos = q_start[:, None] + np.arange(2)[None]
     lead = np.zeros(2, np.int32)
     out = np.asarray(live_attention(jnp.asarray(q), _blocked_reader(jnp.asarray(k), jnp.asarray(v), block, []),

@@ -32,9 +32,10 @@ def _rows(rng, t_q, num_keys, window):
 
 
 def _data(rng, t_q, hq, hkv, d, num_keys, dtype):
+    """q ``[B, t_q, Hq, D]``; k, v head-major ``[B, Hkv, T, D]`` (the cache layout)."""
     q = rng.standard_normal((B, t_q, hq, d)).astype(np.float32)
-    k = rng.standard_normal((B, num_keys, hkv, d)).astype(np.float32)
-    v = rng.standard_normal((B, num_keys, hkv, d)).astype(np.float32)
+    k = rng.standard_normal((B, hkv, num_keys, d)).astype(np.float32)
+    v = rng.standard_normal((B, hkv, num_keys, d)).astype(np.float32)
     return (jnp.asarray(x, dtype) for x in (q, k, v))
 
 
@@ -84,8 +85,8 @@ def test_blocks_outside_the_live_range_are_never_read(body):
         first, last = lead[b] // block, (qs[b] + t_q - 1) // block
         for j in range(num_keys // block):
             if j < first or j > last:
-                k[b, j * block : (j + 1) * block] = np.nan
-                v[b, j * block : (j + 1) * block] = np.nan
+                k[b, :, j * block : (j + 1) * block] = np.nan
+                v[b, :, j * block : (j + 1) * block] = np.nan
     out = np.asarray(ragged_attention(q, k, v, lead, qs, window=window, block_k=block, body=body))
     assert np.isfinite(out).all()
     kk, vv = np.nan_to_num(k), np.nan_to_num(v)
@@ -108,8 +109,8 @@ def test_paged_kernel_matches_reference(body, t_q, hq, hkv, d, page, max_pages, 
     num_keys = page * max_pages
     num_pages = B * max_pages + 3
     q = jnp.asarray(rng.standard_normal((B, t_q, hq, d)), dtype)
-    kp = jnp.asarray(rng.standard_normal((num_pages, page, hkv, d)), dtype)
-    vp = jnp.asarray(rng.standard_normal((num_pages, page, hkv, d)), dtype)
+    kp = jnp.asarray(rng.standard_normal((num_pages, hkv, page, d)), dtype)
+    vp = jnp.asarray(rng.standard_normal((num_pages, hkv, page, d)), dtype)
     lead, qs = _rows(rng, t_q, num_keys, window)
     bt = rng.permutation(num_pages)[: B * max_pages].reshape(B, max_pages).astype(np.int32)  # shuffled
     # pages past each row's last query are unowned (-1)
@@ -150,14 +151,14 @@ def test_kernels_read_one_layer_of_a_stacked_cache_in_place(body):
     as the kernel run on that layer alone."""
     rng = np.random.default_rng(11)
     q, _, _ = _data(rng, 4, 4, 2, 64, 32, jnp.float32)
-    k = jnp.asarray(rng.standard_normal((3, B, 32, 2, 64)), jnp.float32)
-    v = jnp.asarray(rng.standard_normal((3, B, 32, 2, 64)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((3, B, 2, 32, 64)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((3, B, 2, 32, 64)), jnp.float32)
     lead, qs = _rows(rng, 4, 32, None)
     for layer in range(3):
         a = ragged_attention(q, k, v, lead, qs, block_k=8, body=body, layer=layer)
         b = ragged_attention(q, k[layer], v[layer], lead, qs, block_k=8, body=body)
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    kp = jnp.asarray(rng.standard_normal((2, 12, 8, 2, 64)), jnp.float32)
+    kp = jnp.asarray(rng.standard_normal((2, 12, 2, 8, 64)), jnp.float32)
     bt = np.arange(B * 3, dtype=np.int32).reshape(B, 3)
     qs8 = np.minimum(qs, 20)
     a = paged_attention(q, kp, kp, bt, lead * 0, qs8, body=body, layer=1)
@@ -199,7 +200,7 @@ def test_cache_attend_pallas_matches_xla(kind):
     [
         (dict(block_k=24), r"block_k=24 must divide the key length T=64"),
         (dict(body="cuda"), r"body must be one of \['grid', 'loop'\]"),
-        (dict(k=np.zeros((B, 64, 3, 64), np.float32)), r"q heads 4 must be a multiple of k heads 3"),
+        (dict(k=np.zeros((B, 3, 64, 64), np.float32)), r"q heads 4 must be a multiple of k heads 3"),
         (dict(q=np.zeros((B, 4, 4, 64), np.int32)), r"q dtype must be float32"),
         (dict(qs=np.array([0, 0, 0, 61], np.int32)), r"q_start \+ t_q must lie in \[t_q, 64\]; rows \[3\]"),
         (dict(lead=np.array([0, -1, 0, 0], np.int32)), r"lead_pad must be >= 0; rows \[1\]"),
@@ -207,7 +208,7 @@ def test_cache_attend_pallas_matches_xla(kind):
     ],
 )
 def test_kernel_bad_input(kwargs, match):
-    args = dict(q=np.zeros((B, 4, 4, 64), np.float32), k=np.zeros((B, 64, 2, 64), np.float32),
+    args = dict(q=np.zeros((B, 4, 4, 64), np.float32), k=np.zeros((B, 2, 64, 64), np.float32),
                 lead=np.zeros(B, np.int32), qs=np.zeros(B, np.int32), block_k=16, body="grid") | kwargs
     with pytest.raises(ValueError, match=match):
         ragged_attention(args["q"], args["k"], args["k"], args["lead"], args["qs"], block_k=args["block_k"],
@@ -216,7 +217,7 @@ def test_kernel_bad_input(kwargs, match):
 
 def test_paged_bad_block_table():
     q = np.zeros((B, 1, 2, 64), np.float32)
-    kp = np.zeros((5, 8, 2, 64), np.float32)
+    kp = np.zeros((5, 2, 8, 64), np.float32)
     bt = np.full((B, 2), -1, np.int32)
     with pytest.raises(ValueError, match=r"block_table row 0 has pages \[-1\]"):
         paged_attention(q, kp, kp, bt, np.zeros(B, np.int32), np.zeros(B, np.int32))

@@ -51,9 +51,11 @@ def front_pad_kv_cache(cache: DenseKVCache) -> DenseKVCache:
     live = src >= cache.start[:, None]
     src = jnp.where(live, src, 0)  # dead slots read slot 0; masked by the new start
     rows = jnp.arange(cache.batch)[:, None]
+    # x[rows, :, src] is [B, capacity, Hkv, D]: back to head-major [B, Hkv, capacity, D]
+    move = lambda x: x[rows, :, src].transpose(0, 2, 1, 3)  # noqa: E731
     return cache.replace(
-        k=cache.k[:, rows, src],
-        v=cache.v[:, rows, src],
+        k=tuple(move(x) for x in cache.k),
+        v=tuple(move(x) for x in cache.v),
         lengths=jnp.full_like(cache.lengths, end),
         start=new_start,
     )

@@ -45,6 +45,11 @@ def as_rows(x: jax.Array | int, batch: int) -> jax.Array:
     return jnp.broadcast_to(jnp.asarray(x, jnp.int32), (batch,))
 
 
+def replace_layer(buffers: tuple, layer: int, new: jax.Array) -> tuple:
+    """Per-layer buffers with layer ``layer`` swapped for ``new``."""
+    return (*buffers[:layer], new, *buffers[layer + 1 :])
+
+
 def resolve_attention_impl(impl: str) -> str:
     """``"auto"`` -> ``"pallas"`` on TPU/GPU, ``"xla"`` on CPU; a bad name is a ``ValueError``."""
     if impl not in ATTENTION_IMPLS:

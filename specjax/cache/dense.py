@@ -1,6 +1,8 @@
 """Dense KV cache with per-row lengths and lead pads.
 
-``k, v [layers, B, capacity, kv_heads, head_dim]``. Row ``b``'s live entries are
+``k, v``: one buffer per layer, ``[B, kv_heads, capacity, head_dim]`` each (head-major;
+separate buffers so a layer's attention reads its buffer in place and a write updates
+it in place: a slice of one stacked buffer would be copied). Row ``b``'s live entries are
 slots ``[start[b], lengths[b])``. A write of ``t`` tokens puts them at slots
 ``lengths[b] .. lengths[b] + t - 1`` of *that* row (one scatter of ``B * t``
 entries); the length moves only on ``advance``/``apply_plan``. Rejected slots are
@@ -14,15 +16,23 @@ import jax.numpy as jnp
 
 from specjax._pytree import pytree_dataclass
 from specjax.attention import live_attention
-from specjax.cache.base import CAPACITY_EXCEEDED, ROLLBACK_INVALID, as_rows, kernel_block, key_block, positions
+from specjax.cache.base import (
+    CAPACITY_EXCEEDED,
+    ROLLBACK_INVALID,
+    as_rows,
+    kernel_block,
+    key_block,
+    positions,
+    replace_layer,
+)
 
 __all__ = ["DenseKVCache"]
 
 
 @pytree_dataclass
 class DenseKVCache:
-    k: jax.Array  # [layers, B, capacity, Hkv, D]
-    v: jax.Array  # [layers, B, capacity, Hkv, D]
+    k: tuple[jax.Array, ...]  # per layer [B, Hkv, capacity, D]
+    v: tuple[jax.Array, ...]  # per layer [B, Hkv, capacity, D]
     lengths: jax.Array  # int32 [B]: next free slot (committed length incl. lead pad)
     start: jax.Array  # int32 [B]: lead pad; slots before it are never attended
     status: jax.Array  # int32 [B]: sticky status bits (cache.base)
@@ -37,19 +47,20 @@ class DenseKVCache:
         head_dim: int,
         dtype: jnp.dtype = jnp.float32,
     ) -> DenseKVCache:
-        shape = (layers, batch, capacity, kv_heads, head_dim)
+        shape = (batch, kv_heads, capacity, head_dim)
         zeros = lambda: jnp.zeros((batch,), jnp.int32)  # noqa: E731  (distinct buffers: donatable)
-        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), zeros(), zeros(), zeros())
+        kv = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(layers))  # noqa: E731
+        return cls(kv(), kv(), zeros(), zeros(), zeros())
 
     @property
     def batch(self) -> int:
-        return self.k.shape[1]
+        return self.k[0].shape[0]
 
     @property
     def capacity(self) -> int:
-        return self.k.shape[2]
+        return self.k[0].shape[2]
 
-    def write(self, layer: int | jax.Array, k_new: jax.Array, v_new: jax.Array) -> DenseKVCache:
+    def write(self, layer: int, k_new: jax.Array, v_new: jax.Array) -> DenseKVCache:
         """Write ``k_new, v_new [B, t, Hkv, D]`` at each row's own offset ``lengths[b]``.
 
         A row that would pass ``capacity`` is not written and gets ``CAPACITY_EXCEEDED``.
@@ -59,10 +70,11 @@ class DenseKVCache:
         pos = positions(self.lengths, t)
         pos = jnp.where(fits[:, None], pos, self.capacity)  # explicit out-of-range: dropped
         rows = jnp.broadcast_to(jnp.arange(self.batch, dtype=jnp.int32)[:, None], pos.shape)
-        k = self.k.at[layer, rows, pos].set(k_new.astype(self.k.dtype), mode="drop")
-        v = self.v.at[layer, rows, pos].set(v_new.astype(self.v.dtype), mode="drop")
+        # (rows, :, pos): the indexed view is [B, t, Hkv, D], exactly k_new's shape
+        k = self.k[layer].at[rows, :, pos].set(k_new.astype(self.k[layer].dtype), mode="drop")
+        v = self.v[layer].at[rows, :, pos].set(v_new.astype(self.v[layer].dtype), mode="drop")
         status = self.status | jnp.where(fits, 0, CAPACITY_EXCEEDED)
-        return self.replace(k=k, v=v, status=status)
+        return self.replace(k=replace_layer(self.k, layer, k), v=replace_layer(self.v, layer, v), status=status)
 
     def advance(self, n: jax.Array | int) -> DenseKVCache:
         """``lengths += n`` per row; a row that would pass capacity stays and is flagged."""
@@ -104,15 +116,16 @@ class DenseKVCache:
             # lazy import: pallas_kernels imports specjax (the reference), never the reverse at import time
             from pallas_kernels.ragged_attention import ragged_attention as pallas_ragged_attention
 
-            return pallas_ragged_attention(q, self.k, self.v, self.start, self.lengths, window=window, scale=scale,
-                                           block_k=kernel_block(self.capacity), layer=layer)
+            return pallas_ragged_attention(q, self.k[layer], self.v[layer], self.start, self.lengths, window=window,
+                                           scale=scale, block_k=kernel_block(self.capacity))
         block = key_block(self.capacity)
-        b, _, hkv, d = self.k.shape[1:]
+        k_l, v_l = self.k[layer], self.v[layer]
 
         def read(j):
-            at = (layer, 0, j * block, 0, 0)
-            k = jax.lax.dynamic_slice(self.k, at, (1, b, block, hkv, d))[0]
-            v = jax.lax.dynamic_slice(self.v, at, (1, b, block, hkv, d))[0]
+            if block == self.capacity:  # one block: the buffer itself, no slice copy
+                return k_l, v_l, jnp.arange(block, dtype=jnp.int32)[None]
+            k = jax.lax.dynamic_slice_in_dim(k_l, j * block, block, axis=2)
+            v = jax.lax.dynamic_slice_in_dim(v_l, j * block, block, axis=2)
             return k, v, (j * block + jnp.arange(block, dtype=jnp.int32))[None]
 
         return live_attention(q, read, positions(self.lengths, t_q), self.start, block=block,

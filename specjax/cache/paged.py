@@ -1,6 +1,6 @@
 """Paged KV cache with a device-side free list.
 
-Pool ``k, v [layers, num_pages, page_size, Hkv, D]``; ``block_table [B, max_pages]``
+Pool ``k, v``: per layer ``[num_pages, Hkv, page_size, D]`` (head-major pages); ``block_table [B, max_pages]``
 maps a row's logical page to a pool page (``-1``: none). Free pages sit on a stack
 ``free_pages[:num_free]``. ``reserve``, ``write``, ``advance`` and ``rollback`` are
 pure array code: allocation and release run inside ``jit`` with no host round trip.
@@ -18,7 +18,15 @@ import jax.numpy as jnp
 
 from specjax._pytree import pytree_dataclass
 from specjax.attention import gather_pages, live_attention
-from specjax.cache.base import CAPACITY_EXCEEDED, OUT_OF_PAGES, ROLLBACK_INVALID, as_rows, key_block, positions
+from specjax.cache.base import (
+    CAPACITY_EXCEEDED,
+    OUT_OF_PAGES,
+    ROLLBACK_INVALID,
+    as_rows,
+    key_block,
+    positions,
+    replace_layer,
+)
 
 __all__ = ["PagedKVCache", "gather_pages"]
 
@@ -29,8 +37,8 @@ def _ceil_div(a: jax.Array, b: int) -> jax.Array:
 
 @pytree_dataclass
 class PagedKVCache:
-    k: jax.Array  # [layers, num_pages, page_size, Hkv, D]
-    v: jax.Array
+    k: tuple[jax.Array, ...]  # per layer [num_pages, Hkv, page_size, D]
+    v: tuple[jax.Array, ...]
     block_table: jax.Array  # int32 [B, max_pages]
     pages_held: jax.Array  # int32 [B]: block_table[b, :pages_held[b]] are owned pages
     lengths: jax.Array  # int32 [B]
@@ -53,11 +61,11 @@ class PagedKVCache:
         for name, val in (("num_pages", num_pages), ("page_size", page_size), ("max_pages_per_seq", max_pages_per_seq)):
             if val < 1:
                 raise ValueError(f"{name} must be >= 1, got {val}")
-        shape = (layers, num_pages, page_size, kv_heads, head_dim)
+        shape = (num_pages, kv_heads, page_size, head_dim)
         zeros = lambda: jnp.zeros((batch,), jnp.int32)  # noqa: E731  (distinct buffers: donatable)
         return cls(
-            k=jnp.zeros(shape, dtype),
-            v=jnp.zeros(shape, dtype),
+            k=tuple(jnp.zeros(shape, dtype) for _ in range(layers)),
+            v=tuple(jnp.zeros(shape, dtype) for _ in range(layers)),
             block_table=jnp.full((batch, max_pages_per_seq), -1, jnp.int32),
             pages_held=zeros(),
             lengths=zeros(),
@@ -72,11 +80,11 @@ class PagedKVCache:
 
     @property
     def page_size(self) -> int:
-        return self.k.shape[2]
+        return self.k[0].shape[2]
 
     @property
     def num_pages(self) -> int:
-        return self.k.shape[1]
+        return self.k[0].shape[0]
 
     @property
     def max_pages(self) -> int:
@@ -104,7 +112,7 @@ class PagedKVCache:
             status=status,
         )
 
-    def write(self, layer: int | jax.Array, k_new: jax.Array, v_new: jax.Array) -> PagedKVCache:
+    def write(self, layer: int, k_new: jax.Array, v_new: jax.Array) -> PagedKVCache:
         """Write ``[B, t, Hkv, D]`` at ``lengths[b] + [0, t)`` through the block table.
 
         Rows without owned pages for the whole write are not written and are flagged.
@@ -116,9 +124,10 @@ class PagedKVCache:
         page = jnp.take_along_axis(self.block_table, logical, axis=1)
         page = jnp.where(fits[:, None], page, self.num_pages)  # explicit out-of-range: dropped
         slot = pos % self.page_size
-        k = self.k.at[layer, page, slot].set(k_new.astype(self.k.dtype), mode="drop")
-        v = self.v.at[layer, page, slot].set(v_new.astype(self.v.dtype), mode="drop")
-        return self.replace(k=k, v=v, status=self.status | jnp.where(fits, 0, CAPACITY_EXCEEDED))
+        k = self.k[layer].at[page, :, slot].set(k_new.astype(self.k[layer].dtype), mode="drop")
+        v = self.v[layer].at[page, :, slot].set(v_new.astype(self.v[layer].dtype), mode="drop")
+        return self.replace(k=replace_layer(self.k, layer, k), v=replace_layer(self.v, layer, v),
+                            status=self.status | jnp.where(fits, 0, CAPACITY_EXCEEDED))
 
     def advance(self, n: jax.Array | int) -> PagedKVCache:
         """``lengths += n`` within owned pages; otherwise the row stays and is flagged."""
@@ -157,8 +166,8 @@ class PagedKVCache:
         """Return every page of rows where ``done [B]`` is true (their length becomes 0)."""
         return self.rollback(jnp.where(done, 0, self.lengths))
 
-    def gather(self, layer: int | jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Per-row contiguous ``k, v [B, max_pages * page_size, Hkv, D]`` and ``key_pos``
+    def gather(self, layer: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Per-row contiguous ``k, v [B, Hkv, max_pages * page_size, D]`` and ``key_pos``
         (``-1`` where the row owns no page)."""
         return gather_pages(self.k[layer], self.v[layer], self.block_table)
 
@@ -180,8 +189,8 @@ class PagedKVCache:
         if impl == "pallas":
             from pallas_kernels.paged_attention import paged_attention  # lazy: pallas_kernels imports specjax
 
-            return paged_attention(q, self.k, self.v, self.block_table, zeros, self.lengths, window=window,
-                                   scale=scale, layer=layer)
+            return paged_attention(q, self.k[layer], self.v[layer], self.block_table, zeros, self.lengths,
+                                   window=window, scale=scale)
         ps, mp = self.page_size, self.max_pages
         block = key_block(mp * ps)
         ppb = block // ps if block % ps == 0 and mp % (block // ps) == 0 else mp  # pages per key block
@@ -189,8 +198,9 @@ class PagedKVCache:
         def read(j):
             bt = jax.lax.dynamic_slice_in_dim(self.block_table, j * ppb, ppb, axis=1)  # [B, ppb]
             safe = jnp.where(bt >= 0, bt, 0)
-            k = self.k[layer, safe].reshape(self.batch, ppb * ps, *self.k.shape[3:])
-            v = self.v[layer, safe].reshape(self.batch, ppb * ps, *self.v.shape[3:])
+            hkv, d = self.k[layer].shape[1], self.k[layer].shape[3]
+            k = self.k[layer][safe].transpose(0, 2, 1, 3, 4).reshape(self.batch, hkv, ppb * ps, d)
+            v = self.v[layer][safe].transpose(0, 2, 1, 3, 4).reshape(self.batch, hkv, ppb * ps, d)
             pos = j * ppb * ps + jnp.arange(ppb * ps, dtype=jnp.int32).reshape(ppb, ps)[None]
             return k, v, jnp.where((bt >= 0)[:, :, None], pos, -1).reshape(self.batch, ppb * ps)
 

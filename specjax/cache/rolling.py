@@ -15,15 +15,15 @@ import jax.numpy as jnp
 
 from specjax._pytree import pytree_dataclass, static_field
 from specjax.attention import attention_with_positions
-from specjax.cache.base import ROLLBACK_INVALID, as_rows, positions
+from specjax.cache.base import ROLLBACK_INVALID, as_rows, positions, replace_layer
 
 __all__ = ["RollingKVCache"]
 
 
 @pytree_dataclass
 class RollingKVCache:
-    k: jax.Array  # [layers, B, window + slack, Hkv, D]
-    v: jax.Array
+    k: tuple[jax.Array, ...]  # per layer [B, Hkv, window + slack, D] (head-major)
+    v: tuple[jax.Array, ...]
     lengths: jax.Array  # int32 [B]: absolute position of the next token
     start: jax.Array  # int32 [B]: lead pad (absolute); earlier positions never attended
     status: jax.Array  # int32 [B]
@@ -43,28 +43,29 @@ class RollingKVCache:
     ) -> RollingKVCache:
         if window < 1 or slack < 1:
             raise ValueError(f"window and slack must be >= 1, got window={window}, slack={slack}")
-        shape = (layers, batch, window + slack, kv_heads, head_dim)
+        shape = (batch, kv_heads, window + slack, head_dim)
         zeros = lambda: jnp.zeros((batch,), jnp.int32)  # noqa: E731  (distinct buffers: donatable)
-        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), zeros(), zeros(), zeros(), window, slack)
+        kv = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(layers))  # noqa: E731
+        return cls(kv(), kv(), zeros(), zeros(), zeros(), window, slack)
 
     @property
     def batch(self) -> int:
-        return self.k.shape[1]
+        return self.k[0].shape[0]
 
     @property
     def size(self) -> int:
         return self.window + self.slack
 
-    def write(self, layer: int | jax.Array, k_new: jax.Array, v_new: jax.Array) -> RollingKVCache:
+    def write(self, layer: int, k_new: jax.Array, v_new: jax.Array) -> RollingKVCache:
         """Write ``[B, t, Hkv, D]`` at absolute positions ``lengths[b] + [0, t)``; ``t <= slack``."""
         t = k_new.shape[1]
         if t > self.slack:
             raise ValueError(f"a write of t={t} tokens needs slack >= t, but slack={self.slack}")
         slots = positions(self.lengths, t) % self.size
         rows = jnp.broadcast_to(jnp.arange(self.batch, dtype=jnp.int32)[:, None], slots.shape)
-        k = self.k.at[layer, rows, slots].set(k_new.astype(self.k.dtype), mode="promise_in_bounds")
-        v = self.v.at[layer, rows, slots].set(v_new.astype(self.v.dtype), mode="promise_in_bounds")
-        return self.replace(k=k, v=v)
+        k = self.k[layer].at[rows, :, slots].set(k_new.astype(self.k[layer].dtype), mode="promise_in_bounds")
+        v = self.v[layer].at[rows, :, slots].set(v_new.astype(self.v[layer].dtype), mode="promise_in_bounds")
+        return self.replace(k=replace_layer(self.k, layer, k), v=replace_layer(self.v, layer, v))
 
     def advance(self, n: jax.Array | int) -> RollingKVCache:
         return self.replace(lengths=self.lengths + as_rows(n, self.batch))
@@ -106,8 +107,8 @@ class RollingKVCache:
         if impl == "pallas":
             from pallas_kernels.ragged_attention import ring_attention  # lazy: pallas_kernels imports specjax
 
-            return ring_attention(q, self.k, self.v, self.start, self.lengths, window=self.window, scale=scale,
-                                  layer=layer)
+            return ring_attention(q, self.k[layer], self.v[layer], self.start, self.lengths, window=self.window,
+                                  scale=scale)
         return attention_with_positions(
             q, self.k[layer], self.v[layer], positions(self.lengths, t_q), self.key_positions(t_q), self.start,
             window=self.window, scale=scale,

@@ -325,7 +325,8 @@ def _causal_attention(q, k, v, window):
     oracle the cached forward is tested against. Query ``i`` sees keys ``j <= i`` (and
     ``j > i - window`` when windowed): the same core and mask as every cache path."""
     pos = jnp.arange(q.shape[1], dtype=jnp.int32)[None]
-    return attend_visible(q, k, v, visible(pos, pos, jnp.zeros((1,), jnp.int32), window))
+    hm = lambda x: x.transpose(0, 2, 1, 3)  # noqa: E731  [B, t, Hkv, D] -> head-major [B, Hkv, t, D]
+    return attend_visible(q, hm(k), hm(v), visible(pos, pos, jnp.zeros((1,), jnp.int32), window))
 
 
 def hidden_states(model: Model, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
