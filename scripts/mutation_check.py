@@ -122,8 +122,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "fully masked query returns the mean of V instead of zeros",
         "specjax/attention.py",
-        "    p = jnp.where(live, p, 0.0)\n",
-        "",
+        "    p = jnp.where(ok, jnp.exp(s - m), 0.0)  # a query with no visible key: all zeros\n",
+        "    p = jnp.exp(s - m)\n",
         ("tests/test_masks_attention.py",),
     ),
     # --- Pallas kernels ---
@@ -199,6 +199,42 @@ MUTATIONS: list[Mutation] = [
         "return MtpState(cache, h, tok, q)",
         ("tests/test_engine.py::test_mtp_first_draft_matches_uncached_mtp",),
     ),
+    # --- lean step: live range, request-sized capacity, kernels in the model ---
+    Mutation(
+        "XLA live range stops one key block too early",
+        "specjax/attention.py",
+        "    stop = jnp.clip(hi // block + 1, first, num_blocks)\n",
+        "    stop = jnp.clip(hi // block, first, num_blocks)\n",
+        ("tests/test_masks_attention.py::test_live_attention_never_reads_blocks_past_the_longest_row",),
+    ),
+    Mutation(
+        "paged XLA path misses a page (pool page 0 read as unowned)",
+        "specjax/cache/paged.py",
+        "            return k, v, jnp.where((bt >= 0)[:, :, None], pos, -1).reshape(self.batch, ppb * ps)\n",
+        "            return k, v, jnp.where((bt > 0)[:, :, None], pos, -1).reshape(self.batch, ppb * ps)\n",
+        ("tests/test_caches.py",),
+    ),
+    Mutation(
+        "request capacity one slot short",
+        "specjax/engine.py",
+        "    need = max(prompt_width, 1) + max_new_tokens + 2 * w - 1\n",
+        "    need = max(prompt_width, 1) + max_new_tokens + 2 * w - 2\n",
+        ("tests/test_lean_step.py::test_capacity_is_exact_for_a_finished_row_under_a_draft_model",),
+    ),
+    Mutation(
+        "ring kernel ignores the wraparound (slot index taken as position)",
+        "pallas_kernels/_online_softmax.py",
+        "    p = hi - jax.lax.rem(jax.lax.rem(hi - s, ring) + ring, ring)\n",
+        "    p = s\n",
+        ("tests/test_pallas_kernels.py::test_ring_kernel_matches_reference",),
+    ),
+    Mutation(
+        "MTP draft taken from the logits one position past the last commit",
+        "specjax/drafter.py",
+        "        h = jnp.take_along_axis(g, (count - 1)[:, None, None], axis=1)[:, 0]\n",
+        "        h = jnp.take_along_axis(g, jnp.minimum(count, g.shape[1] - 1)[:, None, None], axis=1)[:, 0]\n",
+        ("tests/test_engine.py::test_mtp_first_draft_matches_uncached_mtp",),
+    ),
     # --- Hugging Face loading ---
     Mutation(
         "loader maps q_proj into k's place",
@@ -253,8 +289,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "stream drops the first token of every chunk",
         "specjax/engine.py",
-        "        new = [seq[r, shown[r] : known[r]].tolist() for r in range(seq.shape[0])]\n",
-        "        new = [seq[r, shown[r] + 1 : known[r]].tolist() for r in range(seq.shape[0])]\n",
+        "        new = [toks[r, : n_new[r]].tolist() for r in range(toks.shape[0])]\n",
+        "        new = [toks[r, 1 : n_new[r]].tolist() for r in range(toks.shape[0])]\n",
         ("tests/test_bundle.py::test_bundle_generate_and_stream_agree",),
     ),
     Mutation(

@@ -159,7 +159,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             drafter = "mtp" if run.model.config.mtp_depth > 0 else ("draft_model" if run.draft is not None else "ngram")
         kw = dict(max_new_tokens=args.max_new_tokens, drafter=drafter, draft_model=run.draft, depth=args.depth,
                   kv_advance=args.kv_advance, cache=args.cache, temperature=args.temperature, top_k=args.top_k,
-                  top_p=args.top_p, seed=args.seed, eos_id=run.eos)
+                  top_p=args.top_p, seed=args.seed, eos_id=run.eos, attention_impl=args.attention)
         toks = [run.encode(p) for p in prompts]
         t0 = time.perf_counter()
         if args.stream:
@@ -308,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--depth", type=int, default=3)
     g.add_argument("--kv-advance", choices=["per_sequence", "cohort"], default=None)
     g.add_argument("--cache", choices=["dense", "paged"], default="dense")
+    g.add_argument("--attention", choices=["auto", "xla", "pallas"], default="auto",
+                   help="attention path: Pallas kernels (interpret mode on CPU) or XLA; auto = Pallas on TPU/GPU, "
+                        "XLA on CPU (default: auto)")
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=None)
     g.add_argument("--top-p", type=float, default=None)
