@@ -1,0 +1,162 @@
+"""One prepared check for an accelerator machine (e.g. an H200, JAX 0.11 + CUDA, no network).
+
+    PYTHONPATH=. python benchmarks/gpu_check.py            # ~5-8 minutes on an H200, prints JSON
+    PYTHONPATH=. python benchmarks/gpu_check.py --smoke    # tiny shapes, any backend (CPU: interpret mode)
+
+Sections (each reports its own error instead of stopping the run):
+
+1. ``kernels``: the dense, paged and ring Pallas kernels compiled for the device (not
+   interpret mode), against the XLA reference over random ragged shapes, float32 and bf16:
+   max abs error per case.
+2. ``bandwidth``: decode attention at 32k context (B=8, 8 query heads, 2 KV heads,
+   head_dim 128, bf16, every row live to 32k): achieved HBM bandwidth = K/V bytes read /
+   time, for the Pallas kernel and the XLA live-range path, and the Pallas kernel with rows
+   live to 8k only (live-block skipping: time should fall ~4x).
+3. ``engine``: ``specjax bench`` on the bundled model (``attention_impl="auto"`` = Pallas
+   on GPU/TPU), B in {1, 8, 32, 64}, mtp and ngram, both rules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def _timeit(fn, *args, n=20) -> float:
+    jax.block_until_ready(fn(*args))
+    t0 = time.perf_counter()
+    for _ in range(n):
+        out = fn(*args)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - t0) / n
+
+
+def kernels(smoke: bool) -> list[dict]:
+    from pallas_kernels.paged_attention import paged_attention, paged_attention_reference
+    from pallas_kernels.ragged_attention import (
+        ragged_attention,
+        ragged_attention_reference,
+        ring_attention,
+        ring_attention_reference,
+    )
+
+    rng = np.random.default_rng(0)
+    rows = []
+    cases = [(1, 8, 2, 128, 1024, 128, None), (4, 8, 2, 128, 2048, 128, None), (4, 4, 4, 64, 512, 64, 100)]
+    if smoke:
+        cases = [(1, 4, 2, 64, 64, 16, None), (4, 4, 1, 64, 64, 16, 12)]
+    b = 4
+    for t_q, hq, hkv, d, t, block, window in cases:
+        for dtype in (jnp.float32, jnp.bfloat16):
+            q = jnp.asarray(rng.standard_normal((b, t_q, hq, d)), dtype)
+            k = jnp.asarray(rng.standard_normal((b, hkv, t, d)), dtype)
+            v = jnp.asarray(rng.standard_normal((b, hkv, t, d)), dtype)
+            qs = jnp.asarray(rng.integers(0, t - t_q + 1, b).astype(np.int32))
+            lead = jnp.minimum(jnp.asarray(rng.integers(0, 9, b).astype(np.int32)), qs)
+            case = dict(t_q=t_q, hq=hq, hkv=hkv, d=d, keys=t, block=block, window=window, dtype=jnp.dtype(dtype).name)
+            ring_len, ring_w = qs + 3 * t, window or t // 2
+            runs = {
+                "dense": (ragged_attention, ragged_attention_reference, (q, k, v, lead, qs),
+                          dict(window=window), dict(block_k=block)),
+                "ring": (ring_attention, ring_attention_reference, (q, k, v, lead, ring_len),
+                         dict(window=ring_w), dict(block_k=block)),
+            }
+            for name in ("dense", "ring", "paged"):
+                try:
+                    if name == "paged":
+                        out, ref = _paged(paged_attention, paged_attention_reference, q, k, v, lead, qs, window,
+                                          block, rng)
+                    else:
+                        kernel, reference, a, common, extra = runs[name]
+                        out, ref = kernel(*a, **common, **extra), reference(*a, **common)
+                    err = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref.astype(jnp.float32))))
+                    rows.append({"kernel": name, **case, "max_abs_err": err, "ok": err < (3e-2 if dtype ==
+                                                                                         jnp.bfloat16 else 2e-4)})
+                except Exception as e:  # report, keep going
+                    rows.append({"kernel": name, **case, "error": f"{type(e).__name__}: {str(e)[:400]}"})
+    return rows
+
+
+def _paged(paged_attention, reference, q, k, v, lead, qs, window, page, rng):
+    b, hkv, t, d = k.shape
+    mp = t // page
+    pool_k = k.reshape(b, hkv, mp, page, d).transpose(0, 2, 1, 3, 4).reshape(b * mp, hkv, page, d)
+    pool_v = v.reshape(b, hkv, mp, page, d).transpose(0, 2, 1, 3, 4).reshape(b * mp, hkv, page, d)
+    perm = rng.permutation(b * mp).astype(np.int32)
+    inv = np.argsort(perm)
+    bt = jnp.asarray(inv.reshape(b, mp))  # logical page j of row r lives at pool slot inv[r * mp + j]
+    pool_k, pool_v = pool_k[perm], pool_v[perm]
+    return (paged_attention(q, pool_k, pool_v, bt, lead, qs, window=window),
+            reference(q, pool_k, pool_v, bt, lead, qs, window=window))
+
+
+def bandwidth(smoke: bool) -> dict:
+    from pallas_kernels.ragged_attention import ragged_attention
+    from specjax.cache import DenseKVCache
+
+    b, hq, hkv, d, t, t_q = (8, 8, 2, 128, 32768, 1) if not smoke else (2, 4, 2, 64, 1024, 1)
+    rng = np.random.default_rng(1)
+    q = jnp.asarray(rng.standard_normal((b, t_q, hq, d)), jnp.bfloat16)
+    k = jnp.asarray(rng.standard_normal((b, hkv, t, d)), jnp.bfloat16)
+    v = jnp.asarray(rng.standard_normal((b, hkv, t, d)), jnp.bfloat16)
+    lead = jnp.zeros((b,), jnp.int32)
+    full = jnp.full((b,), t - t_q, jnp.int32)
+    quarter = jnp.full((b,), t // 4 - t_q, jnp.int32)
+    kv_bytes = 2 * k.size * k.dtype.itemsize
+    out = {"batch": b, "q_heads": hq, "kv_heads": hkv, "head_dim": d, "context": t, "dtype": "bfloat16",
+           "kv_bytes": kv_bytes}
+    pallas = jax.jit(lambda q, k, v, lead, qs: ragged_attention(q, k, v, lead, qs, block_k=512 if not smoke else 128))
+    cache = DenseKVCache((k,), (v,), full, lead, lead)
+    xla = jax.jit(lambda q, c: c.attend(q, 0, impl="xla"))
+    for name, fn, args, live in (
+        ("pallas_full", pallas, (q, k, v, lead, full), 1.0),
+        ("pallas_quarter_live", pallas, (q, k, v, lead, quarter), 0.25),
+        ("xla_live_range_full", xla, (q, cache), 1.0),
+    ):
+        try:
+            s = _timeit(fn, *args)
+            out[name] = {"seconds": s, "GB_per_s": kv_bytes * live / s / 1e9}
+        except Exception as e:
+            out[name] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
+    return out
+
+
+def engine(smoke: bool) -> dict:
+    import specjax
+    from specjax.bench import bench
+
+    bundle = specjax.load_model()
+    kw = dict(batches=(1, 8, 32, 64), drafters=("mtp", "ngram"), n_prompts=64, max_new_tokens=128)
+    if smoke:
+        kw = dict(batches=(1, 2), drafters=("mtp",), n_prompts=2, max_new_tokens=8)
+    return bench(bundle, progress=False, **kw)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU: interpret mode)")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["kernels", "bandwidth", "engine"])
+    args = ap.parse_args()
+    result = {"backend": jax.default_backend(), "devices": [str(x) for x in jax.devices()], "jax": jax.__version__}
+    for name, fn in (("kernels", kernels), ("bandwidth", bandwidth), ("engine", engine)):
+        if name in args.skip:
+            continue
+        t0 = time.perf_counter()
+        try:
+            result[name] = fn(args.smoke)
+        except Exception:
+            result[name] = {"error": traceback.format_exc()[-2000:]}
+        result[f"{name}_seconds"] = round(time.perf_counter() - t0, 1)
+        print(f"gpu_check: {name} done in {result[f'{name}_seconds']} s", file=sys.stderr, flush=True)
+    print(json.dumps(result, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
