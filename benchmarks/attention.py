@@ -44,8 +44,8 @@ def _case(b, ctx, t_q, dtype, seed=0):
     key = jax.random.key(seed)
     kq, kk, kv = jax.random.split(key, 3)
     q = jax.random.normal(kq, (b, t_q, HQ, D), dtype)
-    k = jax.random.normal(kk, (b, ctx, HKV, D), dtype)
-    v = jax.random.normal(kv, (b, ctx, HKV, D), dtype)
+    k = jax.random.normal(kk, (b, HKV, ctx, D), dtype)  # head-major, the cache layout
+    v = jax.random.normal(kv, (b, HKV, ctx, D), dtype)
     live_bytes = int(live.sum()) * HKV * D * jnp.dtype(dtype).itemsize * 2
     return q, k, v, jnp.asarray(lead), jnp.asarray(qs), live_bytes
 
