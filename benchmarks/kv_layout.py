@@ -67,7 +67,8 @@ def main() -> None:
         print(json.dumps(out, indent=1))
         return
     print(f"backend {out['backend']}; 4 KV heads x 64, float32; ms per call (lower is better)")
-    print("| B | T | t_q | KV MB | token-major | head-major | head-major, key-major scores |\n|---|---|---|---|---|---|---|")
+    print("| B | T | t_q | KV MB | token-major | head-major | head-major, key-major scores |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['B']} | {r['T']} | {r['t_q']} | {r['kv_MB']:.1f} | {r['token_major_ms']:.3f} | "
               f"{r['head_major_ms']:.3f} | {r['head_major_key_scores_ms']:.3f} |")
