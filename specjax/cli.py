@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -66,7 +67,19 @@ def _plot(path: str, sweep: dict[str, list[float]], title: str) -> None:
     plt.close(fig)
 
 
+def _plot_dir_error(path: str | None) -> str | None:
+    """A ``--plot`` path whose folder does not exist, as a one-line message (checked before any work)."""
+    if path is None:
+        return None
+    folder = os.path.dirname(os.path.abspath(path))
+    return None if os.path.isdir(folder) else f"--plot {path}: folder {folder} does not exist"
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
+    bad = _plot_dir_error(args.plot)
+    if bad:
+        print(f"specjax simulate: error: {bad}", file=sys.stderr)
+        return 2
     acc = _acceptance(args)
     config = {
         "batch": args.batch,
@@ -138,6 +151,25 @@ class _TextRunner:
             self.eos = tok.eos_id
 
 
+def _read_batch_file(path: str) -> list[str]:
+    """One prompt per non-blank line (``\\n`` for a newline); a ``ValueError`` naming the file
+    for a missing, unreadable, non-UTF-8 or empty one."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [line.rstrip("\n").replace("\\n", "\n") for line in f if line.strip()]
+    except FileNotFoundError:
+        raise ValueError(f"--batch-file {path}: no such file") from None
+    except IsADirectoryError:
+        raise ValueError(f"--batch-file {path}: is a directory, not a file of prompts") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--batch-file {path}: not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise ValueError(f"--batch-file {path}: cannot read ({e.strerror})") from None
+    if not lines:
+        raise ValueError(f"--batch-file {path}: holds no prompt (one prompt per non-blank line)")
+    return lines
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     import time
 
@@ -145,10 +177,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from specjax.engine import generate, stream
 
     prompts = list(args.prompt)
-    if args.batch_file:
-        with open(args.batch_file) as f:
-            prompts += [line.rstrip("\n").replace("\\n", "\n") for line in f if line.strip()]
     try:
+        if args.batch_file:
+            prompts += _read_batch_file(args.batch_file)
         if not prompts:
             raise ValueError("give a prompt or --batch-file with one prompt per line")
         if args.stream and args.json:

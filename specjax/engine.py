@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -255,7 +256,11 @@ def _validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache
     cfg = model.config
     if not isinstance(prompts, list | tuple) or len(prompts) == 0:
         _fail("prompts", prompts, "must be a non-empty list of token-id lists")
+    if all(isinstance(p, int | np.integer) for p in prompts):
+        _fail("prompts", prompts, "is one flat list of ints: pass a list of prompts, e.g. [prompt]")
     for i, p in enumerate(prompts):
+        if not isinstance(p, list | tuple | np.ndarray):
+            _fail(f"prompts[{i}]", p, "must be a list of int token ids")
         if len(p) == 0:
             _fail(f"prompts[{i}]", p, "a prompt must hold at least one token")
         arr = np.asarray(p)
@@ -266,10 +271,17 @@ def _validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache
             _fail(f"prompts[{i}][{int(bad[0])}]", int(arr[bad[0]]), f"token ids must lie in [0, {cfg.vocab_size})")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         _fail("max_new_tokens", max_new_tokens, "must be an int >= 1")
-    longest = max(len(p) for p in prompts)
+    lens = [len(p) for p in prompts]
+    longest = max(lens)
+    which = lens.index(longest)
+    if longest >= cfg.max_seq_len:
+        _fail(f"prompts[{which}]", f"{longest} tokens",
+              f"the model's context is max_seq_len={cfg.max_seq_len} tokens: a prompt may hold at most "
+              f"{cfg.max_seq_len - 1} (to leave room for one new token)")
     if longest + max_new_tokens > cfg.max_seq_len:
         _fail("max_new_tokens", max_new_tokens,
-              f"prompt length {longest} + max_new_tokens must be <= the model's max_seq_len={cfg.max_seq_len}")
+              f"prompt length {longest} (prompts[{which}]) + max_new_tokens must be <= the model's "
+              f"max_seq_len={cfg.max_seq_len}: at most {cfg.max_seq_len - longest} new tokens fit")
     if drafter is not None and drafter not in DRAFTERS:
         _fail("drafter", drafter, f"must be one of {list(DRAFTERS)} or None")
     if drafter is not None and (isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH):
@@ -289,8 +301,9 @@ def _validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache
         _fail("cache", cache, "must be 'dense' or 'paged'")
     if attention_impl not in ATTENTION_IMPLS:
         _fail("attention_impl", attention_impl, f"must be one of {list(ATTENTION_IMPLS)}")
-    if not isinstance(temperature, int | float) or temperature < 0:
-        _fail("temperature", temperature, "must be a float >= 0")
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not math.isfinite(temperature) \
+            or temperature < 0:
+        _fail("temperature", temperature, "must be a finite float >= 0")
     if top_p is not None and not 0 < top_p <= 1:
         _fail("top_p", top_p, "must lie in (0, 1]")
     if top_k is not None and (not isinstance(top_k, int) or top_k < 1):

@@ -1,4 +1,8 @@
 import json
+import subprocess
+import sys
+
+import pytest
 
 from specjax import cli
 
@@ -28,3 +32,36 @@ def test_simulate_table_and_plot(capsys, tmp_path, monkeypatch):
 def test_simulate_bad_input_is_clear(capsys):
     assert cli.main(["simulate", "--batch", "0"]) == 2
     assert "batch must be an int >= 1, got 0" in capsys.readouterr().err
+
+
+def test_simulate_plot_into_a_missing_folder_is_one_line(capsys, tmp_path):
+    assert cli.main(["simulate", "--batch", "4", "--steps", "5", "--plot", str(tmp_path / "no" / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--plot" in err and "does not exist" in err
+
+
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda d: d / "missing.txt", "no such file"),
+        (lambda d: d, "is a directory"),
+        (lambda d: _write(d / "latin1.txt", "caf\xe9\n".encode("latin-1")), "not UTF-8 text"),
+        (lambda d: _write(d / "empty.txt", b"\n  \n"), "holds no prompt"),
+    ],
+)
+def test_generate_batch_file_errors_are_one_line(make, match, tmp_path, capsys):
+    path = make(tmp_path)
+    assert cli.main(["generate", "--batch-file", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--batch-file {path}" in err and match in err
+
+
+def _write(path, data: bytes):
+    path.write_bytes(data)
+    return path
+
+
+def test_python_dash_m_specjax_runs_the_cli():
+    out = subprocess.run([sys.executable, "-m", "specjax", "simulate", "--batch", "4", "--steps", "5", "--json"],
+                         capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout)["config"]["batch"] == 4

@@ -255,7 +255,13 @@ def test_sampling_rows_are_batch_invariant_and_seeded(tiny):
         (dict(prompts=[]), r"prompts=\[\] is invalid: must be a non-empty list"),
         (dict(prompts=[[1], []]), r"prompts\[1\]=\[\] is invalid: a prompt must hold at least one token"),
         (dict(prompts=[[1, 31]]), r"prompts\[0\]\[1\]=31 is invalid: token ids must lie in \[0, 31\)"),
-        (dict(max_new_tokens=60), r"prompt length 5 \+ max_new_tokens must be <= the model's max_seq_len=64"),
+        (dict(max_new_tokens=60), r"prompt length 5 \(prompts\[0\]\) \+ max_new_tokens must be <= the model's "
+                                  r"max_seq_len=64: at most 59 new tokens fit"),
+        (dict(prompts=[[1], [2] * 64]), r"prompts\[1\]='64 tokens' is invalid: the model's context is max_seq_len=64 "
+                                        r"tokens: a prompt may hold at most 63"),
+        (dict(prompts=[1, 2, 3]), r"prompts=\[1, 2, 3\] is invalid: is one flat list of ints: pass a list of prompts"),
+        (dict(prompts=[[1], 5]), r"prompts\[1\]=5 is invalid: must be a list of int token ids"),
+        (dict(temperature=float("nan")), r"temperature=nan is invalid: must be a finite float >= 0"),
         (dict(depth=0), r"depth=0 is invalid: must be an int in \[1, 8\]"),
         (dict(depth=9), r"depth=9 is invalid"),
         (dict(drafter="eagle"), r"drafter='eagle' is invalid: must be one of \['mtp', 'draft_model', 'ngram'\]"),
@@ -265,7 +271,7 @@ def test_sampling_rows_are_batch_invariant_and_seeded(tiny):
         (dict(drafter="draft_model"), r"draft_model=None is invalid: drafter='draft_model' needs a specjax Model"),
         (dict(top_p=0.0), r"top_p=0.0 is invalid: must lie in \(0, 1\]"),
         (dict(top_p=1.5), r"top_p=1.5 is invalid"),
-        (dict(temperature=-1.0), r"temperature=-1.0 is invalid: must be a float >= 0"),
+        (dict(temperature=-1.0), r"temperature=-1.0 is invalid: must be a finite float >= 0"),
         (dict(seed=[1, 2]), r"seed=\[1, 2\] is invalid: must be an int in \[0, 2\*\*32\) or one per prompt"),
     ],
 )

@@ -1,0 +1,5 @@
+"""``python -m specjax``: the ``specjax`` command line."""
+
+from specjax.cli import main
+
+raise SystemExit(main())
