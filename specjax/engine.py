@@ -239,7 +239,24 @@ def _generate(eng: Engine, params: dict, prompts, prompt_len, max_len, eos, seed
 
 @dataclasses.dataclass(frozen=True)
 class GenerationResult:
-    tokens: list[list[int]]  # new tokens per prompt (EOS included when hit)
+    """What ``generate`` returns.
+
+    ``tokens``: the new tokens of each prompt, in order (EOS included when hit).
+    ``metrics`` (all over active decode steps; the first token comes from prefill):
+
+    * ``emitted``: tokens the decode steps produced; ``total_row_steps``: steps summed over rows;
+      ``steps``: steps of the longest row.
+    * ``tok_per_step`` = ``emitted / total_row_steps`` (what a row gains per target forward;
+      cut at EOS and the token budget) and ``row_tok_per_step`` per row.
+    * ``mean_accepted_length`` = ``(accepted_drafts + total_row_steps) / total_row_steps``:
+      accepted drafts plus the verifier's own token per step, before any EOS/budget cut, so
+      it can exceed ``tok_per_step``.
+    * ``acceptance_per_position``: accepted / proposed at draft position ``k``;
+      ``row_accepted_trace``: accepted drafts per step per row.
+    * ``compiles``: traces of the generate loop in this call (0 when the shapes were seen).
+    """
+
+    tokens: list[list[int]]
     metrics: dict
 
 
@@ -450,6 +467,10 @@ def stream(model: Model, prompts: list[list[int]], **kwargs: Any) -> Iterator[St
         st, small = _stream_step(eng, params, st)
         toks, n_new, done, i = jax.device_get(small)
         new = [toks[r, : n_new[r]].tolist() for r in range(toks.shape[0])]
+
+
+stream.__signature__ = inspect.signature(generate).replace(  # help(stream) shows generate's keywords
+    return_annotation=Iterator[StreamChunk])
 
 
 def _tokens(st) -> list[list[int]]:

@@ -118,7 +118,9 @@ def test_bench_rows_and_batch_invariance(tiny_bundle):
     # per_sequence: each row is batch-invariant, so tok/step over the set is the same at B=1 and B=2
     assert by[(1, "mtp", "per_sequence")]["tok_per_step"] == by[(2, "mtp", "per_sequence")]["tok_per_step"]
     assert by[(2, "mtp", "cohort")]["tok_per_step"] <= by[(2, "mtp", "per_sequence")]["tok_per_step"]
-    assert all(r["new_tokens"] == 2 * 10 or r["new_tokens"] < 20 for r in rows)
+    for b in (1, 2):  # greedy: every configuration emits the same tokens, so the same count (EOS or 10 per row)
+        counts = {by[(b, d, r)]["new_tokens"] for d, r in (("none", "n/a"), ("mtp", "cohort"), ("mtp", "per_sequence"))}
+        assert len(counts) == 1 and 2 <= counts.pop() <= 2 * 10
     assert len(by[(1, "mtp", "cohort")]["acceptance_per_position"]) == 3
     with pytest.raises(ValueError, match="must be >= 1 and divide"):
         bench(tiny_bundle, batches=(3,), n_prompts=2, progress=False)
