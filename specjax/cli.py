@@ -312,6 +312,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Every option with a default says it in ``--help`` (unless its help already names one)."""
+    for action in parser._actions:  # argparse keeps no public list of actions
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _show_defaults(sub)
+            continue
+        if not action.option_strings or any(action.default is x for x in (None, False, argparse.SUPPRESS)):
+            continue
+        if "default" not in (action.help or ""):
+            action.help = f"{action.help} (default: %(default)s)" if action.help else "default: %(default)s"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specjax", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -337,7 +350,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--drafter", choices=["mtp", "draft_model", "ngram", "none"], default=None,
                    help="default: mtp if the model has it, else draft_model if given, else ngram")
     g.add_argument("--depth", type=int, default=3)
-    g.add_argument("--kv-advance", choices=["per_sequence", "cohort"], default=None)
+    g.add_argument("--kv-advance", choices=["per_sequence", "cohort"], default=None,
+                   help="KV advance rule (default: $SPECJAX_KV_ADVANCE, else per_sequence)")
     g.add_argument("--cache", choices=["dense", "paged"], default="dense")
     g.add_argument("--attention", choices=["auto", "xla", "pallas"], default="auto",
                    help="attention path: Pallas kernels (interpret mode on CPU) or XLA; auto = Pallas on TPU/GPU, "
@@ -383,7 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    _show_defaults(parser)
+    args = parser.parse_args(argv)
     return args.func(args)
 
 

@@ -65,3 +65,12 @@ def test_python_dash_m_specjax_runs_the_cli():
     out = subprocess.run([sys.executable, "-m", "specjax", "simulate", "--batch", "4", "--steps", "5", "--json"],
                          capture_output=True, text=True, check=True)
     assert json.loads(out.stdout)["config"]["batch"] == 4
+
+
+def test_help_shows_every_default(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for shown in ("--max-new-tokens MAX_NEW_TOKENS default: 128", "--temperature TEMPERATURE default: 0.0",
+                  "--cache {dense,paged} default: dense", "--seed SEED default: 0"):
+        assert shown in out, shown
