@@ -45,7 +45,7 @@ def _request(model, prompts, impl):
     def run():
         return eng_mod.generate(model, prompts, max_new_tokens=NEW, drafter=None, attention_impl=impl)
 
-    cap = eng_mod.request_capacity(eng_mod._bucket(PROMPT), NEW, 0)
+    cap = eng_mod.request_capacity(eng_mod.prompt_bucket(prompts), NEW, 0)
     return run, cap
 
 

@@ -50,6 +50,7 @@ def main() -> None:
 
     import specjax
     from specjax.bench import bench_prompts, machine
+    from specjax.engine import prompt_bucket
     from specjax.hf import save_hf_checkpoint
 
     bundle = specjax.load_model()
@@ -92,9 +93,7 @@ def main() -> None:
         for lib, mode, fn in configs:
             if lib == "transformers" and mode != "plain" and b != 1:
                 continue  # transformers runs prompt lookup / assisted generation at batch 1 only
-            widths = {}
-            for g in groups:  # specjax compiles once per prompt-width bucket: warm each
-                widths.setdefault(max(8, 1 << (max(len(p) for p in g) - 1).bit_length()), g)
+            widths = {prompt_bucket(g): g for g in groups}  # specjax compiles once per bucket: warm each
             for g in widths.values():
                 fn(g)
             t0 = time.perf_counter()

@@ -25,8 +25,6 @@ from pallas_kernels.ragged_attention import (
     default_body,
     grid_call,
     interpret_arg,
-    kv_spec,
-    layer_view,
     loop_kernel,
 )
 from specjax.attention import gather_pages
@@ -35,11 +33,10 @@ from specjax.attention import ragged_attention as xla_ragged_attention
 __all__ = ["paged_attention", "paged_attention_reference"]
 
 
-@functools.partial(jax.jit, static_argnames=("window", "scale", "body", "interpret", "layer"))
-def _paged_attention(q, k_pages, v_pages, block_table, lead_pad, q_start, *, window, scale, body, interpret, layer):
+@functools.partial(jax.jit, static_argnames=("window", "scale", "body", "interpret"))
+def _paged_attention(q, k_pages, v_pages, block_table, lead_pad, q_start, *, window, scale, body, interpret):
     bsz, t_q, hq, d = q.shape
-    hkv, page = k_pages.shape[-3], k_pages.shape[-2]
-    pool = k_pages.shape[-4:]
+    _, hkv, page, _ = k_pages.shape
     max_pages = block_table.shape[1]
     num_keys = max_pages * page
     groups = hq // hkv
@@ -56,8 +53,8 @@ def _paged_attention(q, k_pages, v_pages, block_table, lead_pad, q_start, *, win
                 pl.BlockSpec((bsz,), lambda b: (0,)),
                 pl.BlockSpec((bsz, max_pages), lambda b: (0, 0)),
                 pl.BlockSpec((None, t_q, hq, d), lambda b: (b, 0, 0, 0)),
-                kv_spec(pool, lambda b: (0, 0, 0, 0), layer),
-                kv_spec(pool, lambda b: (0, 0, 0, 0), layer),
+                pl.BlockSpec(k_pages.shape, lambda b: (0, 0, 0, 0)),
+                pl.BlockSpec(v_pages.shape, lambda b: (0, 0, 0, 0)),
             ],
             out_specs=pl.BlockSpec((None, t_q, hq, d), lambda b: (b, 0, 0, 0)),
             out_shape=out_shape,
@@ -71,7 +68,7 @@ def _paged_attention(q, k_pages, v_pages, block_table, lead_pad, q_start, *, win
     def kv_map(b, j, lead_ref, qs_ref, bt_ref):
         return jnp.maximum(bt_ref[b, clamp(j, lead_ref[b], qs_ref[b])], 0), 0, 0, 0  # whole page, all heads
 
-    call = grid_call(static, n_prefetch=3, grid=(bsz, max_pages), kv_spec=kv_spec((None, hkv, page, d), kv_map, layer),
+    call = grid_call(static, n_prefetch=3, grid=(bsz, max_pages), kv_spec=pl.BlockSpec((None, hkv, page, d), kv_map),
                      q=q, interpret=interpret)
     return call(lead_pad, q_start, block_table, q, k_pages, v_pages)
 
@@ -104,25 +101,24 @@ def paged_attention(
     scale: float | None = None,
     body: str | None = None,
     interpret: bool | str | None = None,
-    layer: int | None = None,
 ) -> jax.Array:
     """``q [B, t_q, Hq, D]``; ``k_pages, v_pages [num_pages, Hkv, page_size, D]`` (one
-    layer of the pool, or ``[L, num_pages, ...]`` with ``layer``); ``block_table int32
-    [B, max_pages]`` (``-1`` = none); ``lead_pad, q_start int32 [B]`` -> ``[B, t_q, Hq, D]``."""
+    layer of the pool); ``block_table int32 [B, max_pages]`` (``-1`` = none);
+    ``lead_pad, q_start int32 [B]`` -> ``[B, t_q, Hq, D]``."""
     body = default_body() if body is None else body
-    kl, vl = layer_view(k_pages, layer, "k_pages"), layer_view(v_pages, layer, "v_pages")
-    check_static(q, kl, vl, lead_pad, q_start, body, kl.shape[2] if kl.ndim == 4 else 1, what="k_pages")
+    check_static(q, k_pages, v_pages, lead_pad, q_start, body, k_pages.shape[2] if k_pages.ndim == 4 else 1,
+                 what="k_pages")
     if np.ndim(block_table) != 2 or np.shape(block_table)[0] != q.shape[0]:
         raise ValueError(f"block_table must be [B={q.shape[0]}, max_pages], got shape {np.shape(block_table)}")
     if window is not None and window < 1:
         raise ValueError(f"window must be >= 1 or None, got {window}")
-    page, num_pages = kl.shape[2], kl.shape[0]
+    page, num_pages = k_pages.shape[2], k_pages.shape[0]
     check_dynamic(lead_pad, q_start, q.shape[1], np.shape(block_table)[1] * page)
     _check_pages(block_table, lead_pad, q_start, q.shape[1], window, page, num_pages)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     return _paged_attention(
         q, k_pages, v_pages, jnp.asarray(block_table), jnp.asarray(lead_pad), jnp.asarray(q_start),
-        window=window, scale=scale, body=body, interpret=interpret_arg(interpret), layer=layer,
+        window=window, scale=scale, body=body, interpret=interpret_arg(interpret),
     )
 
 

@@ -17,10 +17,6 @@ Two kernel bodies share the online-softmax step (``_online_softmax``):
 * ``"loop"`` (GPU / Triton style): grid ``(B,)``; ``lead_pad``/``q_start`` are plain
   inputs; each program loops over *only* its live KV blocks with ``fori_loop``.
 
-``layer``: the caches stack every layer in one buffer ``[L, B, Hkv, T, D]``; passing the
-static layer index lets the BlockSpecs read that layer in place (slicing it out first
-would copy the whole layer's capacity every call).
-
 On CPU both run in interpret mode (``interpret=True``; the grid body also under the
 TPU interpreter, ``pltpu.InterpretParams``). K/V are head-major like the caches
 (``[B, Hkv, T, D]``); a block carries all KV heads (``[Hkv, block, D]``), its last two
@@ -46,7 +42,7 @@ from pallas_kernels._online_softmax import (
     key_positions,
     live_block_range,
 )
-from specjax.attention import attention_with_positions
+from specjax.attention import attention_with_positions, ring_positions
 from specjax.attention import ragged_attention as xla_ragged_attention
 
 __all__ = ["BODIES", "ragged_attention", "ragged_attention_reference", "ring_attention", "ring_attention_reference"]
@@ -224,26 +220,10 @@ def check_dynamic(lead_pad, q_start, t_q: int, num_keys: int) -> None:
 # ----------------------------------------------------------------------------- dense and ring
 
 
-def layer_view(x, layer: int | None, what: str):
-    """Shape/dtype of the one layer a kernel reads (``x [L, ...]`` when ``layer`` is given)."""
-    if layer is None:
-        return x
-    if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < x.shape[0]:
-        raise ValueError(f"layer={layer!r} must be an int in [0, {x.shape[0]}) for {what} of shape {x.shape}")
-    return jax.ShapeDtypeStruct(x.shape[1:], x.dtype)
-
-
-def kv_spec(block_shape: tuple, index_map, layer: int | None) -> pl.BlockSpec:
-    """A K/V BlockSpec, with a squeezed leading layer axis pinned to ``layer`` if given."""
-    if layer is None:
-        return pl.BlockSpec(block_shape, index_map)
-    return pl.BlockSpec((None, *block_shape), lambda *a: (layer, *index_map(*a)))
-
-
-@functools.partial(jax.jit, static_argnames=("window", "scale", "block_k", "body", "interpret", "layer", "ring"))
-def _ragged_attention(q, k, v, lead_pad, q_start, *, window, scale, block_k, body, interpret, layer, ring):
+@functools.partial(jax.jit, static_argnames=("window", "scale", "block_k", "body", "interpret", "ring"))
+def _ragged_attention(q, k, v, lead_pad, q_start, *, window, scale, block_k, body, interpret, ring):
     bsz, t_q, hq, d = q.shape
-    hkv, num_keys = k.shape[-3], k.shape[-2]
+    hkv, num_keys = k.shape[1], k.shape[2]
     groups = hq // hkv
     nb = num_keys // block_k
     static = dict(t_q=t_q, hkv=hkv, groups=groups, block=block_k, window=window, scale=scale, num_keys=num_keys,
@@ -252,7 +232,7 @@ def _ragged_attention(q, k, v, lead_pad, q_start, *, window, scale, block_k, bod
     q_start = q_start.astype(jnp.int32)
     out_shape = jax.ShapeDtypeStruct(q.shape, q.dtype)
     if body == "loop":
-        row = kv_spec((None, hkv, num_keys, d), lambda b: (b, 0, 0, 0), layer)
+        row = pl.BlockSpec((None, hkv, num_keys, d), lambda b: (b, 0, 0, 0))
         return pl.pallas_call(
             functools.partial(loop_kernel, paged=False, **static),
             grid=(bsz,),
@@ -279,21 +259,20 @@ def _ragged_attention(q, k, v, lead_pad, q_start, *, window, scale, block_k, bod
         def kv_map(b, j, lead_ref, qs_ref):
             return b, 0, clamp(j, lead_ref[b], qs_ref[b]), 0
 
-    call = grid_call(static, n_prefetch=2, grid=(bsz, nb), kv_spec=kv_spec((None, hkv, block_k, d), kv_map, layer),
+    call = grid_call(static, n_prefetch=2, grid=(bsz, nb), kv_spec=pl.BlockSpec((None, hkv, block_k, d), kv_map),
                      q=q, interpret=interpret)
     return call(lead_pad, q_start, q, k, v)
 
 
-def _validate_dense(q, k, v, lead_pad, q_start, window, block_k, body, layer, what="k"):
-    kl, vl = layer_view(k, layer, what), layer_view(v, layer, "v")
-    check_static(q, kl, vl, lead_pad, q_start, body, block_k, what)
-    if kl.shape[0] != q.shape[0]:
-        raise ValueError(f"{what} batch {kl.shape[0]} must equal q's batch {q.shape[0]}")
-    if kl.shape[2] % block_k:
-        raise ValueError(f"block_k={block_k} must divide the key length T={kl.shape[2]}")
+def _validate_dense(q, k, v, lead_pad, q_start, window, block_k, body):
+    check_static(q, k, v, lead_pad, q_start, body, block_k)
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(f"k batch {k.shape[0]} must equal q's batch {q.shape[0]}")
+    if k.shape[2] % block_k:
+        raise ValueError(f"block_k={block_k} must divide the key length T={k.shape[2]}")
     if window is not None and window < 1:
         raise ValueError(f"window must be >= 1 or None, got {window}")
-    return kl.shape[2]
+    return k.shape[2]
 
 
 def ragged_attention(
@@ -308,21 +287,20 @@ def ragged_attention(
     block_k: int = 128,
     body: str | None = None,
     interpret: bool | str | None = None,
-    layer: int | None = None,
 ) -> jax.Array:
-    """Ragged masked attention. ``q [B, t_q, Hq, D]``, ``k, v [B, Hkv, T, D]`` (or
-    ``[L, B, Hkv, T, D]`` with ``layer``), ``lead_pad, q_start int32 [B]`` -> ``[B, t_q, Hq, D]``.
+    """Ragged masked attention. ``q [B, t_q, Hq, D]``, ``k, v [B, Hkv, T, D]``,
+    ``lead_pad, q_start int32 [B]`` -> ``[B, t_q, Hq, D]``.
 
     ``block_k`` must divide ``T``; ``body``: ``"grid"`` (TPU) or ``"loop"`` (GPU),
     default by backend; ``interpret``: ``None`` = on CPU only, ``"tpu"`` = the TPU interpreter.
     """
     body = default_body() if body is None else body
-    num_keys = _validate_dense(q, k, v, lead_pad, q_start, window, block_k, body, layer)
+    num_keys = _validate_dense(q, k, v, lead_pad, q_start, window, block_k, body)
     check_dynamic(lead_pad, q_start, q.shape[1], num_keys)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     return _ragged_attention(
         q, k, v, jnp.asarray(lead_pad), jnp.asarray(q_start), window=window, scale=scale, block_k=block_k,
-        body=body, interpret=interpret_arg(interpret), layer=layer, ring=False,
+        body=body, interpret=interpret_arg(interpret), ring=False,
     )
 
 
@@ -338,19 +316,18 @@ def ring_attention(
     block_k: int | None = None,
     body: str | None = None,
     interpret: bool | str | None = None,
-    layer: int | None = None,
 ) -> jax.Array:
     """Sliding-window attention over a per-row ring (``specjax.cache.RollingKVCache``).
 
-    ``k, v [B, Hkv, S, D]`` (or ``[L, B, Hkv, S, D]`` with ``layer``): position ``p`` of
+    ``k, v [B, Hkv, S, D]``: position ``p`` of
     row ``b`` lives in slot ``p % S``; queries sit at absolute ``lengths[b] + [0, t_q)``
     and were just written, so ``S >= window + t_q - 1`` keeps every visible key alive.
     ``block_k`` (default: ``S``) must divide ``S``.
     """
     body = default_body() if body is None else body
-    size = layer_view(k, layer, "k").shape[2] if k.ndim >= 4 else 0
+    size = k.shape[2] if k.ndim >= 4 else 0
     block_k = size if block_k is None else block_k
-    _validate_dense(q, k, v, lead_pad, lengths, window, block_k, body, layer)
+    _validate_dense(q, k, v, lead_pad, lengths, window, block_k, body)
     if window is None:
         raise ValueError("window must be an int >= 1 for a ring")
     if size < window + q.shape[1] - 1:
@@ -358,22 +335,13 @@ def ring_attention(
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     return _ragged_attention(
         q, k, v, jnp.asarray(lead_pad), jnp.asarray(lengths), window=window, scale=scale, block_k=block_k,
-        body=body, interpret=interpret_arg(interpret), layer=layer, ring=True,
+        body=body, interpret=interpret_arg(interpret), ring=True,
     )
 
 
 def ragged_attention_reference(q, k, v, lead_pad, q_start, *, window=None, scale=None) -> jax.Array:
     """The XLA oracle the dense kernel is tested against."""
     return xla_ragged_attention(q, k, v, lead_pad, q_start, window=window, scale=scale)
-
-
-def ring_positions(lengths: jax.Array, t_q: int, size: int) -> jax.Array:
-    """``[B, size]``: the absolute position each ring slot holds once ``t_q`` tokens were
-    written at ``lengths`` (``-1``: never written)."""
-    hi = (jnp.asarray(lengths, jnp.int32) + t_q - 1)[:, None]
-    s = jnp.arange(size, dtype=jnp.int32)[None]
-    p = hi - jnp.mod(hi - s, size)
-    return jnp.where(p >= 0, p, -1)
 
 
 def ring_attention_reference(q, k, v, lead_pad, lengths, *, window, scale=None) -> jax.Array:

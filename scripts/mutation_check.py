@@ -101,8 +101,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "rolling ring positions ignore the slack",
         "specjax/cache/rolling.py",
-        "p = hi - jnp.mod(hi - s, self.size)",
-        "p = hi - jnp.mod(hi - s, self.window)",
+        "return ring_positions(self.lengths, t_q, self.size)",
+        "return ring_positions(self.lengths, t_q, self.window)",
         ("tests/test_caches.py",),
     ),
     Mutation(

@@ -35,6 +35,7 @@ __all__ = [
     "live_block_bounds",
     "masked_attention",
     "ragged_attention",
+    "ring_positions",
 ]
 
 
@@ -140,20 +141,30 @@ def ragged_attention(
 
 
 def gather_pages(
-    k_pages: jax.Array, v_pages: jax.Array, block_table: jax.Array
+    k_pages: jax.Array, v_pages: jax.Array, block_table: jax.Array, first_page: jax.Array | int = 0
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """One layer's pool ``[num_pages, Hkv, page_size, D]`` read through ``block_table [B, M]``:
-    contiguous ``k, v [B, Hkv, M * page_size, D]`` and ``key_pos [B, M * page_size]``
-    (``-1`` where the row owns no page; those slots read page 0 and must stay masked)."""
+    """One layer's pool ``[num_pages, Hkv, page_size, D]`` read through ``block_table [B, M]``
+    (the row's logical pages ``first_page .. first_page + M - 1``): contiguous
+    ``k, v [B, Hkv, M * page_size, D]`` and ``key_pos [B, M * page_size]`` (``-1`` where the
+    row owns no page; those slots read page 0 and must stay masked)."""
     bt = jnp.asarray(block_table, jnp.int32)
     safe = jnp.where(bt >= 0, bt, 0)
     b, mp = bt.shape
     _, hkv, ps, d = k_pages.shape
     k = k_pages[safe].transpose(0, 2, 1, 3, 4).reshape(b, hkv, mp * ps, d)
     v = v_pages[safe].transpose(0, 2, 1, 3, 4).reshape(b, hkv, mp * ps, d)
-    pos = jnp.arange(mp * ps, dtype=jnp.int32).reshape(mp, ps)[None]
+    pos = first_page * ps + jnp.arange(mp * ps, dtype=jnp.int32).reshape(mp, ps)[None]
     key_pos = jnp.where((bt >= 0)[:, :, None], pos, -1).reshape(b, mp * ps)
     return k, v, key_pos
+
+
+def ring_positions(lengths: jax.Array, t_q: int, size: int) -> jax.Array:
+    """``[B, size]``: the absolute position each slot of a per-row ring of ``size`` slots holds
+    once ``t_q`` tokens were written at ``lengths`` (``-1``: never written)."""
+    hi = (jnp.asarray(lengths, jnp.int32) + t_q - 1)[:, None]
+    s = jnp.arange(size, dtype=jnp.int32)[None]
+    p = hi - jnp.mod(hi - s, size)
+    return jnp.where(p >= 0, p, -1)
 
 
 # ----------------------------------------------------------------------------- live range

@@ -78,6 +78,7 @@ def bench(
     from tqdm import tqdm
 
     from specjax.drafter import DRAFTERS
+    from specjax.engine import prompt_bucket
 
     bad = [d for d in drafters if d not in DRAFTERS]
     if bad:
@@ -92,9 +93,7 @@ def bench(
     for b, d, r in tqdm(jobs, desc="bench", disable=not progress, file=sys.stderr):
         groups = [toks[i : i + b] for i in range(0, len(toks), b)]
         # compile + warm up once per prompt-width bucket (each is its own compile: none in the timed pass)
-        widths = {}
-        for g in groups:
-            widths.setdefault(max(8, 1 << (max(len(p) for p in g) - 1).bit_length()), g)
+        widths = {prompt_bucket(g): g for g in groups}
         for g in widths.values():
             warm = _run(bundle, g, d, r, depth, max_new_tokens)
         emitted = row_steps = accepted = new = compiles = 0

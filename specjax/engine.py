@@ -26,7 +26,7 @@ from specjax._pytree import pytree_dataclass
 from specjax.advance import KvAdvance
 from specjax.advance import kv_advance as resolve_kv_advance
 from specjax.cache import cache_supports_per_sequence_advance, describe_status
-from specjax.cache.base import ATTENTION_IMPLS, resolve_attention_impl
+from specjax.cache.base import resolve_attention_impl
 from specjax.drafter import DRAFTERS, DraftModelDrafter, MtpDrafter, NgramDrafter, NoDrafter
 from specjax.model.config import ModelConfig
 from specjax.model.llama import Model, ModelCache, forward, forward_hidden, head, init_cache
@@ -36,7 +36,7 @@ from specjax.verify import greedy_verify, rejection_verify
 
 __all__ = [
     "MAX_DEPTH", "Engine", "EngineState", "GenerationResult", "StreamChunk", "generate", "make_engine", "prefill",
-    "request_capacity", "step", "stream",
+    "prompt_bucket", "request_capacity", "step", "stream",
 ]
 
 MAX_DEPTH = 8
@@ -260,8 +260,10 @@ class GenerationResult:
     metrics: dict
 
 
-def _bucket(n: int) -> int:
-    return max(8, 1 << (n - 1).bit_length())
+def prompt_bucket(prompts: list[list[int]]) -> int:
+    """Padded prompt width of a batch: the longest prompt rounded up to a power of two (>= 8).
+    Each bucket is its own compile (warm every bucket before timing)."""
+    return max(8, 1 << (max(len(p) for p in prompts) - 1).bit_length())
 
 
 def _fail(arg: str, value: object, allowed: str) -> None:
@@ -269,7 +271,7 @@ def _fail(arg: str, value: object, allowed: str) -> None:
 
 
 def _validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache, temperature, top_k, top_p, seed,
-              eos_id, attention_impl="xla"):
+              eos_id):
     cfg = model.config
     if not isinstance(prompts, list | tuple) or len(prompts) == 0:
         _fail("prompts", prompts, "must be a non-empty list of token-id lists")
@@ -316,8 +318,6 @@ def _validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache
                   f"must be >= the target's max_seq_len {cfg.max_seq_len}")
     if cache not in ("dense", "paged"):
         _fail("cache", cache, "must be 'dense' or 'paged'")
-    if attention_impl not in ATTENTION_IMPLS:
-        _fail("attention_impl", attention_impl, f"must be one of {list(ATTENTION_IMPLS)}")
     if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not math.isfinite(temperature) \
             or temperature < 0:
         _fail("temperature", temperature, "must be a finite float >= 0")
@@ -369,9 +369,9 @@ def _setup(model, prompts, max_new_tokens, drafter, draft_model, depth, kv_advan
            seed, eos_id, ngram_n, attention_impl):
     """Validate (before any compile), build the static engine and the host-side batch."""
     seeds = _validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache, temperature, top_k, top_p,
-                      seed, eos_id, attention_impl)
+                      seed, eos_id)
     rule = resolve_kv_advance(kv_advance)
-    width = _bucket(max(len(p) for p in prompts))
+    width = prompt_bucket(prompts)
     capacity = request_capacity(width, max_new_tokens, 0 if drafter is None else depth)
     eng = make_engine(model, drafter=drafter, draft_model=draft_model, depth=depth, kv_advance_rule=rule,
                       cache=cache, temperature=temperature, top_k=top_k, top_p=top_p, ngram_n=ngram_n,

@@ -145,27 +145,6 @@ def test_ring_kernel_matches_reference(body, t_q, hq, hkv, d, size, block, windo
     np.testing.assert_array_equal(np.asarray(out, np.float32)[3], 0.0)
 
 
-@pytest.mark.parametrize("body", ["grid", "loop"])
-def test_kernels_read_one_layer_of_a_stacked_cache_in_place(body):
-    """``layer=`` reads layer ``l`` of ``[L, B, T, Hkv, D]`` (and ``[L, P, page, Hkv, D]``) exactly
-    as the kernel run on that layer alone."""
-    rng = np.random.default_rng(11)
-    q, _, _ = _data(rng, 4, 4, 2, 64, 32, jnp.float32)
-    k = jnp.asarray(rng.standard_normal((3, B, 2, 32, 64)), jnp.float32)
-    v = jnp.asarray(rng.standard_normal((3, B, 2, 32, 64)), jnp.float32)
-    lead, qs = _rows(rng, 4, 32, None)
-    for layer in range(3):
-        a = ragged_attention(q, k, v, lead, qs, block_k=8, body=body, layer=layer)
-        b = ragged_attention(q, k[layer], v[layer], lead, qs, block_k=8, body=body)
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    kp = jnp.asarray(rng.standard_normal((2, 12, 2, 8, 64)), jnp.float32)
-    bt = np.arange(B * 3, dtype=np.int32).reshape(B, 3)
-    qs8 = np.minimum(qs, 20)
-    a = paged_attention(q, kp, kp, bt, lead * 0, qs8, body=body, layer=1)
-    b = paged_attention(q, kp[1], kp[1], bt, lead * 0, qs8, body=body)
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-
-
 @pytest.mark.parametrize("kind", ["dense", "paged", "ring"])
 def test_cache_attend_pallas_matches_xla(kind):
     """Every cache kind's ``attend(impl="pallas")`` (interpret mode here) equals its XLA path."""

@@ -195,14 +195,9 @@ class PagedKVCache:
         block = key_block(mp * ps)
         ppb = block // ps if block % ps == 0 and mp % (block // ps) == 0 else mp  # pages per key block
 
-        def read(j):
+        def read(j):  # key block j: logical pages j * ppb .. (j + 1) * ppb - 1 of every row
             bt = jax.lax.dynamic_slice_in_dim(self.block_table, j * ppb, ppb, axis=1)  # [B, ppb]
-            safe = jnp.where(bt >= 0, bt, 0)
-            hkv, d = self.k[layer].shape[1], self.k[layer].shape[3]
-            k = self.k[layer][safe].transpose(0, 2, 1, 3, 4).reshape(self.batch, hkv, ppb * ps, d)
-            v = self.v[layer][safe].transpose(0, 2, 1, 3, 4).reshape(self.batch, hkv, ppb * ps, d)
-            pos = j * ppb * ps + jnp.arange(ppb * ps, dtype=jnp.int32).reshape(ppb, ps)[None]
-            return k, v, jnp.where((bt >= 0)[:, :, None], pos, -1).reshape(self.batch, ppb * ps)
+            return gather_pages(self.k[layer], self.v[layer], bt, first_page=j * ppb)
 
         return live_attention(q, read, positions(self.lengths, t_q), zeros, block=ppb * ps, num_blocks=mp // ppb,
                               window=window, scale=scale)

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax._pytree import pytree_dataclass, static_field
-from specjax.attention import attention_with_positions
+from specjax.attention import attention_with_positions, ring_positions
 from specjax.cache.base import ROLLBACK_INVALID, as_rows, positions, replace_layer
 
 __all__ = ["RollingKVCache"]
@@ -85,10 +85,7 @@ class RollingKVCache:
     def key_positions(self, t_q: int) -> jax.Array:
         """``[B, size]``: the absolute position each ring slot holds once ``t_q`` tokens were
         written at ``lengths`` (``-1``: never written)."""
-        hi = (self.lengths + t_q - 1)[:, None]
-        s = jnp.arange(self.size, dtype=jnp.int32)[None]
-        p = hi - jnp.mod(hi - s, self.size)
-        return jnp.where(p >= 0, p, -1)
+        return ring_positions(self.lengths, t_q, self.size)
 
     def attend(
         self,
