@@ -209,9 +209,9 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "paged XLA path misses a page (pool page 0 read as unowned)",
-        "specjax/cache/paged.py",
-        "            return k, v, jnp.where((bt >= 0)[:, :, None], pos, -1).reshape(self.batch, ppb * ps)\n",
-        "            return k, v, jnp.where((bt > 0)[:, :, None], pos, -1).reshape(self.batch, ppb * ps)\n",
+        "specjax/attention.py",
+        "    key_pos = jnp.where((bt >= 0)[:, :, None], pos, -1).reshape(b, mp * ps)\n",
+        "    key_pos = jnp.where((bt > 0)[:, :, None], pos, -1).reshape(b, mp * ps)\n",
         ("tests/test_caches.py",),
     ),
     Mutation(
