@@ -5,6 +5,7 @@ Data flows plan -> cache -> mask -> attention (-> model -> drafter -> verify -> 
 
 from specjax.advance import KvAdvance, kv_advance
 from specjax.attention import ragged_attention
+from specjax.batch import Completion, Request, batch_generate
 from specjax.cache import (
     DenseKVCache,
     PagedKVCache,
@@ -28,6 +29,9 @@ from specjax.sim import simulate, simulate_alone
 
 __all__ = [
     "Bundle",
+    "Completion",
+    "Request",
+    "batch_generate",
     "CheckpointError",
     "StreamChunk",
     "load_model",

@@ -74,6 +74,24 @@ class Bundle:
         return [self.tokenizer.decode(t) for t in res.tokens], res
 
 
+    def batch_generate(self, requests, *, bos: bool = True, **kwargs: Any):
+        """Text in, text out over ``specjax.batch_generate``: ``requests`` yields strings or
+        dicts whose ``prompt`` is a string (other fields as in ``Request``). Yields
+        ``(text, Completion)`` per request, in completion order."""
+        from specjax.batch import batch_generate
+
+        def encoded():
+            for i, r in enumerate(requests):
+                r = {"prompt": r} if isinstance(r, str) else dict(r)
+                if not isinstance(r.get("prompt"), str):
+                    raise ValueError(f"requests[{i}].prompt={r.get('prompt')!r} is invalid: must be a string")
+                yield {**r, "id": r.get("id", i), "prompt": self.tokenizer.encode(r["prompt"], bos=bos)}
+
+        stream = encoded() if not isinstance(requests, list | tuple) else list(encoded())
+        for c in batch_generate(self.model, stream, **self.generate_kwargs(kwargs)):
+            yield self.tokenizer.decode(c.tokens), c
+
+
 def _cast(tree, dtype):
     return jax.tree.map(lambda x: np.asarray(jnp.asarray(x, dtype)), tree)
 

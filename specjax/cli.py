@@ -154,17 +154,10 @@ class _TextRunner:
 def _read_batch_file(path: str) -> list[str]:
     """One prompt per non-blank line (``\\n`` for a newline); a ``ValueError`` naming the file
     for a missing, unreadable, non-UTF-8 or empty one."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = [line.rstrip("\n").replace("\\n", "\n") for line in f if line.strip()]
-    except FileNotFoundError:
-        raise ValueError(f"--batch-file {path}: no such file") from None
-    except IsADirectoryError:
-        raise ValueError(f"--batch-file {path}: is a directory, not a file of prompts") from None
-    except UnicodeDecodeError as e:
-        raise ValueError(f"--batch-file {path}: not UTF-8 text (byte {e.start})") from None
-    except OSError as e:
-        raise ValueError(f"--batch-file {path}: cannot read ({e.strerror})") from None
+    from specjax.jobfile import read_text
+
+    text = read_text(path, f"--batch-file {path}", "a file of prompts")
+    lines = [line.replace("\\n", "\n") for line in text.split("\n") if line.strip()]
     if not lines:
         raise ValueError(f"--batch-file {path}: holds no prompt (one prompt per non-blank line)")
     return lines
@@ -246,6 +239,27 @@ def _stream_out(chunks, prompts: list[str], decode):
             print(p + decode(t))
             print("-" * 40)
     return res
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    from specjax.checkpoint import CheckpointError
+    from specjax.jobfile import run_job
+
+    try:
+        if args.input == args.out:
+            raise ValueError(f"--out {args.out} is the input file")
+        run = _TextRunner(args)
+        drafter = None if args.drafter == "none" else args.drafter
+        if drafter is None and args.drafter is None:
+            drafter = "mtp" if run.model.config.mtp_depth > 0 else ("draft_model" if run.draft is not None else "ngram")
+        kw = dict(slots=args.slots, max_new_tokens=args.max_new_tokens, drafter=drafter, draft_model=run.draft,
+                  depth=args.depth, kv_advance=args.kv_advance, cache=args.cache, pages=args.pages,
+                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos_id=run.eos,
+                  attention_impl=args.attention)
+        return run_job(args, run, kw)
+    except (ValueError, CheckpointError, OSError) as e:
+        print(f"specjax batch: error: {e}", file=sys.stderr)
+        return 2
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -365,6 +379,33 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stream", action="store_true", help="print tokens as each step emits them")
     g.add_argument("--json", action="store_true")
     g.set_defaults(func=cmd_generate)
+
+    j = sub.add_parser("batch", help="a JSONL job file through continuous batching (resumable)")
+    j.add_argument("input", metavar="IN.jsonl",
+                   help='one request per line: {"id", "prompt", "max_new_tokens", "temperature", "top_p", "top_k", '
+                        '"seed"} (only prompt is required; id defaults to the line number)')
+    j.add_argument("--out", required=True, metavar="OUT.jsonl", help="one result line per request, as it completes")
+    j.add_argument("--resume", action="store_true", help="skip ids already complete in OUT")
+    j.add_argument("--slots", type=int, default=32, help="rows decoded together; a finished row takes the next request")
+    j.add_argument("--model", default=None,
+                   help="a specjax bundle or a local Hugging Face checkpoint directory (default: checkpoints/default)")
+    j.add_argument("--draft-model", default=None, help="checkpoint of a smaller model with the same tokenizer")
+    j.add_argument("--drafter", choices=["mtp", "draft_model", "ngram", "none"], default=None,
+                   help="default: mtp if the model has it, else draft_model if given, else ngram")
+    j.add_argument("--depth", type=int, default=3)
+    j.add_argument("--kv-advance", choices=["per_sequence", "cohort"], default=None,
+                   help="KV advance rule (default: $SPECJAX_KV_ADVANCE, else per_sequence)")
+    j.add_argument("--cache", choices=["dense", "paged"], default="dense")
+    j.add_argument("--pages", type=int, default=None,
+                   help="paged pool size in 16-token pages (--cache paged; default: every slot's full capacity)")
+    j.add_argument("--attention", choices=["auto", "xla", "pallas"], default="auto")
+    j.add_argument("--max-new-tokens", type=int, default=128, help="for lines without max_new_tokens")
+    j.add_argument("--temperature", type=float, default=0.0, help="for lines without temperature")
+    j.add_argument("--top-k", type=int, default=None)
+    j.add_argument("--top-p", type=float, default=None)
+    j.add_argument("--seed", type=int, default=0, help="lines without a seed derive theirs from this and their id")
+    j.add_argument("--json", action="store_true", help="no progress bar; print the summary as JSON")
+    j.set_defaults(func=cmd_batch)
 
     b = sub.add_parser("bench", help="plain vs cohort vs per_sequence on the bundled model, all drafters")
     b.add_argument("--model", default=None, help="specjax bundle (default: checkpoints/default)")

@@ -2,7 +2,12 @@
 
 Protocol (all pure, traced inside the engine's jitted step):
 
-* ``prefill(eng, params, st, hidden, positions) -> dstate`` after the target prefill;
+* ``empty(eng, batch, width) -> dstate``: an empty state for ``batch`` rows (prefills of
+  up to ``width`` tokens); ``rows_view(eng, dstate, rows, width)`` an empty state for
+  refilling ``rows [R]`` and ``put_rows(dstate, rows, sub)`` merges it back (slot refill);
+  ``release(dstate, idle)`` returns the pages of ``idle [B]`` rows to a paged pool;
+* ``prefill(eng, params, st, hidden, positions, live) -> dstate`` after the target prefill,
+  filling the empty ``st.dstate`` (``live [B]``: rows that are real, not padding);
 * ``propose(eng, params, st) -> (drafts [B, d], q [B, d, V] | None, dstate)``: ``q`` is
   the draft distribution (``None`` when drafts are deterministic, i.e. one-hot);
 * ``commit(eng, params, st, dstate, hidden, old_lengths, u, a, advance) -> dstate``
@@ -29,13 +34,13 @@ __all__ = ["DRAFTERS", "DraftModelDrafter", "MtpDrafter", "NgramDrafter", "NoDra
 DRAFTERS = ("mtp", "draft_model", "ngram")
 
 
-def pick(logits: jax.Array, eng: Any, seeds: jax.Array, positions: jax.Array):
-    """Draft tokens from ``logits [B, V]`` for absolute ``positions [B]``: argmax when
-    greedy (``q = None``), else a sample from the filtered distribution ``q [B, V]``."""
-    if eng.sampling.greedy:
+def pick(logits: jax.Array, eng: Any, st: Any, positions: jax.Array):
+    """Draft tokens from ``logits [B, V]`` for absolute ``positions [B]``: argmax when the
+    engine is greedy (``q = None``), else a sample from each row's filtered ``q [B, V]``."""
+    if eng.greedy:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
-    q = probs(logits, eng.sampling)
-    return sample(position_keys(seeds, positions[:, None], DRAFT)[:, 0], q), q
+    q = probs(logits, st.sampling)
+    return sample(position_keys(st.seeds, positions[:, None], DRAFT)[:, 0], q), q
 
 
 def _stack_q(qs: list, greedy: bool):
@@ -46,14 +51,30 @@ def _gather(seq: jax.Array, idx: jax.Array) -> jax.Array:
     return jnp.take_along_axis(seq, jnp.clip(idx, 0, seq.shape[1] - 1), axis=1)
 
 
+class _Stateless:
+    """A drafter that keeps no state of its own: nothing to prefill, refill or release."""
+
+    def empty(self, eng, batch, width):
+        return None
+
+    def rows_view(self, eng, dstate, rows, width):
+        return None
+
+    def put_rows(self, dstate, rows, sub):
+        return None
+
+    def release(self, dstate, idle):
+        return dstate
+
+    def prefill(self, eng, params, st, hidden, positions, live):
+        return None
+
+
 @dataclasses.dataclass(frozen=True)
-class NoDrafter:
+class NoDrafter(_Stateless):
     """Plain decoding (depth 0): the baseline, on the same step."""
 
     name: str = "none"
-
-    def prefill(self, eng, params, st, hidden, positions):
-        return None
 
     def propose(self, eng, params, st):
         b = st.seq.shape[0]
@@ -64,15 +85,12 @@ class NoDrafter:
 
 
 @dataclasses.dataclass(frozen=True)
-class NgramDrafter:
+class NgramDrafter(_Stateless):
     """Prompt lookup: find the latest earlier occurrence of the last ``n`` known tokens
     (prompt + generated) and propose what followed it. No model, ``q`` one-hot."""
 
     n: int = 3
     name: str = "ngram"
-
-    def prefill(self, eng, params, st, hidden, positions):
-        return None
 
     def propose(self, eng, params, st):
         seq, known = st.seq, st.known
@@ -99,9 +117,21 @@ class DraftModelDrafter:
 
     name: str = "draft_model"
 
-    def prefill(self, eng, params, st, hidden, positions):
+    def empty(self, eng, batch, width):
+        return eng.new_cache(eng.draft_config, batch, width)
+
+    def rows_view(self, eng, dstate, rows, width):
+        return dstate.rows_view(rows, width)
+
+    def put_rows(self, dstate, rows, sub):
+        return dstate.put_rows(rows, sub)
+
+    def release(self, dstate, idle):
+        return dstate.release(idle)
+
+    def prefill(self, eng, params, st, hidden, positions, live):
         cfg = eng.draft_config
-        cache = eng.new_cache(cfg, st.seq.shape[0], positions.shape[1]).reserve(positions.shape[1])
+        cache = st.dstate.reserve(positions.shape[1], live)
         tokens = _gather(st.seq, positions)
         _, cache = forward_hidden(params["draft"], cfg, tokens, positions, cache, attention_impl=eng.attention_impl)
         return cache.advance(st.prompt_len)  # only the K/V is needed: no logits
@@ -110,23 +140,23 @@ class DraftModelDrafter:
         cfg, d, w = eng.draft_config, eng.depth, eng.depth + 1
         cache: ModelCache = st.dstate
         lengths, u = cache.lengths, st.u
-        cache = cache.reserve(2 * w)
+        cache = cache.reserve(2 * w, st.live)
         pos = lengths[:, None] + jnp.arange(w)[None]
         x, cache = forward_hidden(params["draft"], cfg, _gather(st.seq, pos), pos, cache,
                                   attention_impl=eng.attention_impl)
         first = head(params["draft"], cfg, jnp.take_along_axis(x, (u - 1)[:, None, None], axis=1)[:, 0])
-        tok, q = pick(first, eng, st.seeds, lengths + u)
+        tok, q = pick(first, eng, st, lengths + u)
         drafts, qs = [tok], [q]
         for k in range(1, d + 1):  # feed d_k at L + u + k - 1 (the last feed only writes its KV)
             at = lengths + u + k - 1
             x, cache = forward_hidden(params["draft"], cfg, tok[:, None], at[:, None], cache.with_lengths(at),
                                       attention_impl=eng.attention_impl)
             if k < d:
-                tok, q = pick(head(params["draft"], cfg, x[:, 0]), eng, st.seeds, at + 1)
+                tok, q = pick(head(params["draft"], cfg, x[:, 0]), eng, st, at + 1)
                 drafts.append(tok)
                 qs.append(q)
         cache = cache.with_lengths(lengths)
-        return jnp.stack(drafts, axis=1), _stack_q(qs, eng.sampling.greedy), cache
+        return jnp.stack(drafts, axis=1), _stack_q(qs, eng.greedy), cache
 
     def commit(self, eng, params, st, dstate, hidden, old_lengths, u, a, advance):
         return dstate.advance(advance)
@@ -156,14 +186,30 @@ class MtpDrafter:
         g, cache = mtp_hidden(params["target"], cfg, hidden, nxt, pos, cache, attention_impl=eng.attention_impl)
         h = jnp.take_along_axis(g, (count - 1)[:, None, None], axis=1)[:, 0]
         # logits only for the one position a draft is taken from (not all t)
-        tok, q = pick(head(params["target"], cfg, h), eng, st.seeds, lengths + count + 1)
+        tok, q = pick(head(params["target"], cfg, h), eng, st, lengths + count + 1)
         return cache, h, tok, q
 
-    def prefill(self, eng, params, st, hidden, positions):
+    def empty(self, eng, batch, width, capacity=None):
         cfg = eng.config
-        cache = DenseKVCache.create(1, st.seq.shape[0], eng.capacity, cfg.n_kv_heads, cfg.dim_head, eng.dtype)
+        cache = DenseKVCache.create(1, batch, eng.capacity if capacity is None else capacity, cfg.n_kv_heads,
+                                    cfg.dim_head, eng.dtype)
+        q = None if eng.greedy else jnp.zeros((batch, cfg.vocab_size), jnp.float32)
+        return MtpState(cache, jnp.zeros((batch, cfg.d_model), eng.dtype), jnp.zeros((batch,), jnp.int32), q)
+
+    def rows_view(self, eng, dstate, rows, width):
+        return self.empty(eng, rows.shape[0], width, capacity=width)
+
+    def release(self, dstate, idle):
+        return dstate  # a dense cache: nothing to return
+
+    def put_rows(self, dstate, rows, sub):
+        put = lambda big, small: big.at[rows].set(small.astype(big.dtype), mode="drop")  # noqa: E731
+        q = None if dstate.q_first is None else put(dstate.q_first, sub.q_first)
+        return MtpState(dstate.cache.put_rows(rows, sub.cache), put(dstate.h, sub.h), put(dstate.first, sub.first), q)
+
+    def prefill(self, eng, params, st, hidden, positions, live):
         zeros = jnp.zeros_like(st.prompt_len)
-        cache, h, tok, q = self._after(eng, params, st, cache, hidden, zeros, st.prompt_len)
+        cache, h, tok, q = self._after(eng, params, st, st.dstate.cache, hidden, zeros, st.prompt_len)
         return MtpState(cache.advance(st.prompt_len), h, tok, q)
 
     def propose(self, eng, params, st):
@@ -177,11 +223,11 @@ class MtpDrafter:
             g, cache = mtp_hidden(params["target"], cfg, h[:, None], tok[:, None], at[:, None],
                                   cache.replace(lengths=at), attention_impl=eng.attention_impl)
             h = g[:, 0]
-            tok, q = pick(head(params["target"], cfg, h), eng, st.seeds, at + 2)
+            tok, q = pick(head(params["target"], cfg, h), eng, st, at + 2)
             drafts.append(tok)
             qs.append(q)
         cache = cache.replace(lengths=s.cache.lengths)
-        return jnp.stack(drafts, axis=1), _stack_q(qs, eng.sampling.greedy), s.replace(cache=cache)
+        return jnp.stack(drafts, axis=1), _stack_q(qs, eng.greedy), s.replace(cache=cache)
 
     def commit(self, eng, params, st, dstate, hidden, old_lengths, u, a, advance):
         cache, h, tok, q = self._after(eng, params, st, dstate.cache, hidden, old_lengths, u + a)

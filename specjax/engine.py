@@ -31,7 +31,7 @@ from specjax.drafter import DRAFTERS, DraftModelDrafter, MtpDrafter, NgramDrafte
 from specjax.model.config import ModelConfig
 from specjax.model.llama import Model, ModelCache, forward, forward_hidden, head, init_cache
 from specjax.plan import plan_step
-from specjax.sampling import SAMPLE, SamplingParams, position_keys, probs, sample
+from specjax.sampling import SAMPLE, RowSampling, derive_seed, position_keys, probs, sample
 from specjax.verify import greedy_verify, rejection_verify
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
 
 MAX_DEPTH = 8
 CAPACITY_BLOCK = 128  # request-sized capacities are multiples of this (kernel key blocks divide them)
+PAGE_SIZE = 16  # tokens per page of a paged cache
 
 
 def request_capacity(prompt_width: int, max_new_tokens: int, depth: int, *, bucket: bool = True) -> int:
@@ -75,6 +76,8 @@ class EngineState:
     max_len: jax.Array  # [B]: prompt_len + max_new_tokens
     eos: jax.Array  # [B]: EOS id, -1 for none
     seeds: jax.Array  # uint32 [B]
+    sampling: RowSampling  # per-row temperature / top_k / top_p [B] (data: never recompiles)
+    live: jax.Array  # bool [B]: the slot holds a request, running or finished (idle slots own no pages)
     done: jax.Array  # bool [B]
     steps: jax.Array  # [B]: decode steps while active
     emitted: jax.Array  # [B]: tokens emitted by decode steps
@@ -82,7 +85,7 @@ class EngineState:
     proposed: jax.Array  # [B]: drafts proposed
     acc_pos: jax.Array  # [B, depth]: accepted at draft position k
     prop_pos: jax.Array  # [B, depth]: proposed at draft position k
-    trace: jax.Array  # [B, max_steps]: accepted count per step (-1 when inactive)
+    trace: jax.Array  # [B, max_steps]: accepted drafts at the row's own step k (-1 past its steps)
     i: jax.Array  # int32 []: steps taken
 
 
@@ -95,12 +98,13 @@ class Engine:
     depth: int
     kv_rule: KvAdvance
     cache_kind: str
-    sampling: SamplingParams
+    greedy: bool  # every row greedy: argmax, no distributions (else per-row ``RowSampling``)
     capacity: int  # cache slots per row (request-sized: ``request_capacity``)
     max_steps: int  # trace length (a step emits >= 1 token per active row, so capacity bounds it)
     draft_config: ModelConfig | None = None
     dtype: Any = jnp.float32
     attention_impl: str = "xla"  # resolved: "xla" | "pallas"
+    num_pages: int | None = None  # paged pool size (None: every row's full capacity)
 
     @property
     def window(self) -> int:
@@ -110,41 +114,50 @@ class Engine:
         """Empty caches for ``cfg``. A rolling cache's slack covers the widest single write:
         the prefill (``prefill`` tokens) or a window plus chained draft writes (``2w``)."""
         slack = max(2 * self.window + 2, prefill)
-        return init_cache(cfg, batch, self.capacity, kind=self.cache_kind, slack=slack, page_size=16,
-                          dtype=self.dtype)
+        return init_cache(cfg, batch, self.capacity, kind=self.cache_kind, slack=slack, page_size=PAGE_SIZE,
+                          num_pages=self.num_pages, dtype=self.dtype)
 
 
 _TRACES = {"generate": 0}
 
 
-def _prefill(eng: Engine, params: dict, prompts: jax.Array, prompt_len: jax.Array, max_len, eos, seeds):
+def _prefill(eng: Engine, params: dict, prompts: jax.Array, prompt_len: jax.Array, max_len, eos, seeds,
+             sampling: RowSampling, cache: ModelCache, dstate: Any, live: jax.Array) -> EngineState:
+    """Run ``prompts [B, P]`` into the empty ``cache`` and drafter state ``dstate`` and take
+    each row's first token. ``live [B]``: real rows (padding rows of a refill own no pages)."""
     b, p = prompts.shape
     c = eng.capacity
     seq = jnp.zeros((b, c), jnp.int32).at[:, :p].set(prompts)
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    cache = eng.new_cache(eng.config, b, p).reserve(p)
-    hidden, cache = forward_hidden(params["target"], eng.config, prompts, positions, cache,
+    hidden, cache = forward_hidden(params["target"], eng.config, prompts, positions, cache.reserve(p, live),
                                    attention_impl=eng.attention_impl)
     cache = cache.advance(prompt_len)
     h_last = jnp.take_along_axis(hidden, (prompt_len - 1)[:, None, None], axis=1)[:, 0]
     last = head(params["target"], eng.config, h_last)  # logits for the one position used
-    if eng.sampling.greedy:
+    if eng.greedy:
         first = jnp.argmax(last, axis=-1).astype(jnp.int32)
     else:
-        first = sample(position_keys(seeds, prompt_len[:, None], SAMPLE)[:, 0], probs(last, eng.sampling))
+        first = sample(position_keys(seeds, prompt_len[:, None], SAMPLE)[:, 0], probs(last, sampling))
     seq = seq.at[jnp.arange(b), prompt_len].set(first)
     d = eng.depth
     zeros = jnp.zeros((b,), jnp.int32)
     st = EngineState(
-        seq=seq, known=prompt_len + 1, u=jnp.ones((b,), jnp.int32), cache=cache, dstate=None,
-        prompt_len=prompt_len, max_len=max_len, eos=eos, seeds=seeds,
-        done=(first == eos) | (prompt_len + 1 >= max_len),
+        seq=seq, known=prompt_len + 1, u=jnp.ones((b,), jnp.int32), cache=cache, dstate=dstate,
+        prompt_len=prompt_len, max_len=max_len, eos=eos, seeds=seeds, sampling=sampling, live=live,
+        done=(first == eos) | (prompt_len + 1 >= max_len) | ~live,
         steps=zeros, emitted=zeros, accepted=zeros, proposed=zeros,
         acc_pos=jnp.zeros((b, d), jnp.int32), prop_pos=jnp.zeros((b, d), jnp.int32),
         trace=jnp.full((b, eng.max_steps), -1, jnp.int32),
         i=jnp.int32(0),
     )
-    return st.replace(dstate=eng.drafter.prefill(eng, params, st, hidden, positions))
+    return st.replace(dstate=eng.drafter.prefill(eng, params, st, hidden, positions, live))
+
+
+def _fresh_prefill(eng: Engine, params: dict, prompts, prompt_len, max_len, eos, seeds, sampling) -> EngineState:
+    """``_prefill`` into new caches of the engine's full capacity (one static batch)."""
+    b, p = prompts.shape
+    return _prefill(eng, params, prompts, prompt_len, max_len, eos, seeds, sampling, eng.new_cache(eng.config, b, p),
+                    eng.drafter.empty(eng, b, p), jnp.ones((b,), bool))
 
 
 def _step(eng: Engine, params: dict, st: EngineState) -> EngineState:
@@ -163,13 +176,13 @@ def _step(eng: Engine, params: dict, st: EngineState) -> EngineState:
         window = jnp.where(j < u[:, None], known_tok, draft_tok)
     else:
         window = known_tok
-    logits, hidden, cache = forward(params["target"], eng.config, window, pos, st.cache.reserve(w),
+    logits, hidden, cache = forward(params["target"], eng.config, window, pos, st.cache.reserve(w, st.live),
                                     attention_impl=eng.attention_impl)
 
-    if eng.sampling.greedy:
+    if eng.greedy:
         a, nxt = greedy_verify(logits, drafts, u)
     else:
-        a, nxt = rejection_verify(logits, drafts, q, u, lengths, st.seeds, eng.sampling)
+        a, nxt = rejection_verify(logits, drafts, q, u, lengths, st.seeds, st.sampling)
 
     # emit drafts[:a] + nxt at positions known .. known + a, cut at EOS / the token budget
     k = jnp.arange(d + 1, dtype=jnp.int32)[None]
@@ -203,13 +216,24 @@ def _step(eng: Engine, params: dict, st: EngineState) -> EngineState:
         proposed=st.proposed + proposed * act,
         acc_pos=st.acc_pos + ((kd < a[:, None]) & active[:, None]).astype(jnp.int32),
         prop_pos=st.prop_pos + ((kd < proposed[:, None]) & active[:, None]).astype(jnp.int32),
-        trace=st.trace.at[:, jnp.minimum(st.i, eng.max_steps - 1)].set(jnp.where(active, a, -1)),
+        trace=st.trace.at[jnp.arange(b), jnp.where(active, st.steps, eng.max_steps)].set(a, mode="drop"),
         i=st.i + 1,
     )
 
 
-prefill = jax.jit(_prefill, static_argnums=0)
-prefill.__doc__ = """``prefill(engine, params, prompts [B, P], prompt_len, max_len, eos, seeds) -> EngineState``."""
+_prefill_jit = jax.jit(_fresh_prefill, static_argnums=0)
+
+
+def prefill(eng: Engine, params: dict, prompts, prompt_len, max_len, eos, seeds,
+            sampling: RowSampling | None = None) -> EngineState:
+    """Jitted prefill of ``prompts [B, P]`` (``prompt_len, max_len, eos, seeds [B]``) into new
+    caches of the engine's capacity. ``sampling`` defaults to greedy rows."""
+    if sampling is None:
+        b = np.shape(prompts)[0]
+        sampling = RowSampling.rows([0.0] * b, [None] * b, [None] * b)
+    return _prefill_jit(eng, params, prompts, prompt_len, max_len, eos, seeds, sampling)
+
+
 step = jax.jit(_step, static_argnums=0, donate_argnums=2)
 step.__doc__ = """``step(engine, params, state) -> state``: one jitted speculative step (static ``engine``).
 The input state is donated: its buffers (caches included) are updated in place, not copied."""
@@ -227,9 +251,9 @@ def _stream_step(eng: Engine, params: dict, st: EngineState):
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _generate(eng: Engine, params: dict, prompts, prompt_len, max_len, eos, seeds) -> EngineState:
+def _generate(eng: Engine, params: dict, prompts, prompt_len, max_len, eos, seeds, sampling) -> EngineState:
     _TRACES["generate"] += 1
-    st = _prefill(eng, params, prompts, prompt_len, max_len, eos, seeds)
+    st = _fresh_prefill(eng, params, prompts, prompt_len, max_len, eos, seeds, sampling)
     return jax.lax.while_loop(
         lambda st: jnp.any(~st.done) & (st.i < eng.max_steps),
         lambda st: _step(eng, params, st),
@@ -288,8 +312,11 @@ def _validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache
         bad = np.nonzero((arr < 0) | (arr >= cfg.vocab_size))[0]
         if len(bad):
             _fail(f"prompts[{i}][{int(bad[0])}]", int(arr[bad[0]]), f"token ids must lie in [0, {cfg.vocab_size})")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        _fail("max_new_tokens", max_new_tokens, "must be an int >= 1")
+    per_row = isinstance(max_new_tokens, list | tuple)
+    news = list(max_new_tokens) if per_row else [max_new_tokens] * len(prompts)
+    if len(news) != len(prompts) or any(isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1
+                                        for n in news):
+        _fail("max_new_tokens", max_new_tokens, f"must be an int >= 1 or one per prompt ({len(prompts)})")
     lens = [len(p) for p in prompts]
     longest = max(lens)
     which = lens.index(longest)
@@ -297,7 +324,12 @@ def _validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache
         _fail(f"prompts[{which}]", f"{longest} tokens",
               f"the model's context is max_seq_len={cfg.max_seq_len} tokens: a prompt may hold at most "
               f"{cfg.max_seq_len - 1} (to leave room for one new token)")
-    if longest + max_new_tokens > cfg.max_seq_len:
+    over = [i for i in range(len(prompts)) if lens[i] + news[i] > cfg.max_seq_len]
+    if per_row and over:
+        i = over[0]
+        _fail(f"max_new_tokens[{i}]", news[i], f"prompt length {lens[i]} (prompts[{i}]) + max_new_tokens must be "
+              f"<= the model's max_seq_len={cfg.max_seq_len}: at most {cfg.max_seq_len - lens[i]} new tokens fit")
+    if over:
         _fail("max_new_tokens", max_new_tokens,
               f"prompt length {longest} (prompts[{which}]) + max_new_tokens must be <= the model's "
               f"max_seq_len={cfg.max_seq_len}: at most {cfg.max_seq_len - longest} new tokens fit")
@@ -328,9 +360,11 @@ def _validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache
     seeds = [seed] * len(prompts) if isinstance(seed, int) else list(seed)
     if len(seeds) != len(prompts) or any(not isinstance(s, int) or not 0 <= s < 2**32 for s in seeds):
         _fail("seed", seed, f"must be an int in [0, 2**32) or one per prompt ({len(prompts)})")
+    if isinstance(seed, int):  # one base seed: each row's own stream, from (seed, row)
+        seeds = [derive_seed(seed, i) for i in range(len(prompts))]
     if eos_id is not None and not 0 <= eos_id < cfg.vocab_size:
         _fail("eos_id", eos_id, f"must lie in [0, {cfg.vocab_size}) or be None")
-    return seeds
+    return seeds, [int(n) for n in news]
 
 
 def check_per_sequence_cache(cache: Any) -> None:
@@ -340,10 +374,13 @@ def check_per_sequence_cache(cache: Any) -> None:
         raise ValueError(f"kv_advance='per_sequence' is not supported by this cache: {msg}")
 
 
-def make_engine(model: Model, *, drafter, draft_model, depth, kv_advance_rule, cache, temperature, top_k, top_p,
-                ngram_n: int = 3, capacity: int | None = None, attention_impl: str = "xla") -> Engine:
+def make_engine(model: Model, *, drafter, draft_model, depth, kv_advance_rule, cache, greedy: bool = True,
+                ngram_n: int = 3, capacity: int | None = None, attention_impl: str = "xla",
+                num_pages: int | None = None) -> Engine:
     """The static engine. ``capacity`` (cache slots per row; ``request_capacity``) defaults to
-    what the model's longest sequence would need; ``generate`` passes the request's."""
+    what the model's longest sequence would need; ``generate`` passes the request's.
+    ``greedy``: every row decodes greedily (no distributions are built); otherwise each row
+    samples under its own ``RowSampling`` (a temperature-0 row stays exactly greedy)."""
     d = 0 if drafter is None else depth
     dr = {None: NoDrafter(), "ngram": NgramDrafter(ngram_n), "draft_model": DraftModelDrafter(),
           "mtp": MtpDrafter()}[drafter]
@@ -356,26 +393,27 @@ def make_engine(model: Model, *, drafter, draft_model, depth, kv_advance_rule, c
         depth=d,
         kv_rule=kv_advance_rule,
         cache_kind=cache,
-        sampling=SamplingParams(float(temperature), top_k, None if top_p is None else float(top_p)),
+        greedy=bool(greedy),
         capacity=capacity,
         max_steps=capacity,
         draft_config=None if draft_model is None or drafter != "draft_model" else draft_model.config,
         dtype=model.params["embed"].dtype,
         attention_impl=resolve_attention_impl(attention_impl),
+        num_pages=num_pages,
     )
 
 
 def _setup(model, prompts, max_new_tokens, drafter, draft_model, depth, kv_advance, cache, temperature, top_k, top_p,
            seed, eos_id, ngram_n, attention_impl):
     """Validate (before any compile), build the static engine and the host-side batch."""
-    seeds = _validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache, temperature, top_k, top_p,
-                      seed, eos_id)
+    seeds, news = _validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache, temperature, top_k,
+                            top_p, seed, eos_id)
     rule = resolve_kv_advance(kv_advance)
     width = prompt_bucket(prompts)
-    capacity = request_capacity(width, max_new_tokens, 0 if drafter is None else depth)
+    capacity = request_capacity(width, max(news), 0 if drafter is None else depth)
     eng = make_engine(model, drafter=drafter, draft_model=draft_model, depth=depth, kv_advance_rule=rule,
-                      cache=cache, temperature=temperature, top_k=top_k, top_p=top_p, ngram_n=ngram_n,
-                      capacity=capacity, attention_impl=attention_impl)
+                      cache=cache, greedy=temperature == 0, ngram_n=ngram_n, capacity=capacity,
+                      attention_impl=attention_impl)
     b = len(prompts)
     toks = np.zeros((b, width), np.int32)
     for i, p in enumerate(prompts):  # host-side batch assembly
@@ -387,8 +425,9 @@ def _setup(model, prompts, max_new_tokens, drafter, draft_model, depth, kv_advan
     if rule is KvAdvance.PER_SEQUENCE:
         check_per_sequence_cache(jax.eval_shape(lambda: eng.new_cache(eng.config, b, width)))
     args = (
-        jnp.asarray(toks), jnp.asarray(plen), jnp.asarray(plen + max_new_tokens),
+        jnp.asarray(toks), jnp.asarray(plen), jnp.asarray(plen + np.array(news, np.int32)),
         jnp.full((b,), -1 if eos_id is None else eos_id, jnp.int32), jnp.asarray(np.array(seeds, np.uint32)),
+        RowSampling.rows([temperature] * b, [top_k] * b, [top_p] * b),
     )
     return eng, params, args
 
@@ -397,7 +436,7 @@ def generate(
     model: Model,
     prompts: list[list[int]],
     *,
-    max_new_tokens: int,
+    max_new_tokens: int | list[int],
     drafter: str | None = "mtp",
     draft_model: Model | None = None,
     depth: int = 3,
@@ -411,14 +450,19 @@ def generate(
     ngram_n: int = 3,
     attention_impl: str = "auto",
 ) -> GenerationResult:
-    """Generate up to ``max_new_tokens`` per prompt with speculative decoding.
+    """Generate up to ``max_new_tokens`` per prompt (one int, or one per prompt) with
+    speculative decoding. One static batch: it runs until its slowest row finishes (for a
+    stream of requests refilling finished rows, see ``batch_generate``).
 
     ``drafter=None`` is plain autoregressive decoding on the same step (the baseline).
     ``kv_advance``: ``"per_sequence"`` | ``"cohort"`` | ``None`` (the latched rule).
     ``attention_impl``: ``"xla"`` | ``"pallas"`` | ``"auto"`` (Pallas on TPU/GPU, XLA on CPU).
-    Caches hold ``request_capacity(prompt bucket, max_new_tokens, depth)`` slots per row,
+    ``seed``: one int (each row's seed is derived from it and the row index, so rows
+    differ) or one seed per prompt (used as given: a row with an explicit seed gives the
+    same tokens alone or in any batch). ``temperature``, ``top_k`` and ``top_p`` are data.
+    Caches hold ``request_capacity(prompt bucket, max(max_new_tokens), depth)`` slots per row,
     whatever the model's ``max_seq_len``. Compiles once per (batch, prompt-width bucket,
-    capacity bucket, model, drafter, depth, cache kind, rule, sampling mode, attention);
+    capacity bucket, model, drafter, depth, cache kind, rule, greedy or sampled, attention);
     everything else is data. A cache that refused a write raises ``RuntimeError``.
     """
     eng, params, args = _setup(model, prompts, max_new_tokens, drafter, draft_model, depth, kv_advance, cache,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specjax.sampling import ACCEPT, SAMPLE, SamplingParams, position_keys, probs, sample
+from specjax.sampling import ACCEPT, SAMPLE, RowSampling, position_keys, probs, sample
 
 __all__ = ["greedy_verify", "rejection_verify"]
 
@@ -50,7 +50,7 @@ def rejection_verify(
     u: jax.Array,
     positions: jax.Array,
     seeds: jax.Array,
-    sp: SamplingParams,
+    sp: RowSampling,
 ) -> tuple[jax.Array, jax.Array]:
     """Lossless speculative sampling.
 

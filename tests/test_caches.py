@@ -276,6 +276,34 @@ def test_paged_out_of_pages_sets_status_and_writes_nothing():
     assert (np.asarray(big.status) == CAPACITY_EXCEEDED).all() and int(big.num_free) == 40
 
 
+def test_tight_pool_serves_every_row_that_fits():
+    """A row needing no page is never refused, and a refused bigger request does not block
+    a smaller one behind it (grants go smallest first while the pool lasts)."""
+    c = _paged(num_pages=4, max_pages=3)  # PAGE = 4 tokens
+    c = c.reserve(8, jnp.array([False, False, False, True]))  # row 3 holds 2 pages
+    c = c.reserve(4, jnp.array([False, True, False, False]))  # row 1 holds 1; 1 page left
+    c = c.reserve(8)  # needs 2, 1, 2, 0 new pages with 1 free
+    np.testing.assert_array_equal(np.asarray(c.status), [OUT_OF_PAGES, 0, OUT_OF_PAGES, 0])
+    np.testing.assert_array_equal(np.asarray(c.pages_held), [0, 2, 0, 2])
+    assert int(c.num_free) == 0
+    _check_page_accounting(c)
+
+
+def test_rows_view_and_put_rows_refill_rows_and_reuse_their_pages():
+    c = _paged(num_pages=10, max_pages=3).reserve(8)  # every row holds 2 pages; 2 free
+    kept = np.asarray(c.block_table)[[1, 3]].copy()
+    rows = jnp.array([2, 0, B])  # refill rows 2 and 0; the last entry is padding
+    view = c.rows_view(rows, 4)
+    assert int(view.num_free) == 6  # rows 2 and 0 gave their pages back
+    view = view.reserve(12, jnp.array([True, True, False]))  # 3 pages each for the new rows, none for padding
+    c = c.put_rows(rows, view)
+    np.testing.assert_array_equal(np.asarray(c.pages_held), [3, 2, 3, 2])
+    np.testing.assert_array_equal(np.asarray(c.status), 0)
+    np.testing.assert_array_equal(np.asarray(c.block_table)[[1, 3]], kept)  # other rows untouched
+    assert int(c.num_free) == 0
+    _check_page_accounting(c)
+
+
 def test_release_returns_all_pages_of_finished_rows():
     c = _paged().reserve(9)
     c = c.write(0, jnp.ones((B, 9, HKV, D)), jnp.ones((B, 9, HKV, D))).advance(9)

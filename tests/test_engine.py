@@ -293,7 +293,7 @@ def _prefilled(drafter, rule, prompts, budget=30, **kw):
 
     model = MODELS["global"]
     eng = make_engine(model, drafter=drafter, draft_model=None, depth=3, kv_advance_rule=KvAdvance(rule),
-                      cache="dense", temperature=0.0, top_k=None, top_p=None, **kw)
+                      cache="dense", **kw)
     params = {"target": model.params}
     toks = np.zeros((len(prompts), 8), np.int32)
     for i, p in enumerate(prompts):

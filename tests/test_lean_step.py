@@ -70,7 +70,7 @@ def test_capacity_follows_the_request_not_the_declared_context():
     b = generate(big, prompts, max_new_tokens=9, drafter="ngram", ngram_n=2)
     assert a.tokens == b.tokens
     eng = make_engine(big, drafter="mtp", draft_model=None, depth=3, kv_advance_rule=engine_mod.KvAdvance.COHORT,
-                      cache="dense", temperature=0.0, top_k=None, top_p=None,
+                      cache="dense", greedy=True,
                       capacity=request_capacity(8, 9, 3))
     st = engine_mod.prefill(eng, {"target": big.params}, np.ones((2, 8), np.int32), np.array([3, 8], np.int32),
                             np.array([12, 17], np.int32), np.full(2, -1, np.int32), np.zeros(2, np.uint32))
@@ -125,7 +125,7 @@ def test_capacity_is_exact_for_a_finished_row_under_a_draft_model():
     width, depth = 9, 3  # 9 + 1 + 2 * 4 - 1 = 17 slots: one past a 16-slot page boundary
     cap = request_capacity(width, 1, depth, bucket=False)
     eng = make_engine(model, drafter="draft_model", draft_model=draft, depth=depth,
-                      kv_advance_rule=KvAdvance.PER_SEQUENCE, cache="paged", temperature=0.0, top_k=None, top_p=None,
+                      kv_advance_rule=KvAdvance.PER_SEQUENCE, cache="paged", greedy=True,
                       capacity=cap)
     params = {"target": model.params, "draft": draft.params}
     toks = jnp.asarray([[1, 2, 3, 4, 5, 6, 7, 8, 9], [3, 4, 0, 0, 0, 0, 0, 0, 0]], jnp.int32)
@@ -171,7 +171,7 @@ def test_step_donates_its_state():
 
     model = MODELS["global"]
     eng = make_engine(model, drafter="ngram", draft_model=None, depth=3, kv_advance_rule=KvAdvance.PER_SEQUENCE,
-                      cache="dense", temperature=0.0, top_k=None, top_p=None, ngram_n=2, capacity=128)
+                      cache="dense", ngram_n=2, capacity=128)
     st = prefill(eng, {"target": model.params}, jnp.ones((2, 8), jnp.int32), jnp.array([3, 5]), jnp.array([20, 20]),
                  jnp.full((2,), -1), jnp.zeros((2,), jnp.uint32))
     k0 = st.cache.global_kv.k[0]

@@ -99,6 +99,24 @@ class DenseKVCache:
             status=self.status | jnp.where(ok, 0, ROLLBACK_INVALID),
         )
 
+    def rows_view(self, rows: jax.Array, width: int) -> DenseKVCache:
+        """An empty cache of ``width`` slots for ``rows [R]`` (a refill's prefill writes
+        there); ``put_rows`` copies it into those rows' first ``width`` slots."""
+        return DenseKVCache.create(len(self.k), rows.shape[0], width, self.k[0].shape[1], self.k[0].shape[3],
+                                   self.k[0].dtype)
+
+    def put_rows(self, rows: jax.Array, sub: DenseKVCache) -> DenseKVCache:
+        """Rows ``rows [R]`` replaced by ``sub``'s (index ``batch``: a padding row, dropped).
+        Slots past ``sub``'s capacity keep stale data, unread: they lie past the new length."""
+        width = sub.capacity
+        put = lambda big, small: big.at[rows].set(small, mode="drop")  # noqa: E731
+
+        def kv(big, small):
+            return tuple(b.at[rows, :, :width].set(s, mode="drop") for b, s in zip(big, small, strict=True))
+
+        return self.replace(k=kv(self.k, sub.k), v=kv(self.v, sub.v), lengths=put(self.lengths, sub.lengths),
+                            start=put(self.start, sub.start), status=put(self.status, sub.status))
+
     def attend(
         self,
         q: jax.Array,

@@ -90,12 +90,20 @@ class PagedKVCache:
     def max_pages(self) -> int:
         return self.block_table.shape[1]
 
-    def reserve(self, t: int) -> PagedKVCache:
-        """Own enough pages for ``lengths[b] + t`` tokens in every row (call once per step)."""
+    def reserve(self, t: int, live: jax.Array | None = None) -> PagedKVCache:
+        """Own enough pages for ``lengths[b] + t`` tokens in every ``live [B]`` row (default: all).
+
+        Grants go smallest request first (ties in batch order) while the running total fits
+        the free stack: a row needing no new page is always served, and a refused row could
+        not have fit in what is left. Refused rows take nothing and get ``OUT_OF_PAGES``.
+        """
+        live = jnp.ones((self.batch,), bool) if live is None else live
         want = _ceil_div(self.lengths + t, self.page_size)
-        over_budget = want > self.max_pages
-        need = jnp.where(over_budget, 0, jnp.maximum(want - self.pages_held, 0))
-        granted = jnp.cumsum(need) <= self.num_free
+        over_budget = (want > self.max_pages) & live
+        need = jnp.where(over_budget | ~live, 0, jnp.maximum(want - self.pages_held, 0))
+        order = jnp.argsort(need, stable=True)
+        fits_sorted = jnp.cumsum(need[order]) <= self.num_free
+        granted = jnp.zeros((self.batch,), bool).at[order].set(fits_sorted)
         need = jnp.where(granted, need, 0)
         first = jnp.cumsum(need) - need  # this row's offset into the popped pages
         m = jnp.arange(self.max_pages, dtype=jnp.int32)[None]
@@ -104,7 +112,7 @@ class PagedKVCache:
         stack_idx = self.num_free - 1 - (first[:, None] + k_new)
         popped = self.free_pages[jnp.where(fresh, stack_idx, 0)]
         status = self.status | jnp.where(over_budget, CAPACITY_EXCEEDED, 0)
-        status |= jnp.where(granted | over_budget, 0, OUT_OF_PAGES)
+        status |= jnp.where(granted | over_budget | ~live, 0, OUT_OF_PAGES)
         return self.replace(
             block_table=jnp.where(fresh, popped, self.block_table),
             pages_held=self.pages_held + need,
@@ -141,6 +149,18 @@ class PagedKVCache:
     def apply_plan(self, plan) -> PagedKVCache:
         return self.advance(plan.advance)
 
+    def _push_free(self, freed: jax.Array) -> PagedKVCache:
+        """Return the pages marked in ``freed [B, max_pages]`` to the free stack."""
+        flat = freed.reshape(-1)
+        rank = jnp.cumsum(flat) - 1
+        dest = jnp.where(flat, self.num_free + rank, self.num_pages)  # out of range: dropped
+        return self.replace(
+            block_table=jnp.where(freed, -1, self.block_table),
+            pages_held=self.pages_held - jnp.sum(freed, axis=1).astype(jnp.int32),
+            free_pages=self.free_pages.at[dest].set(self.block_table.reshape(-1), mode="drop"),
+            num_free=self.num_free + jnp.sum(flat),
+        )
+
     def rollback(self, new_lengths: jax.Array | int) -> PagedKVCache:
         """Shrink rows to ``new_lengths`` (``<= lengths``); pages past it return to the pool."""
         new = as_rows(new_lengths, self.batch)
@@ -149,22 +169,39 @@ class PagedKVCache:
         keep = _ceil_div(new, self.page_size)
         m = jnp.arange(self.max_pages, dtype=jnp.int32)[None]
         freed = (m >= keep[:, None]) & (m < self.pages_held[:, None])
-        flat = freed.reshape(-1)
-        rank = jnp.cumsum(flat) - 1
-        dest = jnp.where(flat, self.num_free + rank, self.num_pages)  # out of range: dropped
-        free_pages = self.free_pages.at[dest].set(self.block_table.reshape(-1), mode="drop")
-        return self.replace(
-            block_table=jnp.where(freed, -1, self.block_table),
-            pages_held=jnp.minimum(self.pages_held, keep),
-            lengths=new,
-            free_pages=free_pages,
-            num_free=self.num_free + jnp.sum(flat),
-            status=self.status | jnp.where(ok, 0, ROLLBACK_INVALID),
-        )
+        return self._push_free(freed).replace(lengths=new,
+                                              status=self.status | jnp.where(ok, 0, ROLLBACK_INVALID))
 
     def release(self, done: jax.Array) -> PagedKVCache:
-        """Return every page of rows where ``done [B]`` is true (their length becomes 0)."""
-        return self.rollback(jnp.where(done, 0, self.lengths))
+        """Return every page of rows where ``done [B]`` is true (their length becomes 0);
+        other rows keep everything they hold, pages reserved ahead included."""
+        m = jnp.arange(self.max_pages, dtype=jnp.int32)[None]
+        freed = done[:, None] & (m < self.pages_held[:, None])
+        return self._push_free(freed).replace(lengths=jnp.where(done, 0, self.lengths))
+
+    def rows_view(self, rows: jax.Array, width: int) -> PagedKVCache:
+        """An empty cache over ``rows [R]`` (index ``batch``: a padding row), for refilling
+        them: their pages go back to the pool first, and the view shares the pool, so
+        ``put_rows(rows, view)`` must follow (the pool's state moves with the view)."""
+        mask = jnp.zeros((self.batch,), bool).at[rows].set(True, mode="drop")
+        pool = self.release(mask)
+        r = rows.shape[0]
+        return pool.replace(
+            block_table=jnp.full((r, self.max_pages), -1, jnp.int32),
+            pages_held=jnp.zeros((r,), jnp.int32),
+            lengths=jnp.zeros((r,), jnp.int32),
+            status=jnp.zeros((r,), jnp.int32),
+        )
+
+    def put_rows(self, rows: jax.Array, sub: PagedKVCache) -> PagedKVCache:
+        """Rows ``rows [R]`` replaced by ``sub``'s (padding rows dropped); the pool is ``sub``'s."""
+        put = lambda big, small: big.at[rows].set(small, mode="drop")  # noqa: E731
+        return sub.replace(
+            block_table=put(self.block_table, sub.block_table),
+            pages_held=put(self.pages_held, sub.pages_held),
+            lengths=put(self.lengths, sub.lengths),
+            status=put(self.status, sub.status),
+        )
 
     def gather(self, layer: int) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Per-row contiguous ``k, v [B, Hkv, max_pages * page_size, D]`` and ``key_pos``

@@ -82,6 +82,20 @@ class RollingKVCache:
             status=self.status | jnp.where(ok, 0, ROLLBACK_INVALID),
         )
 
+    def rows_view(self, rows: jax.Array, width: int) -> RollingKVCache:
+        """An empty ring for ``rows [R]`` (``width <= slack``: the prefill fits one write)."""
+        if width > self.slack:
+            raise ValueError(f"a refill of width {width} needs slack >= {width}, but slack={self.slack}")
+        return RollingKVCache.create(len(self.k), rows.shape[0], self.window, self.slack, self.k[0].shape[1],
+                                     self.k[0].shape[3], self.k[0].dtype)
+
+    def put_rows(self, rows: jax.Array, sub: RollingKVCache) -> RollingKVCache:
+        """Rows ``rows [R]`` replaced by ``sub``'s whole rings (padding rows dropped)."""
+        put = lambda big, small: big.at[rows].set(small, mode="drop")  # noqa: E731
+        kv = lambda big, small: tuple(put(b, s) for b, s in zip(big, small, strict=True))  # noqa: E731
+        return self.replace(k=kv(self.k, sub.k), v=kv(self.v, sub.v), lengths=put(self.lengths, sub.lengths),
+                            start=put(self.start, sub.start), status=put(self.status, sub.status))
+
     def key_positions(self, t_q: int) -> jax.Array:
         """``[B, size]``: the absolute position each ring slot holds once ``t_q`` tokens were
         written at ``lengths`` (``-1``: never written)."""

@@ -218,9 +218,26 @@ class ModelCache:
             None if self.local_kv is None else fn(self.local_kv),
         )
 
-    def reserve(self, t: int) -> ModelCache:
-        """Paged global layers: own pages for ``t`` more tokens (no-op for other kinds)."""
-        return self._map(lambda c: c.reserve(t) if isinstance(c, PagedKVCache) else c)
+    def reserve(self, t: int, live: jax.Array | None = None) -> ModelCache:
+        """Paged global layers: own pages for ``t`` more tokens in ``live [B]`` rows (default
+        all; no-op for other kinds)."""
+        return self._map(lambda c: c.reserve(t, live) if isinstance(c, PagedKVCache) else c)
+
+    def release(self, idle: jax.Array) -> ModelCache:
+        """Paged global layers: return every page of ``idle [B]`` rows to the pool."""
+        return self._map(lambda c: c.release(idle) if isinstance(c, PagedKVCache) else c)
+
+    def rows_view(self, rows: jax.Array, width: int) -> ModelCache:
+        """Empty caches for refilling ``rows [R]`` with prompts of ``width`` tokens (a paged
+        view shares the pool: ``put_rows`` must follow)."""
+        return self._map(lambda c: c.rows_view(rows, width))
+
+    def put_rows(self, rows: jax.Array, sub: ModelCache) -> ModelCache:
+        """Rows ``rows [R]`` replaced by ``sub``'s (index ``batch``: a padding row, dropped)."""
+        return ModelCache(
+            None if self.global_kv is None else self.global_kv.put_rows(rows, sub.global_kv),
+            None if self.local_kv is None else self.local_kv.put_rows(rows, sub.local_kv),
+        )
 
     def advance(self, n: jax.Array | int) -> ModelCache:
         return self._map(lambda c: c.advance(n))

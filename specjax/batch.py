@@ -1,0 +1,474 @@
+"""Continuous batching: a fixed set of slots, refilled from a request stream as rows finish.
+
+The per-sequence rule is what makes this possible inside ``jit``: every row already has its
+own cache lengths, pages, drafter state and sampling settings, so a finished row's slot can
+take a new prompt without touching its neighbours. The loop, per round:
+
+1. **admit** (jitted, one compile per (slots, refill rows, prompt bucket)): up to
+   ``refill_rows`` queued requests are prefilled into empty per-row views of the live caches
+   (a paged view shares the pool) and scattered into free slots: lengths, lead pad, pages,
+   MTP hidden state, seeds and sampling settings all per row. Pages of idle slots return to
+   the pool first.
+2. **decode** (jitted, one compile per slots): ``step`` in a ``while_loop`` until enough rows
+   finished to refill (or ``sync_every`` steps, or every row is done). No host sync inside.
+3. **harvest** (one device read): finished rows become ``Completion``s, yielded in
+   completion order; their slots are free.
+
+Per-request sampling settings are data (``RowSampling``), never compile-time constants.
+A request's seed is its own (explicit) or derived from (``seed``, request id): never from
+its slot, so a seeded request gives the same tokens alone, in any batch, in any slot.
+
+Paged pools are sized by ``pages`` (default: every slot's full capacity). A request is
+admitted only when its worst-case page need fits beside the worst cases of the running
+rows; otherwise it waits for a row to finish (no request fails for lack of pages).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.advance import KvAdvance
+from specjax.advance import kv_advance as resolve_kv_advance
+from specjax.cache import describe_status
+from specjax.drafter import DRAFTERS
+from specjax.engine import (
+    MAX_DEPTH,
+    PAGE_SIZE,
+    Engine,
+    EngineState,
+    _prefill,
+    _step,
+    check_per_sequence_cache,
+    make_engine,
+    prompt_bucket,
+    request_capacity,
+)
+from specjax.model.llama import Model
+from specjax.sampling import RowSampling, derive_seed
+
+__all__ = ["Completion", "Request", "batch_generate"]
+
+_TRACES = {"admit": 0, "decode": 0}
+_ROW_FIELDS = ("seq", "known", "u", "prompt_len", "max_len", "eos", "seeds", "live", "done", "steps", "emitted",
+               "accepted", "proposed", "acc_pos", "prop_pos", "trace")
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One generation request. ``None`` fields take the job's defaults."""
+
+    prompt: Sequence[int]
+    id: Any = None  # default: the request's index in the stream
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None  # default: derived from (the job's seed, id)
+    eos_id: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """A finished request: its new tokens (EOS included when hit), why it stopped
+    (``"eos"`` | ``"length"``) and its own metrics (``num_tokens``, ``steps``,
+    ``tok_per_step``, ``accepted_drafts``, ``mean_accepted_length``, ``accepted_trace``)."""
+
+    id: Any
+    tokens: list[int]
+    finish_reason: str
+    metrics: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class _Row:
+    """A validated request, resolved against the job's defaults (host side)."""
+
+    id: Any
+    prompt: list[int]
+    max_new_tokens: int
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    seed: int
+    eos: int  # -1: none
+    pages: int  # worst-case pages this request can hold (paged caches)
+
+
+# ----------------------------------------------------------------------------- jitted pieces
+
+
+def _put_rows(eng: Engine, st: EngineState, rows: jax.Array, sub: EngineState) -> EngineState:
+    """``st`` with rows ``rows [R]`` replaced by ``sub``'s (index ``slots``: padding, dropped)."""
+    put = lambda big, small: big.at[rows].set(small, mode="drop")  # noqa: E731
+    fields = {f: put(getattr(st, f), getattr(sub, f)) for f in _ROW_FIELDS}
+    return st.replace(
+        **fields,
+        sampling=jax.tree.map(put, st.sampling, sub.sampling),
+        cache=st.cache.put_rows(rows, sub.cache),
+        dstate=eng.drafter.put_rows(st.dstate, rows, sub.dstate),
+    )
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+def _admit(eng: Engine, params: dict, st: EngineState, idle: jax.Array, rows: jax.Array, prompts: jax.Array,
+           prompt_len, max_len, eos, seeds, sampling: RowSampling) -> EngineState:
+    """Release the pages of ``idle [B]`` slots, prefill ``prompts [R, P]`` and put them in
+    slots ``rows [R]`` (``B`` for a padding row). Every other row is untouched."""
+    _TRACES["admit"] += 1
+    live = rows < st.seq.shape[0]
+    cache = st.cache.release(idle)
+    dstate = eng.drafter.release(st.dstate, idle)
+    st = st.replace(cache=cache, dstate=dstate, live=st.live & ~idle)
+    p = prompts.shape[1]
+    sub = _prefill(eng, params, prompts, prompt_len, max_len, eos, seeds, sampling, st.cache.rows_view(rows, p),
+                   eng.drafter.rows_view(eng, st.dstate, rows, p), live)
+    return _put_rows(eng, st, rows, sub)
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+def _decode(eng: Engine, params: dict, st: EngineState, target_done: jax.Array, stop_i: jax.Array) -> EngineState:
+    """Steps until ``target_done`` rows are done, every row is done, or ``st.i == stop_i``."""
+    _TRACES["decode"] += 1
+    return jax.lax.while_loop(
+        lambda s: jnp.any(~s.done) & (jnp.sum(s.done) < target_done) & (s.i < stop_i),
+        lambda s: _step(eng, params, s),
+        st,
+    )
+
+
+def _empty_state(eng: Engine, slots: int, width: int) -> EngineState:
+    """Every slot idle (done, owning nothing): the state before the first admit."""
+    zeros = lambda: jnp.zeros((slots,), jnp.int32)  # noqa: E731  (distinct buffers: donatable)
+    d = eng.depth
+    return EngineState(
+        seq=jnp.zeros((slots, eng.capacity), jnp.int32), known=zeros(), u=jnp.ones((slots,), jnp.int32),
+        cache=eng.new_cache(eng.config, slots, width), dstate=eng.drafter.empty(eng, slots, width),
+        prompt_len=zeros(), max_len=zeros(), eos=jnp.full((slots,), -1, jnp.int32),
+        seeds=jnp.zeros((slots,), jnp.uint32),
+        sampling=RowSampling(jnp.zeros((slots,), jnp.float32), zeros(), jnp.ones((slots,), jnp.float32)),
+        live=jnp.zeros((slots,), bool), done=jnp.ones((slots,), bool),
+        steps=zeros(), emitted=zeros(), accepted=zeros(), proposed=zeros(),
+        acc_pos=jnp.zeros((slots, d), jnp.int32), prop_pos=jnp.zeros((slots, d), jnp.int32),
+        trace=jnp.full((slots, eng.max_steps), -1, jnp.int32), i=jnp.int32(0),
+    )
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _fail(arg: str, value: object, allowed: str) -> None:
+    raise ValueError(f"{arg}={value!r} is invalid: {allowed}")
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int | np.integer) and not isinstance(x, bool)
+
+
+def _as_request(r: Any, index: int) -> Request:
+    if isinstance(r, Request):
+        return r if r.id is not None else dataclasses.replace(r, id=index)
+    if isinstance(r, dict):
+        unknown = set(r) - {f.name for f in dataclasses.fields(Request)}
+        if unknown:
+            _fail(f"requests[{index}]", sorted(unknown)[0], f"unknown field; allowed: "
+                  f"{[f.name for f in dataclasses.fields(Request)]}")
+        if "prompt" not in r:
+            _fail(f"requests[{index}]", r, "has no 'prompt'")
+        return Request(**{**r, "id": r.get("id", index)})
+    if isinstance(r, list | tuple | np.ndarray):
+        return Request(prompt=r, id=index)
+    _fail(f"requests[{index}]", r, "must be a Request, a dict with 'prompt', or a list of token ids")
+    raise AssertionError  # unreachable
+
+
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """The job's static settings and defaults, checked once."""
+
+    model: Model
+    max_new_tokens: int
+    max_prompt_len: int
+    depth: int  # 0 without a drafter
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    seed: int
+    eos_id: int | None
+    pages: int | None
+    bounded: bool  # a stream: max_new_tokens bounds each request (it sized the caches)
+
+    def row(self, r: Request, index: int, where: str | None = None) -> _Row:
+        """Validate one request against the model and the job; errors name the request
+        (``where``, default ``requests[index] (id ...)``) and the field."""
+        cfg = self.model.config
+        where = where or f"requests[{index}] (id {r.id!r})"
+        prompt = r.prompt
+        if not isinstance(prompt, list | tuple | np.ndarray) or len(prompt) == 0:
+            _fail(f"{where}.prompt", prompt, "must be a non-empty list of int token ids")
+        arr = np.asarray(prompt)
+        if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+            _fail(f"{where}.prompt", prompt, "must be a flat list of int token ids")
+        bad = np.nonzero((arr < 0) | (arr >= cfg.vocab_size))[0]
+        if len(bad):
+            _fail(f"{where}.prompt[{int(bad[0])}]", int(arr[bad[0]]), f"token ids must lie in [0, {cfg.vocab_size})")
+        n_new = self.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens
+        if self.bounded and (not _is_int(n_new) or not 1 <= n_new <= self.max_new_tokens):
+            _fail(f"{where}.max_new_tokens", n_new, f"must be an int in [1, {self.max_new_tokens}] (for a stream "
+                  "of requests the job's max_new_tokens bounds every request)")
+        if not _is_int(n_new) or n_new < 1:
+            _fail(f"{where}.max_new_tokens", n_new, "must be an int >= 1")
+        if self.bounded and len(arr) > self.max_prompt_len:
+            _fail(f"{where}.prompt", f"{len(arr)} tokens", f"at most max_prompt_len={self.max_prompt_len} tokens")
+        if len(arr) + n_new > cfg.max_seq_len:
+            _fail(f"{where}.prompt", f"{len(arr)} tokens", f"prompt + max_new_tokens ({n_new}) must be <= the "
+                  f"model's max_seq_len={cfg.max_seq_len}: at most {cfg.max_seq_len - n_new} prompt tokens fit")
+        temp = self.temperature if r.temperature is None else r.temperature
+        if isinstance(temp, bool) or not isinstance(temp, int | float) or not math.isfinite(temp) or temp < 0:
+            _fail(f"{where}.temperature", temp, "must be a finite float >= 0")
+        top_k = self.top_k if r.top_k is None else r.top_k
+        if top_k is not None and (not _is_int(top_k) or top_k < 1):
+            _fail(f"{where}.top_k", top_k, "must be an int >= 1 or None")
+        top_p = self.top_p if r.top_p is None else r.top_p
+        if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, int | float)
+                                  or not 0 < top_p <= 1):
+            _fail(f"{where}.top_p", top_p, "must lie in (0, 1]")
+        if r.seed is not None and (not _is_int(r.seed) or not 0 <= r.seed < 2**32):
+            _fail(f"{where}.seed", r.seed, "must be an int in [0, 2**32)")
+        eos = self.eos_id if r.eos_id is None else r.eos_id
+        if eos is not None and (not _is_int(eos) or not 0 <= eos < cfg.vocab_size):
+            _fail(f"{where}.eos_id", eos, f"must lie in [0, {cfg.vocab_size}) or be None")
+        w = self.depth + 1
+        pages = -(-max(prompt_bucket([prompt]), len(arr) + n_new + 2 * w - 1) // PAGE_SIZE)
+        if self.pages is not None and pages > self.pages:
+            _fail(f"{where}", f"{len(arr)} + {n_new} tokens", f"needs {pages} pages of {PAGE_SIZE} tokens but the "
+                  f"pool holds pages={self.pages}")
+        seed = derive_seed(self.seed, r.id) if r.seed is None else int(r.seed)
+        return _Row(r.id, [int(t) for t in arr], int(n_new), float(temp), top_k, top_p, seed,
+                    -1 if eos is None else int(eos), pages)
+
+
+# ----------------------------------------------------------------------------- the job
+
+
+def batch_generate(
+    model: Model,
+    requests: Iterable[Any],
+    *,
+    slots: int = 32,
+    max_new_tokens: int = 64,
+    drafter: str | None = "mtp",
+    draft_model: Model | None = None,
+    depth: int = 3,
+    kv_advance: str | KvAdvance | None = None,
+    cache: str = "dense",
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+    eos_id: int | None = None,
+    ngram_n: int = 3,
+    attention_impl: str = "auto",
+    max_prompt_len: int | None = None,
+    pages: int | None = None,
+    refill_rows: int | None = None,
+    sync_every: int = 64,
+    stop: Callable[[], bool] | None = None,
+    where: Sequence[str] | None = None,
+) -> Iterator[Completion]:
+    """Generate for every request of ``requests`` through ``slots`` rows, refilling a row as
+    soon as it finishes; yields a ``Completion`` per request, in completion order.
+
+    ``requests``: any iterable (a generator too) of ``Request``s, dicts with ``prompt`` (token
+    ids) and optional ``id``, ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``,
+    ``seed``, ``eos_id``, or plain token-id lists. ``id`` defaults to the stream index; ids
+    must be unique. The keyword settings are the defaults of requests that omit them;
+    for a stream, ``max_new_tokens`` also bounds every request's own.
+
+    A list is validated whole before anything compiles, and sizes the caches; a generator is
+    validated request by request, and caches are sized by ``max_prompt_len`` (default: the
+    model's context minus ``max_new_tokens``). ``pages``: the paged pool's size (``cache=
+    "paged"``; default every slot's full capacity): requests wait for pages, never fail.
+    ``refill_rows``: rows prefilled per admit (default ``slots // 4``); decoding runs until
+    that many rows are free (fewer when the stream runs dry) or ``sync_every`` steps.
+    ``stop``: checked between rounds; when it returns True the job ends early (requests
+    still running are dropped, nothing partial is yielded). ``where``: how validation errors
+    name each listed request (default ``requests[i] (id ...)``; the CLI names file lines).
+    Compiles: one decode loop per (slots, ...) and one admit per prompt bucket; sampling
+    settings, seeds and lengths are data.
+    """
+    for name, val, lo in (("slots", slots, 1), ("max_new_tokens", max_new_tokens, 1), ("sync_every", sync_every, 1)):
+        if not _is_int(val) or val < lo:
+            _fail(name, val, f"must be an int >= {lo}")
+    if drafter is not None and drafter not in DRAFTERS:
+        _fail("drafter", drafter, f"must be one of {list(DRAFTERS)} or None")
+    if drafter is not None and (not _is_int(depth) or not 1 <= depth <= MAX_DEPTH):
+        _fail("depth", depth, f"must be an int in [1, {MAX_DEPTH}]")
+    if drafter == "mtp" and model.config.mtp_depth < 1:
+        _fail("drafter", drafter, "the model has no MTP module (mtp_depth=0)")
+    if drafter == "draft_model" and (not isinstance(draft_model, Model)
+                                     or draft_model.config.vocab_size != model.config.vocab_size):
+        _fail("draft_model", draft_model, "drafter='draft_model' needs a specjax Model with the target's vocab")
+    if cache not in ("dense", "paged"):
+        _fail("cache", cache, "must be 'dense' or 'paged'")
+    if pages is not None and (cache != "paged" or not _is_int(pages) or pages < 1):
+        _fail("pages", pages, "is the paged pool's size: an int >= 1, with cache='paged'")
+    if refill_rows is not None and (not _is_int(refill_rows) or not 1 <= refill_rows <= slots):
+        _fail("refill_rows", refill_rows, f"must be an int in [1, slots={slots}]")
+    if not _is_int(seed) or not 0 <= seed < 2**32:
+        _fail("seed", seed, "must be an int in [0, 2**32)")
+    cfg = model.config
+    listed = isinstance(requests, Sequence) and not isinstance(requests, str | bytes)
+    if not listed and max_new_tokens >= cfg.max_seq_len:  # it sizes a stream's caches
+        _fail("max_new_tokens", max_new_tokens, f"must be < the model's max_seq_len={cfg.max_seq_len}")
+    d = 0 if drafter is None else depth
+    rule = resolve_kv_advance(kv_advance)
+    bound = max_prompt_len if max_prompt_len is not None else max(1, cfg.max_seq_len - max_new_tokens)
+    if not _is_int(bound) or bound < 1:
+        _fail("max_prompt_len", bound, "must be an int >= 1")
+    job = _Job(model, max_new_tokens, bound if not listed else cfg.max_seq_len - 1, d, float(temperature), top_k,
+               top_p, seed, eos_id, pages, bounded=not listed)
+    job.row(Request([0], max_new_tokens=1), -1, where="batch_generate")  # the defaults (temperature, ...)
+    rows_iter: Iterator[_Row]
+    if listed:  # everything checked before any compile; the list sizes the caches
+        checked = _checked(job, requests, where)
+        rows_iter = iter(checked)
+        width = prompt_bucket([r.prompt for r in checked]) if checked else 8
+        longest_new = max((r.max_new_tokens for r in checked), default=1)
+        greedy = all(r.temperature == 0 for r in checked)
+    else:
+        rows_iter = _checked_stream(job, requests)
+        width = prompt_bucket([[0] * bound])
+        longest_new = max_new_tokens
+        greedy = False  # unknown requests: per-row sampling (a temperature-0 row stays exactly greedy)
+    eng = make_engine(model, drafter=drafter, draft_model=draft_model, depth=depth, kv_advance_rule=rule,
+                      cache=cache, greedy=greedy, ngram_n=ngram_n, capacity=request_capacity(width, longest_new, d),
+                      attention_impl=attention_impl, num_pages=pages)
+    if rule is KvAdvance.PER_SEQUENCE:
+        check_per_sequence_cache(jax.eval_shape(lambda: eng.new_cache(eng.config, slots, width)))
+    params = {"target": model.params}
+    if eng.draft_config is not None:
+        params["draft"] = draft_model.params
+    refill = refill_rows or max(1, slots // 4)
+    pool = pages if pages is not None else slots * -(-eng.capacity // PAGE_SIZE)
+    return _run(eng, params, rows_iter, slots, width, refill, sync_every, pool if cache == "paged" else None,
+                stop or (lambda: False))
+
+
+def _checked(job: _Job, requests: Sequence[Any], where: Sequence[str] | None) -> list[_Row]:
+    rows, seen = [], set()
+    for i, r in enumerate(requests):
+        name = None if where is None else where[i]
+        row = job.row(_as_request(r, i), i, name)
+        if row.id in seen:
+            _fail(f"{name or f'requests[{i}]'}.id", row.id, "duplicate id: ids must be unique")
+        seen.add(row.id)
+        rows.append(row)
+    return rows
+
+
+def _checked_stream(job: _Job, requests: Iterable[Any]) -> Iterator[_Row]:
+    seen = set()
+    for i, r in enumerate(requests):
+        row = job.row(_as_request(r, i), i)
+        if row.id in seen:
+            _fail(f"requests[{i}].id", row.id, "duplicate id: ids must be unique")
+        seen.add(row.id)
+        yield row
+
+
+def _run(eng: Engine, params: dict, rows_iter: Iterator[_Row], slots: int, width: int, refill: int,
+         sync_every: int, pool: int | None, stop: Callable[[], bool]) -> Iterator[Completion]:
+    """The host loop: admit, decode, harvest (one device read per round)."""
+    st = _empty_state(eng, slots, width)
+    held: list[_Row | None] = [None] * slots  # the request each slot serves
+    queue: collections.deque[_Row] = collections.deque()
+    exhausted = False
+    while not stop():
+        while not exhausted and len(queue) < slots:  # look ahead: enough to fill every free slot
+            nxt = next(rows_iter, None)
+            if nxt is None:
+                exhausted = True
+            else:
+                queue.append(nxt)
+        # admit, refill rows at a time, while free slots, requests and pages allow
+        while queue:
+            free = [s for s in range(slots) if held[s] is None]
+            committed = sum(r.pages for r in held if r is not None)
+            batch: list[tuple[int, _Row]] = []
+            while queue and len(batch) < min(refill, len(free)):
+                if pool is not None and committed + queue[0].pages > pool:
+                    break  # FIFO: the head waits for pages; later requests do not jump it
+                committed += queue[0].pages
+                batch.append((free[len(batch)], queue.popleft()))
+            if not batch:
+                break
+            idle = np.array([held[s] is None for s in range(slots)])
+            for s, r in batch:
+                held[s] = r
+            st = _admit(eng, params, st, jnp.asarray(idle), *_admit_inputs(batch, refill, slots))
+        busy = sum(r is not None for r in held)
+        if busy == 0:
+            return
+        free_now = slots - busy
+        more = bool(queue) or not exhausted
+        target = min(slots, max(refill, free_now + 1)) if more else slots
+        st = _decode(eng, params, st, jnp.int32(target), st.i + sync_every)
+        yield from _harvest(eng, st, held)
+
+
+def _admit_inputs(batch: list[tuple[int, _Row]], refill: int, slots: int):
+    """Host arrays for one admit: ``refill`` rows, padding rows pointing at slot ``slots``."""
+    width = prompt_bucket([r.prompt for _, r in batch])
+    pad = refill - len(batch)
+    rows = np.array([s for s, _ in batch] + [slots] * pad, np.int32)
+    toks = np.zeros((refill, width), np.int32)
+    for i, (_, r) in enumerate(batch):  # host-side batch assembly
+        toks[i, : len(r.prompt)] = r.prompt
+    req = [r for _, r in batch] + [batch[0][1]] * pad  # padding rows copy a real one (then dropped)
+    plen = np.array([len(r.prompt) for r in req], np.int32)
+    return (
+        jnp.asarray(rows), jnp.asarray(toks), jnp.asarray(plen),
+        jnp.asarray(plen + np.array([r.max_new_tokens for r in req], np.int32)),
+        jnp.asarray(np.array([r.eos for r in req], np.int32)), jnp.asarray(np.array([r.seed for r in req], np.uint32)),
+        RowSampling.rows([r.temperature for r in req], [r.top_k for r in req], [r.top_p for r in req]),
+    )
+
+
+def _harvest(eng: Engine, st: EngineState, held: list[_Row | None]) -> Iterator[Completion]:
+    """Completions of rows that finished since the last harvest; their slots become free."""
+    done = np.asarray(jax.device_get(st.done))
+    finished = [s for s in range(len(held)) if held[s] is not None and done[s]]
+    if not finished:
+        return
+    host = jax.device_get((st.seq, st.prompt_len, st.known, st.steps, st.emitted, st.accepted, st.trace,
+                           st.cache.status))
+    seq, plen, known, steps, emitted, accepted, trace, status = (np.asarray(x) for x in host)
+    bad = {s: describe_status(status)[s] for s in finished if status[s]}
+    if bad:
+        raise RuntimeError(f"KV cache refused a write or advance (engine bug or undersized cache): slots {bad}")
+    out = []
+    for s in finished:
+        r = held[s]
+        held[s] = None
+        toks = seq[s, plen[s] : known[s]].tolist()
+        n_steps = int(steps[s])
+        reason = "eos" if r.eos >= 0 and toks and toks[-1] == r.eos else "length"
+        out.append(Completion(r.id, toks, reason, {
+            "num_tokens": len(toks),
+            "steps": n_steps,
+            "tok_per_step": float(emitted[s] / n_steps) if n_steps else 0.0,
+            "accepted_drafts": int(accepted[s]),
+            "mean_accepted_length": float((accepted[s] + n_steps) / n_steps) if n_steps else 0.0,
+            "accepted_trace": [int(x) for x in trace[s, :n_steps]],
+            "drafter": eng.drafter.name, "depth": eng.depth, "kv_advance": eng.kv_rule.value,
+        }))
+    yield from out

@@ -1,0 +1,170 @@
+"""``specjax batch IN.jsonl --out OUT.jsonl``: a resumable job file through continuous batching.
+
+Input: one JSON object per line, ``{"id", "prompt", "max_new_tokens", "temperature", "top_p",
+"top_k", "seed"}`` (only ``prompt`` is required; ``id`` defaults to the line number). Blank
+lines are skipped. Everything is checked before anything compiles or is written.
+
+Output: one line per request, in completion order, flushed and fsynced as it completes:
+``{"id", "text", "finish_reason", "num_tokens", "tok_per_step"}``. ``--resume`` skips ids
+already complete in OUT (a partial last line is cut off and redone); without it an existing
+OUT is refused and left untouched. SIGINT/SIGTERM stop the job at the next round: OUT then
+holds only complete lines, and the exit status is 130/143.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+__all__ = ["FIELDS", "completed_ids", "read_requests", "read_text", "run_job"]
+
+FIELDS = ("id", "prompt", "max_new_tokens", "temperature", "top_p", "top_k", "seed")
+_TYPES = {"max_new_tokens": (int,), "top_k": (int,), "seed": (int,), "temperature": (int, float),
+          "top_p": (int, float)}
+
+
+def read_text(path: str, name: str, what: str) -> str:
+    """A UTF-8 text file's contents; a one-line ``ValueError`` starting with ``name`` for a
+    missing, directory, unreadable or non-UTF-8 one (``what``: what the file should be)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise ValueError(f"{name}: no such file") from None
+    except IsADirectoryError:
+        raise ValueError(f"{name}: is a directory, not {what}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{name}: not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise ValueError(f"{name}: cannot read ({e.strerror})") from None
+
+
+def _line_error(path: str, n: int, what: str) -> ValueError:
+    return ValueError(f"{path} line {n}: {what}")
+
+
+def read_requests(path: str) -> list[tuple[int, dict]]:
+    """``(line number, request dict)`` per non-blank line; a ``ValueError`` naming the line and
+    the field for anything malformed (not JSON, not an object, no prompt, an unknown field,
+    a wrong type, a duplicate id)."""
+    lines = read_text(path, path, "a JSONL job file").split("\n")
+    out: list[tuple[int, dict]] = []
+    first_line: dict[Any, int] = {}
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise _line_error(path, n, f"not JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(obj, dict):
+            raise _line_error(path, n, f"must be a JSON object with a 'prompt', got {type(obj).__name__}")
+        unknown = [k for k in obj if k not in FIELDS]
+        if unknown:
+            raise _line_error(path, n, f"field {unknown[0]!r} is not allowed (allowed: {', '.join(FIELDS)})")
+        if "prompt" not in obj:
+            raise _line_error(path, n, "field 'prompt' is missing")
+        if not isinstance(obj["prompt"], str) or not obj["prompt"]:
+            raise _line_error(path, n, f"field 'prompt' must be a non-empty string, got {obj['prompt']!r}")
+        for key, types in _TYPES.items():
+            if key in obj and obj[key] is not None and (isinstance(obj[key], bool) or not isinstance(obj[key], types)):
+                kind = "an integer" if types == (int,) else "a number"
+                raise _line_error(path, n, f"field {key!r} must be {kind}, got {obj[key]!r}")
+        rid = obj.get("id", n)
+        if isinstance(rid, bool) or not isinstance(rid, int | str):
+            raise _line_error(path, n, f"field 'id' must be a string or an integer, got {rid!r}")
+        if rid in first_line:
+            raise _line_error(path, n, f"field 'id': {rid!r} repeats the id of line {first_line[rid]}")
+        first_line[rid] = n
+        out.append((n, {**obj, "id": rid}))
+    if not out:
+        raise ValueError(f"{path}: holds no request (one JSON object per line)")
+    return out
+
+
+def completed_ids(path: str) -> set:
+    """Ids already complete in an output file. A partial last line (an interrupted write) is
+    cut off the file so the job can append after it; a malformed complete line is an error."""
+    with open(path, "rb") as f:
+        data = f.read()
+    end = data.rfind(b"\n") + 1  # past the last complete line
+    done = set()
+    for n, line in enumerate(data[:end].split(b"\n")[:-1], start=1):
+        try:
+            done.add(json.loads(line)["id"])
+        except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
+            raise ValueError(f"{path} line {n}: not an output line of specjax batch; refusing to resume") from None
+    if end < len(data):
+        with open(path, "r+b") as f:
+            f.truncate(end)
+    return done
+
+
+def run_job(args, runner, kw: dict) -> int:
+    """Run the job described by ``args`` (parsed CLI) with ``runner`` (model, encode, decode);
+    ``kw``: ``batch_generate`` keywords. Returns the exit status."""
+    from tqdm import tqdm
+
+    from specjax.batch import batch_generate
+
+    reqs = read_requests(args.input)
+    if os.path.exists(args.out) and not args.resume:
+        raise ValueError(f"--out {args.out} exists: pass --resume to continue it, or choose another file")
+    if os.path.isdir(args.out):
+        raise ValueError(f"--out {args.out} is a directory")
+    encoded = [{**r, "prompt": runner.encode(r["prompt"])} for _, r in reqs]
+    where = [f"{args.input} line {n}" for n, _ in reqs]
+    skip = completed_ids(args.out) if args.resume and os.path.exists(args.out) else set()
+    todo = [i for i, r in enumerate(encoded) if r["id"] not in skip]
+    stopped: list[int] = []
+
+    def on_signal(signum, frame):
+        stopped.append(signum)
+
+    # validates every request (naming its line) before anything compiles or is written
+    jobs = batch_generate(runner.model, [encoded[i] for i in todo], where=[where[i] for i in todo],
+                          stop=lambda: bool(stopped), **kw)
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    t0, n_tok, acc, steps, written = time.perf_counter(), 0, 0, 0, 0
+    bar = tqdm(total=len(todo), desc="batch", unit="req", disable=args.json, file=sys.stderr)
+    try:
+        with open(args.out, "a", encoding="utf-8") as out:
+            for c in jobs:
+                line = {"id": c.id, "text": runner.decode(c.tokens), "finish_reason": c.finish_reason,
+                        "num_tokens": c.metrics["num_tokens"], "tok_per_step": c.metrics["tok_per_step"]}
+                out.write(json.dumps(line) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+                written += 1
+                n_tok += c.metrics["num_tokens"]
+                acc += c.metrics["accepted_drafts"]
+                steps += c.metrics["steps"]
+                bar.update(1)
+                dt = time.perf_counter() - t0
+                bar.set_postfix(tok_s=f"{n_tok / dt:.0f}", mean_acc_len=f"{(acc + steps) / max(steps, 1):.2f}")
+                if stopped:
+                    break
+    finally:
+        bar.close()
+        for s, h in old.items():
+            signal.signal(s, h)
+    dt = time.perf_counter() - t0
+    summary = {"requests": len(reqs), "skipped": len(skip & {r["id"] for r in encoded}), "written": written,
+               "new_tokens": n_tok, "seconds": dt, "tok_per_s_incl_compile": n_tok / dt if dt else 0.0,
+               "mean_accepted_length": (acc + steps) / steps if steps else 0.0, "out": args.out}
+    if stopped:
+        name = "SIGINT" if stopped[0] == signal.SIGINT else "SIGTERM"
+        print(f"specjax batch: stopped by {name}: {written} requests written to {args.out}; "
+              "rerun with --resume to finish", file=sys.stderr)
+        return 130 if stopped[0] == signal.SIGINT else 143
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"{written} requests ({summary['skipped']} skipped as already done) -> {args.out}: "
+              f"{n_tok} tokens, {summary['tok_per_s_incl_compile']:.1f} tok/s (incl. compile), "
+              f"mean accepted length {summary['mean_accepted_length']:.2f}")
+    return 0
