@@ -7,6 +7,8 @@
 Each mutation replaces one exact snippet (which must occur exactly once) in one
 source file, reruns the named tests with ``pytest -x``, and restores the file. A
 mutation that leaves the tests green is *missed*; the script exits 1 if any is.
+Mutations are applied to a copy of the tree in a temporary folder, never to the checkout:
+a run killed midway leaves the sources as they were.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -195,8 +199,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "MTP cache never advances",
         "specjax/drafter.py",
-        "return MtpState(cache.advance(advance), h, tok, q)",
-        "return MtpState(cache, h, tok, q)",
+        "return MtpState(cache.advance(advance), h, tok, first_probs)",
+        "return MtpState(cache, h, tok, first_probs)",
         ("tests/test_engine.py::test_mtp_first_draft_matches_uncached_mtp",),
     ),
     # --- lean step: live range, request-sized capacity, kernels in the model ---
@@ -231,8 +235,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "MTP draft taken from the logits one position past the last commit",
         "specjax/drafter.py",
-        "        h = jnp.take_along_axis(g, (count - 1)[:, None, None], axis=1)[:, 0]\n",
-        "        h = jnp.take_along_axis(g, jnp.minimum(count, g.shape[1] - 1)[:, None, None], axis=1)[:, 0]\n",
+        "        h = jnp.take_along_axis(mtp_out, (count - 1)[:, None, None], axis=1)[:, 0]\n",
+        "        h = jnp.take_along_axis(mtp_out, jnp.minimum(count, t - 1)[:, None, None], axis=1)[:, 0]\n",
         ("tests/test_engine.py::test_mtp_first_draft_matches_uncached_mtp",),
     ),
     # --- Hugging Face loading ---
@@ -288,7 +292,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "stream drops the first token of every chunk",
-        "specjax/engine.py",
+        "specjax/streaming.py",
         "        new = [toks[r, : n_new[r]].tolist() for r in range(toks.shape[0])]\n",
         "        new = [toks[r, 1 : n_new[r]].tolist() for r in range(toks.shape[0])]\n",
         ("tests/test_bundle.py::test_bundle_generate_and_stream_agree",),
@@ -339,7 +343,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "generate(seed=int) gives every row the same stream",
-        "specjax/engine.py",
+        "specjax/validate.py",
         "        seeds = [derive_seed(seed, i) for i in range(len(prompts))]\n",
         "        seeds = [seed] * len(prompts)\n",
         ("tests/test_batch.py::test_unseeded_copies_of_a_prompt_differ_and_their_seed_follows_the_id",),
@@ -358,11 +362,25 @@ MUTATIONS: list[Mutation] = [
         "    if False:\n",
         ("tests/test_batch_cli.py::test_resume_redoes_a_partial_last_line",),
     ),
+    Mutation(
+        "accepted drafts cut by EOS or the budget still counted",
+        "specjax/engine.py",
+        "accepted=st.accepted + jnp.minimum(a, n_new) * act,",
+        "accepted=st.accepted + a * act,",
+        ("tests/test_default_bundle.py::test_accepted_drafts_count_only_emitted_ones",),
+    ),
 ]
 
 
-def run_one(m: Mutation, python: str) -> dict:
-    path = ROOT / m.path
+def copy_tree(dest: Path) -> Path:
+    """The checkout without its virtualenv, git data and caches: where mutations happen."""
+    ignore = shutil.ignore_patterns(".venv", ".git", "__pycache__", ".pytest_cache", ".ruff_cache", "runs",
+                                    ".hypothesis")
+    return Path(shutil.copytree(ROOT, dest / "tree", ignore=ignore))
+
+
+def run_one(m: Mutation, python: str, root: Path = ROOT) -> dict:
+    path = root / m.path
     src = path.read_text()
     count = src.count(m.old)
     if count != 1:
@@ -372,7 +390,7 @@ def run_one(m: Mutation, python: str) -> dict:
         path.write_text(src.replace(m.old, m.new))
         proc = subprocess.run(
             [python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *m.tests],
-            cwd=ROOT,
+            cwd=root,
             capture_output=True,
             text=True,
             env=os.environ | {"HYPOTHESIS_PROFILE": "ci"},
@@ -401,17 +419,25 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{m.name}  [{m.path}]")
         return 0
     results = []
-    for m in selected:
-        r = run_one(m, sys.executable)
-        results.append(r)
-        if not args.json:
-            print(f"{r['status']:>7}  {r['name']}  ({r.get('seconds', 0)}s; {r['detail']})", flush=True)
+    scratch = Path(tempfile.mkdtemp(prefix="specjax-mutations-"))
+    try:
+        root = copy_tree(scratch)
+        for m in selected:
+            results.append(_report(run_one(m, sys.executable, root), args.json))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     bad = [r for r in results if r["status"] != "caught"]
     if args.json:
         print(json.dumps({"results": results, "missed": len(bad)}))
     else:
         print(f"{len(results) - len(bad)}/{len(results)} mutations caught")
     return 1 if bad else 0
+
+
+def _report(r: dict, quiet: bool) -> dict:
+    if not quiet:
+        print(f"{r['status']:>7}  {r['name']}  ({r.get('seconds', 0)}s; {r['detail']})", flush=True)
+    return r
 
 
 if __name__ == "__main__":

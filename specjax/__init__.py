@@ -15,8 +15,9 @@ from specjax.cache import (
     front_pad_kv_cache,
 )
 from specjax.checkpoint import Bundle, CheckpointError, load_model
-from specjax.engine import GenerationResult, StreamChunk, generate, stream
-from specjax.masks import RaggedKvLens, make_left_padded_causal_mask
+from specjax.engine import generate
+from specjax.masks import make_left_padded_causal_mask
+from specjax.metrics import GenerationResult
 from specjax.model import Model, ModelConfig, init_model, logits
 from specjax.plan import (
     CohortStepPlan,
@@ -26,6 +27,7 @@ from specjax.plan import (
     plan_step,
 )
 from specjax.sim import simulate, simulate_alone
+from specjax.streaming import StreamChunk, stream
 
 __all__ = [
     "Bundle",
@@ -44,7 +46,6 @@ __all__ = [
     "ModelConfig",
     "PagedKVCache",
     "PerSeqStepPlan",
-    "RaggedKvLens",
     "RollingKVCache",
     "cache_supports_per_sequence_advance",
     "front_align_batch",

@@ -54,8 +54,8 @@ def _group(q: jax.Array, hkv: int) -> jax.Array:
     """``q [B, t_q, Hq, D]`` -> ``[B, Hkv, G * t_q, D]``: row ``g * t_q + t`` is query ``t`` of
     head ``h * G + g``, so each KV head's keys are read once for its whole group."""
     b, t_q, hq, d = q.shape
-    g = hq // hkv
-    return q.reshape(b, t_q, hkv, g, d).transpose(0, 2, 3, 1, 4).reshape(b, hkv, g * t_q, d)
+    groups = hq // hkv
+    return q.reshape(b, t_q, hkv, groups, d).transpose(0, 2, 3, 1, 4).reshape(b, hkv, groups * t_q, d)
 
 
 def _scores(qg: jax.Array, k: jax.Array, scale: float) -> jax.Array:
@@ -79,8 +79,8 @@ def _group_mask(ok: jax.Array, groups: int) -> jax.Array:
 def _out(o: jax.Array, t_q: int, dtype) -> jax.Array:
     """``[B, Hkv, G * t_q, D]`` -> ``[B, t_q, Hq, D]``."""
     b, hkv, r, d = o.shape
-    g = r // t_q
-    return o.reshape(b, hkv, g, t_q, d).transpose(0, 3, 1, 2, 4).reshape(b, t_q, hkv * g, d).astype(dtype)
+    groups = r // t_q
+    return o.reshape(b, hkv, groups, t_q, d).transpose(0, 3, 1, 2, 4).reshape(b, t_q, hkv * groups, d).astype(dtype)
 
 
 def masked_attention(

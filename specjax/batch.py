@@ -43,17 +43,17 @@ from specjax.drafter import DRAFTERS
 from specjax.engine import (
     MAX_DEPTH,
     PAGE_SIZE,
-    Engine,
+    EngineConfig,
     EngineState,
     _prefill,
     _step,
-    check_per_sequence_cache,
     make_engine,
     prompt_bucket,
     request_capacity,
 )
 from specjax.model.llama import Model
 from specjax.sampling import RowSampling, derive_seed
+from specjax.validate import fail
 
 __all__ = ["Completion", "Request", "batch_generate"]
 
@@ -106,7 +106,7 @@ class _Row:
 # ----------------------------------------------------------------------------- jitted pieces
 
 
-def _put_rows(eng: Engine, st: EngineState, rows: jax.Array, sub: EngineState) -> EngineState:
+def _put_rows(eng: EngineConfig, st: EngineState, rows: jax.Array, sub: EngineState) -> EngineState:
     """``st`` with rows ``rows [R]`` replaced by ``sub``'s (index ``slots``: padding, dropped)."""
     put = lambda big, small: big.at[rows].set(small, mode="drop")  # noqa: E731
     fields = {f: put(getattr(st, f), getattr(sub, f)) for f in _ROW_FIELDS}
@@ -119,7 +119,7 @@ def _put_rows(eng: Engine, st: EngineState, rows: jax.Array, sub: EngineState) -
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
-def _admit(eng: Engine, params: dict, st: EngineState, idle: jax.Array, rows: jax.Array, prompts: jax.Array,
+def _admit(eng: EngineConfig, params: dict, st: EngineState, idle: jax.Array, rows: jax.Array, prompts: jax.Array,
            prompt_len, max_len, eos, seeds, sampling: RowSampling) -> EngineState:
     """Release the pages of ``idle [B]`` slots, prefill ``prompts [R, P]`` and put them in
     slots ``rows [R]`` (``B`` for a padding row). Every other row is untouched."""
@@ -135,7 +135,7 @@ def _admit(eng: Engine, params: dict, st: EngineState, idle: jax.Array, rows: ja
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
-def _decode(eng: Engine, params: dict, st: EngineState, target_done: jax.Array, stop_i: jax.Array) -> EngineState:
+def _decode(eng: EngineConfig, params: dict, st: EngineState, target_done: jax.Array, stop_i: jax.Array) -> EngineState:
     """Steps until ``target_done`` rows are done, every row is done, or ``st.i == stop_i``."""
     _TRACES["decode"] += 1
     return jax.lax.while_loop(
@@ -145,7 +145,7 @@ def _decode(eng: Engine, params: dict, st: EngineState, target_done: jax.Array, 
     )
 
 
-def _empty_state(eng: Engine, slots: int, width: int) -> EngineState:
+def _empty_state(eng: EngineConfig, slots: int, width: int) -> EngineState:
     """Every slot idle (done, owning nothing): the state before the first admit."""
     zeros = lambda: jnp.zeros((slots,), jnp.int32)  # noqa: E731  (distinct buffers: donatable)
     d = eng.depth
@@ -165,10 +165,6 @@ def _empty_state(eng: Engine, slots: int, width: int) -> EngineState:
 # ----------------------------------------------------------------------------- validation
 
 
-def _fail(arg: str, value: object, allowed: str) -> None:
-    raise ValueError(f"{arg}={value!r} is invalid: {allowed}")
-
-
 def _is_int(x: object) -> bool:
     return isinstance(x, int | np.integer) and not isinstance(x, bool)
 
@@ -179,14 +175,14 @@ def _as_request(r: Any, index: int) -> Request:
     if isinstance(r, dict):
         unknown = set(r) - {f.name for f in dataclasses.fields(Request)}
         if unknown:
-            _fail(f"requests[{index}]", sorted(unknown)[0], f"unknown field; allowed: "
+            fail(f"requests[{index}]", sorted(unknown)[0], f"unknown field; allowed: "
                   f"{[f.name for f in dataclasses.fields(Request)]}")
         if "prompt" not in r:
-            _fail(f"requests[{index}]", r, "has no 'prompt'")
+            fail(f"requests[{index}]", r, "has no 'prompt'")
         return Request(**{**r, "id": r.get("id", index)})
     if isinstance(r, list | tuple | np.ndarray):
         return Request(prompt=r, id=index)
-    _fail(f"requests[{index}]", r, "must be a Request, a dict with 'prompt', or a list of token ids")
+    fail(f"requests[{index}]", r, "must be a Request, a dict with 'prompt', or a list of token ids")
     raise AssertionError  # unreachable
 
 
@@ -213,43 +209,43 @@ class _Job:
         where = where or f"requests[{index}] (id {r.id!r})"
         prompt = r.prompt
         if not isinstance(prompt, list | tuple | np.ndarray) or len(prompt) == 0:
-            _fail(f"{where}.prompt", prompt, "must be a non-empty list of int token ids")
+            fail(f"{where}.prompt", prompt, "must be a non-empty list of int token ids")
         arr = np.asarray(prompt)
         if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
-            _fail(f"{where}.prompt", prompt, "must be a flat list of int token ids")
+            fail(f"{where}.prompt", prompt, "must be a flat list of int token ids")
         bad = np.nonzero((arr < 0) | (arr >= cfg.vocab_size))[0]
         if len(bad):
-            _fail(f"{where}.prompt[{int(bad[0])}]", int(arr[bad[0]]), f"token ids must lie in [0, {cfg.vocab_size})")
+            fail(f"{where}.prompt[{int(bad[0])}]", int(arr[bad[0]]), f"token ids must lie in [0, {cfg.vocab_size})")
         n_new = self.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens
         if self.bounded and (not _is_int(n_new) or not 1 <= n_new <= self.max_new_tokens):
-            _fail(f"{where}.max_new_tokens", n_new, f"must be an int in [1, {self.max_new_tokens}] (for a stream "
+            fail(f"{where}.max_new_tokens", n_new, f"must be an int in [1, {self.max_new_tokens}] (for a stream "
                   "of requests the job's max_new_tokens bounds every request)")
         if not _is_int(n_new) or n_new < 1:
-            _fail(f"{where}.max_new_tokens", n_new, "must be an int >= 1")
+            fail(f"{where}.max_new_tokens", n_new, "must be an int >= 1")
         if self.bounded and len(arr) > self.max_prompt_len:
-            _fail(f"{where}.prompt", f"{len(arr)} tokens", f"at most max_prompt_len={self.max_prompt_len} tokens")
+            fail(f"{where}.prompt", f"{len(arr)} tokens", f"at most max_prompt_len={self.max_prompt_len} tokens")
         if len(arr) + n_new > cfg.max_seq_len:
-            _fail(f"{where}.prompt", f"{len(arr)} tokens", f"prompt + max_new_tokens ({n_new}) must be <= the "
+            fail(f"{where}.prompt", f"{len(arr)} tokens", f"prompt + max_new_tokens ({n_new}) must be <= the "
                   f"model's max_seq_len={cfg.max_seq_len}: at most {cfg.max_seq_len - n_new} prompt tokens fit")
         temp = self.temperature if r.temperature is None else r.temperature
         if isinstance(temp, bool) or not isinstance(temp, int | float) or not math.isfinite(temp) or temp < 0:
-            _fail(f"{where}.temperature", temp, "must be a finite float >= 0")
+            fail(f"{where}.temperature", temp, "must be a finite float >= 0")
         top_k = self.top_k if r.top_k is None else r.top_k
         if top_k is not None and (not _is_int(top_k) or top_k < 1):
-            _fail(f"{where}.top_k", top_k, "must be an int >= 1 or None")
+            fail(f"{where}.top_k", top_k, "must be an int >= 1 or None")
         top_p = self.top_p if r.top_p is None else r.top_p
         if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, int | float)
                                   or not 0 < top_p <= 1):
-            _fail(f"{where}.top_p", top_p, "must lie in (0, 1]")
+            fail(f"{where}.top_p", top_p, "must lie in (0, 1]")
         if r.seed is not None and (not _is_int(r.seed) or not 0 <= r.seed < 2**32):
-            _fail(f"{where}.seed", r.seed, "must be an int in [0, 2**32)")
+            fail(f"{where}.seed", r.seed, "must be an int in [0, 2**32)")
         eos = self.eos_id if r.eos_id is None else r.eos_id
         if eos is not None and (not _is_int(eos) or not 0 <= eos < cfg.vocab_size):
-            _fail(f"{where}.eos_id", eos, f"must lie in [0, {cfg.vocab_size}) or be None")
+            fail(f"{where}.eos_id", eos, f"must lie in [0, {cfg.vocab_size}) or be None")
         w = self.depth + 1
         pages = -(-max(prompt_bucket([prompt]), len(arr) + n_new + 2 * w - 1) // PAGE_SIZE)
         if self.pages is not None and pages > self.pages:
-            _fail(f"{where}", f"{len(arr)} + {n_new} tokens", f"needs {pages} pages of {PAGE_SIZE} tokens but the "
+            fail(f"{where}", f"{len(arr)} + {n_new} tokens", f"needs {pages} pages of {PAGE_SIZE} tokens but the "
                   f"pool holds pages={self.pages}")
         seed = derive_seed(self.seed, r.id) if r.seed is None else int(r.seed)
         return _Row(r.id, [int(t) for t in arr], int(n_new), float(temp), top_k, top_p, seed,
@@ -307,33 +303,33 @@ def batch_generate(
     """
     for name, val, lo in (("slots", slots, 1), ("max_new_tokens", max_new_tokens, 1), ("sync_every", sync_every, 1)):
         if not _is_int(val) or val < lo:
-            _fail(name, val, f"must be an int >= {lo}")
+            fail(name, val, f"must be an int >= {lo}")
     if drafter is not None and drafter not in DRAFTERS:
-        _fail("drafter", drafter, f"must be one of {list(DRAFTERS)} or None")
+        fail("drafter", drafter, f"must be one of {list(DRAFTERS)} or None")
     if drafter is not None and (not _is_int(depth) or not 1 <= depth <= MAX_DEPTH):
-        _fail("depth", depth, f"must be an int in [1, {MAX_DEPTH}]")
+        fail("depth", depth, f"must be an int in [1, {MAX_DEPTH}]")
     if drafter == "mtp" and model.config.mtp_depth < 1:
-        _fail("drafter", drafter, "the model has no MTP module (mtp_depth=0)")
+        fail("drafter", drafter, "the model has no MTP module (mtp_depth=0)")
     if drafter == "draft_model" and (not isinstance(draft_model, Model)
                                      or draft_model.config.vocab_size != model.config.vocab_size):
-        _fail("draft_model", draft_model, "drafter='draft_model' needs a specjax Model with the target's vocab")
+        fail("draft_model", draft_model, "drafter='draft_model' needs a specjax Model with the target's vocab")
     if cache not in ("dense", "paged"):
-        _fail("cache", cache, "must be 'dense' or 'paged'")
+        fail("cache", cache, "must be 'dense' or 'paged'")
     if pages is not None and (cache != "paged" or not _is_int(pages) or pages < 1):
-        _fail("pages", pages, "is the paged pool's size: an int >= 1, with cache='paged'")
+        fail("pages", pages, "is the paged pool's size: an int >= 1, with cache='paged'")
     if refill_rows is not None and (not _is_int(refill_rows) or not 1 <= refill_rows <= slots):
-        _fail("refill_rows", refill_rows, f"must be an int in [1, slots={slots}]")
+        fail("refill_rows", refill_rows, f"must be an int in [1, slots={slots}]")
     if not _is_int(seed) or not 0 <= seed < 2**32:
-        _fail("seed", seed, "must be an int in [0, 2**32)")
+        fail("seed", seed, "must be an int in [0, 2**32)")
     cfg = model.config
     listed = isinstance(requests, Sequence) and not isinstance(requests, str | bytes)
     if not listed and max_new_tokens >= cfg.max_seq_len:  # it sizes a stream's caches
-        _fail("max_new_tokens", max_new_tokens, f"must be < the model's max_seq_len={cfg.max_seq_len}")
+        fail("max_new_tokens", max_new_tokens, f"must be < the model's max_seq_len={cfg.max_seq_len}")
     d = 0 if drafter is None else depth
     rule = resolve_kv_advance(kv_advance)
     bound = max_prompt_len if max_prompt_len is not None else max(1, cfg.max_seq_len - max_new_tokens)
     if not _is_int(bound) or bound < 1:
-        _fail("max_prompt_len", bound, "must be an int >= 1")
+        fail("max_prompt_len", bound, "must be an int >= 1")
     job = _Job(model, max_new_tokens, bound if not listed else cfg.max_seq_len - 1, d, float(temperature), top_k,
                top_p, seed, eos_id, pages, bounded=not listed)
     job.row(Request([0], max_new_tokens=1), -1, where="batch_generate")  # the defaults (temperature, ...)
@@ -352,8 +348,6 @@ def batch_generate(
     eng = make_engine(model, drafter=drafter, draft_model=draft_model, depth=depth, kv_advance_rule=rule,
                       cache=cache, greedy=greedy, ngram_n=ngram_n, capacity=request_capacity(width, longest_new, d),
                       attention_impl=attention_impl, num_pages=pages)
-    if rule is KvAdvance.PER_SEQUENCE:
-        check_per_sequence_cache(jax.eval_shape(lambda: eng.new_cache(eng.config, slots, width)))
     params = {"target": model.params}
     if eng.draft_config is not None:
         params["draft"] = draft_model.params
@@ -369,7 +363,7 @@ def _checked(job: _Job, requests: Sequence[Any], where: Sequence[str] | None) ->
         name = None if where is None else where[i]
         row = job.row(_as_request(r, i), i, name)
         if row.id in seen:
-            _fail(f"{name or f'requests[{i}]'}.id", row.id, "duplicate id: ids must be unique")
+            fail(f"{name or f'requests[{i}]'}.id", row.id, "duplicate id: ids must be unique")
         seen.add(row.id)
         rows.append(row)
     return rows
@@ -380,12 +374,12 @@ def _checked_stream(job: _Job, requests: Iterable[Any]) -> Iterator[_Row]:
     for i, r in enumerate(requests):
         row = job.row(_as_request(r, i), i)
         if row.id in seen:
-            _fail(f"requests[{i}].id", row.id, "duplicate id: ids must be unique")
+            fail(f"requests[{i}].id", row.id, "duplicate id: ids must be unique")
         seen.add(row.id)
         yield row
 
 
-def _run(eng: Engine, params: dict, rows_iter: Iterator[_Row], slots: int, width: int, refill: int,
+def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int, width: int, refill: int,
          sync_every: int, pool: int | None, stop: Callable[[], bool]) -> Iterator[Completion]:
     """The host loop: admit, decode, harvest (one device read per round)."""
     st = _empty_state(eng, slots, width)
@@ -443,7 +437,7 @@ def _admit_inputs(batch: list[tuple[int, _Row]], refill: int, slots: int):
     )
 
 
-def _harvest(eng: Engine, st: EngineState, held: list[_Row | None]) -> Iterator[Completion]:
+def _harvest(eng: EngineConfig, st: EngineState, held: list[_Row | None]) -> Iterator[Completion]:
     """Completions of rows that finished since the last harvest; their slots become free."""
     done = np.asarray(jax.device_get(st.done))
     finished = [s for s in range(len(held)) if held[s] is not None and done[s]]

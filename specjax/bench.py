@@ -24,6 +24,7 @@ __all__ = ["bench", "bench_prompts", "machine", "plot"]
 
 PROMPTS_FILE = pathlib.Path(__file__).resolve().parent / "data" / "bench_prompts.json"
 RULES = ("cohort", "per_sequence")
+SAMPLED_TOP_P = 0.95  # sampled rows: temperature 0.8, top-p 0.95 (what local LLM tools default to)
 
 
 def bench_prompts(n: int | None = None) -> list[str]:
@@ -56,11 +57,15 @@ def _configs(drafters: Sequence[str]) -> list[tuple[str, str]]:
     return [("none", "per_sequence")] + [(d, r) for d in drafters for r in RULES]
 
 
-def _run(bundle, token_prompts, drafter, rule, depth, max_new_tokens):
+def _run(bundle, token_prompts, drafter, rule, depth, max_new_tokens, temperature=0.0, first=0):
+    """One batch; sampled rows use ``top_p`` 0.95 and the prompt's index as its seed (so a
+    prompt samples the same tokens at every batch size)."""
     from specjax.engine import generate
 
     kw = bundle.generate_kwargs({"drafter": None if drafter == "none" else drafter})
-    return generate(bundle.model, token_prompts, max_new_tokens=max_new_tokens, depth=depth, kv_advance=rule, **kw)
+    return generate(bundle.model, token_prompts, max_new_tokens=max_new_tokens, depth=depth, kv_advance=rule,
+                    temperature=temperature, top_p=SAMPLED_TOP_P if temperature > 0 else None,
+                    seed=list(range(first, first + len(token_prompts))), **kw)
 
 
 def bench(
@@ -72,9 +77,11 @@ def bench(
     max_new_tokens: int = 128,
     n_prompts: int | None = None,
     progress: bool = True,
+    temperatures: Sequence[float] = (0.0, 0.8),
 ) -> dict:
-    """Measure every (batch, drafter, rule) over the prompt set; returns
-    ``{"machine", "settings", "rows": [...]}``."""
+    """Measure every (temperature, batch, drafter, rule) over the prompt set; returns
+    ``{"machine", "settings", "rows": [...]}``. Temperature 0 is greedy; a sampled row uses
+    top-p 0.95 and per-prompt seeds."""
     from tqdm import tqdm
 
     from specjax.drafter import DRAFTERS
@@ -88,20 +95,22 @@ def bench(
         if not isinstance(b, int) or b < 1 or len(prompts) % b:
             raise ValueError(f"batch {b!r} is invalid: must be >= 1 and divide the {len(prompts)} prompts")
     toks = bundle.encode_prompts(prompts, bos=False)  # snippets from the middle of files
-    jobs = [(b, d, r) for b in batches for d, r in _configs(drafters)]
+    if any(not isinstance(t, int | float) or not 0 <= t < 10 for t in temperatures) or not temperatures:
+        raise ValueError(f"temperatures={list(temperatures)} is invalid: each must be a float in [0, 10)")
+    jobs = [(t, b, d, r) for t in temperatures for b in batches for d, r in _configs(drafters)]
     rows = []
-    for b, d, r in tqdm(jobs, desc="bench", disable=not progress, file=sys.stderr):
+    for t, b, d, r in tqdm(jobs, desc="bench", disable=not progress, file=sys.stderr):
         groups = [toks[i : i + b] for i in range(0, len(toks), b)]
         # compile + warm up once per prompt-width bucket (each is its own compile: none in the timed pass)
         widths = {prompt_bucket(g): g for g in groups}
         for g in widths.values():
-            warm = _run(bundle, g, d, r, depth, max_new_tokens)
+            warm = _run(bundle, g, d, r, depth, max_new_tokens, t)
         emitted = row_steps = accepted = new = compiles = 0
         acc_pos = np.zeros(depth, np.int64)
         prop_pos = np.zeros(depth, np.int64)
         t0 = time.perf_counter()
-        for g in groups:
-            res = _run(bundle, g, d, r, depth, max_new_tokens)
+        for i, g in enumerate(groups):
+            res = _run(bundle, g, d, r, depth, max_new_tokens, t, first=i * b)
             m = res.metrics
             compiles += m["compiles"]
             new += sum(len(t) for t in res.tokens)
@@ -113,7 +122,7 @@ def bench(
                 prop_pos += m["proposed_per_position_count"]
         wall = time.perf_counter() - t0
         rows.append({
-            "drafter": d, "kv_advance": r if d != "none" else "n/a", "batch": b,
+            "temperature": float(t), "drafter": d, "kv_advance": r if d != "none" else "n/a", "batch": b,
             "tok_per_step": emitted / max(row_steps, 1),
             "mean_accepted_length": (accepted + row_steps) / max(row_steps, 1),
             "acceptance_per_position": (acc_pos / np.maximum(prop_pos, 1)).tolist() if d != "none" else [],
@@ -122,21 +131,24 @@ def bench(
             "warm_compiles": warm.metrics["compiles"],
         })
     for row in rows:
-        plain = next(x for x in rows if x["batch"] == row["batch"] and x["drafter"] == "none")
+        plain = next(x for x in rows if x["batch"] == row["batch"] and x["drafter"] == "none"
+                     and x["temperature"] == row["temperature"])
         row["speedup_vs_plain"] = row["tok_per_s"] / plain["tok_per_s"]
     settings = {"batches": list(batches), "drafters": list(drafters), "depth": depth,
-                "max_new_tokens": max_new_tokens, "prompts": len(prompts), "temperature": 0.0,
+                "max_new_tokens": max_new_tokens, "prompts": len(prompts), "temperatures": list(temperatures),
+                "sampled_top_p": SAMPLED_TOP_P,
                 "bundle": str(bundle.path)}
     return {"machine": machine(), "settings": settings, "rows": rows}
 
 
 def table(result: dict) -> str:
-    head = (f"{'drafter':<12} {'kv_advance':<13} {'B':>3} {'tok/step':>9} {'acc.len':>8} "
+    head = (f"{'temp':>4} {'drafter':<12} {'kv_advance':<13} {'B':>3} {'tok/step':>9} {'acc.len':>8} "
             f"{'accept@1/2/3':>16} {'tok/s':>9} {'vs plain':>9}")
     lines = [result["machine"], head, "-" * len(head)]
     for r in result["rows"]:
         acc = "/".join(f"{x:.2f}" for x in r["acceptance_per_position"]) or "-"
-        lines.append(f"{r['drafter']:<12} {r['kv_advance']:<13} {r['batch']:>3} {r['tok_per_step']:>9.3f} "
+        lines.append(f"{r['temperature']:>4.1f} {r['drafter']:<12} {r['kv_advance']:<13} {r['batch']:>3} "
+                     f"{r['tok_per_step']:>9.3f} "
                      f"{r['mean_accepted_length']:>8.3f} {acc:>16} {r['tok_per_s']:>9.1f} "
                      f"{r['speedup_vs_plain']:>8.2f}x")
     return "\n".join(lines)
@@ -150,11 +162,12 @@ def plot(result: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    keys = sorted({(r["drafter"], r["kv_advance"]) for r in result["rows"]})
+    keys = sorted({(r.get("temperature", 0.0), r["drafter"], r["kv_advance"]) for r in result["rows"]})
     for key in keys:
-        rows = sorted((r for r in result["rows"] if (r["drafter"], r["kv_advance"]) == key), key=lambda r: r["batch"])
-        label = "plain" if key[0] == "none" else f"{key[0]} / {key[1]}"
-        style = "--" if key[1] == "cohort" else "-"
+        rows = sorted((r for r in result["rows"] if (r.get("temperature", 0.0), r["drafter"], r["kv_advance"]) == key),
+                      key=lambda r: r["batch"])
+        label = ("plain" if key[1] == "none" else f"{key[1]} / {key[2]}") + (f" (T={key[0]})" if key[0] else "")
+        style = ":" if key[0] else ("--" if key[2] == "cohort" else "-")
         xs = [r["batch"] for r in rows]
         axes[0].plot(xs, [r["tok_per_step"] for r in rows], style, marker="o", label=label)
         axes[1].plot(xs, [r["tok_per_s"] for r in rows], style, marker="o", label=label)

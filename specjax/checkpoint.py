@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import sys
+import traceback
 from typing import Any
 
 import jax
@@ -31,7 +33,10 @@ __all__ = ["Bundle", "CheckpointError", "DEFAULT_BUNDLE", "load_model", "save_bu
 
 FORMAT = "specjax-bundle"
 VERSION = 1
-DEFAULT_BUNDLE = pathlib.Path(__file__).resolve().parent.parent / "checkpoints" / "default"
+_HERE = pathlib.Path(__file__).resolve().parent
+# an installed wheel carries the bundle in specjax/checkpoints; the source tree in checkpoints/
+DEFAULT_BUNDLE = next((p for p in (_HERE / "checkpoints" / "default", _HERE.parent / "checkpoints" / "default")
+                       if p.is_dir()), _HERE.parent / "checkpoints" / "default")
 
 
 class CheckpointError(ValueError):
@@ -149,6 +154,31 @@ def _config(raw: Any, where: str) -> ModelConfig:
         raise CheckpointError(f"{where}: {e}") from None
 
 
+def _is_closed_loop_callback(exc: BaseException | None) -> bool:
+    """``RuntimeError('Event loop is closed')`` raised by ``asyncio``'s ``call_soon_threadsafe``."""
+    if not isinstance(exc, RuntimeError) or str(exc) != "Event loop is closed":
+        return False
+    frames = [f.name for f in traceback.extract_tb(exc.__traceback__)]
+    return "call_soon_threadsafe" in frames or "_check_closed" in frames
+
+
+def _quiet_closed_loop_callbacks() -> None:
+    """After a failed restore, reads still in flight in tensorstore's threads try to report to
+    the asyncio loop orbax already closed, and each prints an "Event loop is closed"
+    traceback (through ``sys.unraisablehook``) after our clean error. Drop exactly those;
+    every other unraisable exception still reaches the previous hook. Installed once."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_specjax_filter", False):
+        return
+
+    def hook(unraisable):
+        if not _is_closed_loop_callback(unraisable.exc_value):
+            previous(unraisable)
+
+    hook._specjax_filter = True
+    sys.unraisablehook = hook
+
+
 def _restore(directory: pathlib.Path, config: ModelConfig, dtype: str) -> Model:
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: parameter checkpoint directory is missing")
@@ -156,6 +186,7 @@ def _restore(directory: pathlib.Path, config: ModelConfig, dtype: str) -> Model:
     try:
         params = _checkpointer().restore(directory, abstract)
     except Exception as e:  # orbax/tensorstore raise many types; name the file instead
+        _quiet_closed_loop_callbacks()
         first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         raise CheckpointError(
             f"{directory}: cannot restore parameters for the config in config.json "
@@ -181,7 +212,7 @@ def load_model(path: str | pathlib.Path | None = None) -> Bundle:
     checkpoint."""
     path = pathlib.Path(path if path is not None else DEFAULT_BUNDLE).absolute()
     if not path.is_dir():
-        hint = " (the bundled default ships in checkpoints/default of the source tree)"
+        hint = " (the bundled default ships in checkpoints/default of the source tree and inside the wheel)"
         hint = hint if path == DEFAULT_BUNDLE else ""
         raise CheckpointError(f"{path}: bundle directory does not exist{hint}")
     cfg_file = path / "config.json"

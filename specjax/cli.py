@@ -167,7 +167,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import time
 
     from specjax.checkpoint import CheckpointError
-    from specjax.engine import generate, stream
+    from specjax.engine import generate
+    from specjax.streaming import stream
 
     prompts = list(args.prompt)
     try:
@@ -200,35 +201,42 @@ def cmd_generate(args: argparse.Namespace) -> int:
     summary = {"tok_per_step": m["tok_per_step"], "mean_accepted_length": m["mean_accepted_length"],
                "tok_per_s_incl_compile": n_tok / dt, "drafter": m["drafter"], "kv_advance": m["kv_advance"],
                "depth": m["depth"], "new_tokens": n_tok, "seconds": dt}
+    if "tok_per_s" in m:  # generate measures compile and run apart (stream does not)
+        summary.update(tok_per_s=m["tok_per_s"], seconds_compile=m["seconds_compile"], seconds_run=m["seconds_run"])
     if args.json:
         print(json.dumps({"texts": texts, "tokens": res.tokens, "summary": summary, "metrics": m}))
         return 0
     if not args.stream:
         for p, t in zip(prompts, texts, strict=True):
-            print(p + t)
+            print(p + _printable(t))
             print("-" * 40)
+    speed = (f"{m['tok_per_s']:.1f} tok/s (compile {m['seconds_compile']:.1f} s apart)" if "tok_per_s" in m
+             else f"{n_tok / dt:.1f} tok/s (incl. compile)")
     print(f"{m['drafter']} depth {m['depth']}, {m['kv_advance']}: {m['tok_per_step']:.3f} tok/step, "
-          f"mean accepted length {m['mean_accepted_length']:.3f}, {n_tok / dt:.1f} tok/s (incl. compile)")
+          f"mean accepted length {m['mean_accepted_length']:.3f}, {speed}")
     return 0
 
 
 def _stream_out(chunks, prompts: list[str], decode):
     """Print tokens as they arrive: one prompt streams live; a batch prints row by row at the end."""
+    import codecs
+
     live = len(prompts) == 1
     got: list[list[int]] = [[] for _ in prompts]
-    shown = 0
+    # bytes -> text as they arrive: a cut multi-byte character waits for its last byte, and
+    # bytes that are not UTF-8 print as U+FFFD (a model may emit any byte)
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    sent = 0  # bytes of the decoded text already fed to the decoder
     if live:
         sys.stdout.write(prompts[0])
     for ch in chunks:
         for i, t in enumerate(ch.new_tokens):
             got[i] += t
         if live:
-            text = decode(got[0])
-            # print only whole characters: hold back a cut multi-byte sequence
-            safe = text.encode("utf-8", "surrogateescape").decode("utf-8", "ignore") if ch.result is None else text
-            sys.stdout.write(safe[shown:])
+            data = decode(got[0]).encode("utf-8", "surrogateescape")
+            sys.stdout.write(utf8.decode(data[sent:], final=ch.result is not None))
             sys.stdout.flush()
-            shown = max(shown, len(safe))
+            sent = len(data)
         if ch.result is not None:
             res = ch.result
     if live:
@@ -236,9 +244,14 @@ def _stream_out(chunks, prompts: list[str], decode):
         print("-" * 40)
     else:
         for p, t in zip(prompts, got, strict=True):
-            print(p + decode(t))
+            print(p + _printable(decode(t)))
             print("-" * 40)
     return res
+
+
+def _printable(text: str) -> str:
+    """Bytes that are not UTF-8 (kept as surrogates by the byte tokenizer) as U+FFFD."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
@@ -271,7 +284,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         drafters = [x.strip() for x in args.drafters.split(",") if x.strip()]
         bundle = load_model(args.model)
         result = bench(bundle, batches=batches, drafters=drafters, depth=args.depth,
-                       max_new_tokens=args.max_new_tokens, n_prompts=args.prompts, progress=not args.json)
+                       max_new_tokens=args.max_new_tokens, n_prompts=args.prompts, progress=not args.json,
+                       temperatures=[float(x) for x in args.temperatures.split(",") if x.strip()])
     except (ValueError, CheckpointError) as e:
         print(f"specjax bench: error: {e}", file=sys.stderr)
         return 2
@@ -370,9 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--attention", choices=["auto", "xla", "pallas"], default="auto",
                    help="attention path: Pallas kernels (interpret mode on CPU) or XLA; auto = Pallas on TPU/GPU, "
                         "XLA on CPU (default: auto)")
-    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     g.add_argument("--top-k", type=int, default=None)
-    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--top-p", type=float, default=0.95, help="1 = no top-p filter")
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--batch-file", default=None, help="one prompt per line (\\n for a newline)")
@@ -400,9 +414,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="paged pool size in 16-token pages (--cache paged; default: every slot's full capacity)")
     j.add_argument("--attention", choices=["auto", "xla", "pallas"], default="auto")
     j.add_argument("--max-new-tokens", type=int, default=128, help="for lines without max_new_tokens")
-    j.add_argument("--temperature", type=float, default=0.0, help="for lines without temperature")
+    j.add_argument("--temperature", type=float, default=0.8, help="for lines without temperature; 0 = greedy")
     j.add_argument("--top-k", type=int, default=None)
-    j.add_argument("--top-p", type=float, default=None)
+    j.add_argument("--top-p", type=float, default=0.95, help="for lines without top_p; 1 = no filter")
     j.add_argument("--seed", type=int, default=0, help="lines without a seed derive theirs from this and their id")
     j.add_argument("--json", action="store_true", help="no progress bar; print the summary as JSON")
     j.set_defaults(func=cmd_batch)
@@ -414,6 +428,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--depth", type=int, default=3)
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--prompts", type=int, default=None, help="use the first N of the 64 fixed prompts")
+    b.add_argument("--temperatures", default="0,0.8",
+                   help="0 = greedy; a sampled row uses top-p 0.95 and per-prompt seeds")
     b.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
     b.add_argument("--plot", metavar="FILE", default=None, help="PNG of tok/step and tok/s vs batch size")
     b.set_defaults(func=cmd_bench)

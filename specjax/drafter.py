@@ -8,7 +8,7 @@ Protocol (all pure, traced inside the engine's jitted step):
   ``release(dstate, idle)`` returns the pages of ``idle [B]`` rows to a paged pool;
 * ``prefill(eng, params, st, hidden, positions, live) -> dstate`` after the target prefill,
   filling the empty ``st.dstate`` (``live [B]``: rows that are real, not padding);
-* ``propose(eng, params, st) -> (drafts [B, d], q [B, d, V] | None, dstate)``: ``q`` is
+* ``propose(eng, params, st) -> (drafts [B, d], draft_probs [B, d, V] | None, dstate)``: ``draft_probs`` is
   the draft distribution (``None`` when drafts are deterministic, i.e. one-hot);
 * ``commit(eng, params, st, dstate, hidden, old_lengths, u, a, advance) -> dstate``
   after verification (``st.seq`` already holds the emitted tokens).
@@ -36,15 +36,15 @@ DRAFTERS = ("mtp", "draft_model", "ngram")
 
 def pick(logits: jax.Array, eng: Any, st: Any, positions: jax.Array):
     """Draft tokens from ``logits [B, V]`` for absolute ``positions [B]``: argmax when the
-    engine is greedy (``q = None``), else a sample from each row's filtered ``q [B, V]``."""
+    engine is greedy (``probs = None``), else a sample from each row's filtered ``probs [B, V]``."""
     if eng.greedy:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
-    q = probs(logits, st.sampling)
-    return sample(position_keys(st.seeds, positions[:, None], DRAFT)[:, 0], q), q
+    p = probs(logits, st.sampling)
+    return sample(position_keys(st.seeds, positions[:, None], DRAFT)[:, 0], p), p
 
 
-def _stack_q(qs: list, greedy: bool):
-    return None if greedy else jnp.stack(qs, axis=1)
+def _stack_probs(probs_all: list, greedy: bool):
+    return None if greedy else jnp.stack(probs_all, axis=1)
 
 
 def _gather(seq: jax.Array, idx: jax.Array) -> jax.Array:
@@ -87,7 +87,7 @@ class NoDrafter(_Stateless):
 @dataclasses.dataclass(frozen=True)
 class NgramDrafter(_Stateless):
     """Prompt lookup: find the latest earlier occurrence of the last ``n`` known tokens
-    (prompt + generated) and propose what followed it. No model, ``q`` one-hot."""
+    (prompt + generated) and propose what followed it. No model, draft probabilities one-hot."""
 
     n: int = 3
     name: str = "ngram"
@@ -145,18 +145,18 @@ class DraftModelDrafter:
         x, cache = forward_hidden(params["draft"], cfg, _gather(st.seq, pos), pos, cache,
                                   attention_impl=eng.attention_impl)
         first = head(params["draft"], cfg, jnp.take_along_axis(x, (u - 1)[:, None, None], axis=1)[:, 0])
-        tok, q = pick(first, eng, st, lengths + u)
-        drafts, qs = [tok], [q]
+        tok, probs_k = pick(first, eng, st, lengths + u)
+        drafts, probs_all = [tok], [probs_k]
         for k in range(1, d + 1):  # feed d_k at L + u + k - 1 (the last feed only writes its KV)
             at = lengths + u + k - 1
             x, cache = forward_hidden(params["draft"], cfg, tok[:, None], at[:, None], cache.with_lengths(at),
                                       attention_impl=eng.attention_impl)
             if k < d:
-                tok, q = pick(head(params["draft"], cfg, x[:, 0]), eng, st, at + 1)
+                tok, probs_k = pick(head(params["draft"], cfg, x[:, 0]), eng, st, at + 1)
                 drafts.append(tok)
-                qs.append(q)
+                probs_all.append(probs_k)
         cache = cache.with_lengths(lengths)
-        return jnp.stack(drafts, axis=1), _stack_q(qs, eng.greedy), cache
+        return jnp.stack(drafts, axis=1), _stack_probs(probs_all, eng.greedy), cache
 
     def commit(self, eng, params, st, dstate, hidden, old_lengths, u, a, advance):
         return dstate.advance(advance)
@@ -167,7 +167,7 @@ class MtpState:
     cache: DenseKVCache  # the MTP block's own per-row cache (one layer)
     h: jax.Array  # [B, d_model]: MTP hidden at the last committed position
     first: jax.Array  # [B]: first draft (predicted from the last commit)
-    q_first: jax.Array | None  # [B, V] when sampling
+    first_probs: jax.Array | None  # [B, V] when sampling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,18 +183,19 @@ class MtpDrafter:
         t = hidden.shape[1]
         pos = lengths[:, None] + jnp.arange(t)[None]
         nxt = _gather(st.seq, pos + 1)
-        g, cache = mtp_hidden(params["target"], cfg, hidden, nxt, pos, cache, attention_impl=eng.attention_impl)
-        h = jnp.take_along_axis(g, (count - 1)[:, None, None], axis=1)[:, 0]
+        mtp_out, cache = mtp_hidden(params["target"], cfg, hidden, nxt, pos, cache, attention_impl=eng.attention_impl)
+        h = jnp.take_along_axis(mtp_out, (count - 1)[:, None, None], axis=1)[:, 0]
         # logits only for the one position a draft is taken from (not all t)
-        tok, q = pick(head(params["target"], cfg, h), eng, st, lengths + count + 1)
-        return cache, h, tok, q
+        tok, probs_k = pick(head(params["target"], cfg, h), eng, st, lengths + count + 1)
+        return cache, h, tok, probs_k
 
     def empty(self, eng, batch, width, capacity=None):
         cfg = eng.config
         cache = DenseKVCache.create(1, batch, eng.capacity if capacity is None else capacity, cfg.n_kv_heads,
-                                    cfg.dim_head, eng.dtype)
-        q = None if eng.greedy else jnp.zeros((batch, cfg.vocab_size), jnp.float32)
-        return MtpState(cache, jnp.zeros((batch, cfg.d_model), eng.dtype), jnp.zeros((batch,), jnp.int32), q)
+                                    cfg.head_dim, eng.dtype)
+        first_probs = None if eng.greedy else jnp.zeros((batch, cfg.vocab_size), jnp.float32)
+        return MtpState(cache, jnp.zeros((batch, cfg.d_model), eng.dtype), jnp.zeros((batch,), jnp.int32),
+                        first_probs)
 
     def rows_view(self, eng, dstate, rows, width):
         return self.empty(eng, rows.shape[0], width, capacity=width)
@@ -204,31 +205,32 @@ class MtpDrafter:
 
     def put_rows(self, dstate, rows, sub):
         put = lambda big, small: big.at[rows].set(small.astype(big.dtype), mode="drop")  # noqa: E731
-        q = None if dstate.q_first is None else put(dstate.q_first, sub.q_first)
-        return MtpState(dstate.cache.put_rows(rows, sub.cache), put(dstate.h, sub.h), put(dstate.first, sub.first), q)
+        probs_ = None if dstate.first_probs is None else put(dstate.first_probs, sub.first_probs)
+        return MtpState(dstate.cache.put_rows(rows, sub.cache), put(dstate.h, sub.h), put(dstate.first, sub.first),
+                        probs_)
 
     def prefill(self, eng, params, st, hidden, positions, live):
         zeros = jnp.zeros_like(st.prompt_len)
-        cache, h, tok, q = self._after(eng, params, st, st.dstate.cache, hidden, zeros, st.prompt_len)
-        return MtpState(cache.advance(st.prompt_len), h, tok, q)
+        cache, h, tok, first_probs = self._after(eng, params, st, st.dstate.cache, hidden, zeros, st.prompt_len)
+        return MtpState(cache.advance(st.prompt_len), h, tok, first_probs)
 
     def propose(self, eng, params, st):
         cfg, d = eng.config, eng.depth
         s: MtpState = st.dstate
         cache, h, tok = s.cache, s.h, s.first
-        drafts, qs = [tok], [s.q_first]
+        drafts, probs_all = [tok], [s.first_probs]
         base = st.known - 1  # MTP position of (h, first)
         for k in range(1, d):  # chain: (h_k, d_k) at the next position predicts d_{k+1}
             at = base + k - 1
-            g, cache = mtp_hidden(params["target"], cfg, h[:, None], tok[:, None], at[:, None],
+            mtp_out, cache = mtp_hidden(params["target"], cfg, h[:, None], tok[:, None], at[:, None],
                                   cache.replace(lengths=at), attention_impl=eng.attention_impl)
-            h = g[:, 0]
-            tok, q = pick(head(params["target"], cfg, h), eng, st, at + 2)
+            h = mtp_out[:, 0]
+            tok, probs_k = pick(head(params["target"], cfg, h), eng, st, at + 2)
             drafts.append(tok)
-            qs.append(q)
+            probs_all.append(probs_k)
         cache = cache.replace(lengths=s.cache.lengths)
-        return jnp.stack(drafts, axis=1), _stack_q(qs, eng.greedy), s.replace(cache=cache)
+        return jnp.stack(drafts, axis=1), _stack_probs(probs_all, eng.greedy), s.replace(cache=cache)
 
     def commit(self, eng, params, st, dstate, hidden, old_lengths, u, a, advance):
-        cache, h, tok, q = self._after(eng, params, st, dstate.cache, hidden, old_lengths, u + a)
-        return MtpState(cache.advance(advance), h, tok, q)
+        cache, h, tok, first_probs = self._after(eng, params, st, dstate.cache, hidden, old_lengths, u + a)
+        return MtpState(cache.advance(advance), h, tok, first_probs)

@@ -11,11 +11,10 @@ present ``committed = w`` (so they never set the cohort minimum) and do not adva
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
-import inspect
-import math
-from collections.abc import Iterator
+import time
 from typing import Any
 
 import jax
@@ -25,21 +24,22 @@ import numpy as np
 from specjax._pytree import pytree_dataclass
 from specjax.advance import KvAdvance
 from specjax.advance import kv_advance as resolve_kv_advance
-from specjax.cache import cache_supports_per_sequence_advance, describe_status
+from specjax.cache import describe_status
 from specjax.cache.base import resolve_attention_impl
-from specjax.drafter import DRAFTERS, DraftModelDrafter, MtpDrafter, NgramDrafter, NoDrafter
+from specjax.drafter import DraftModelDrafter, MtpDrafter, NgramDrafter, NoDrafter
+from specjax.metrics import GenerationResult, metrics, tokens
 from specjax.model.config import ModelConfig
 from specjax.model.llama import Model, ModelCache, forward, forward_hidden, head, init_cache
 from specjax.plan import plan_step
-from specjax.sampling import SAMPLE, RowSampling, derive_seed, position_keys, probs, sample
+from specjax.sampling import SAMPLE, RowSampling, position_keys, probs, sample
+from specjax.validate import MAX_DEPTH, validate
 from specjax.verify import greedy_verify, rejection_verify
 
 __all__ = [
-    "MAX_DEPTH", "Engine", "EngineState", "GenerationResult", "StreamChunk", "generate", "make_engine", "prefill",
-    "prompt_bucket", "request_capacity", "step", "stream",
+    "MAX_DEPTH", "EngineConfig", "EngineState", "GenerationResult", "generate", "make_engine", "prefill",
+    "prompt_bucket", "request_capacity", "step",
 ]
 
-MAX_DEPTH = 8
 CAPACITY_BLOCK = 128  # request-sized capacities are multiples of this (kernel key blocks divide them)
 PAGE_SIZE = 16  # tokens per page of a paged cache
 
@@ -90,8 +90,9 @@ class EngineState:
 
 
 @dataclasses.dataclass(frozen=True)
-class Engine:
-    """Static configuration: everything a compile depends on."""
+class EngineConfig:
+    """The static configuration of a generation: everything a compile depends on (hashable;
+    a static argument of every jitted function). The state that changes is ``EngineState``."""
 
     config: ModelConfig
     drafter: Any
@@ -121,7 +122,7 @@ class Engine:
 _TRACES = {"generate": 0}
 
 
-def _prefill(eng: Engine, params: dict, prompts: jax.Array, prompt_len: jax.Array, max_len, eos, seeds,
+def _prefill(eng: EngineConfig, params: dict, prompts: jax.Array, prompt_len: jax.Array, max_len, eos, seeds,
              sampling: RowSampling, cache: ModelCache, dstate: Any, live: jax.Array) -> EngineState:
     """Run ``prompts [B, P]`` into the empty ``cache`` and drafter state ``dstate`` and take
     each row's first token. ``live [B]``: real rows (padding rows of a refill own no pages)."""
@@ -153,19 +154,19 @@ def _prefill(eng: Engine, params: dict, prompts: jax.Array, prompt_len: jax.Arra
     return st.replace(dstate=eng.drafter.prefill(eng, params, st, hidden, positions, live))
 
 
-def _fresh_prefill(eng: Engine, params: dict, prompts, prompt_len, max_len, eos, seeds, sampling) -> EngineState:
+def _fresh_prefill(eng: EngineConfig, params: dict, prompts, prompt_len, max_len, eos, seeds, sampling) -> EngineState:
     """``_prefill`` into new caches of the engine's full capacity (one static batch)."""
     b, p = prompts.shape
     return _prefill(eng, params, prompts, prompt_len, max_len, eos, seeds, sampling, eng.new_cache(eng.config, b, p),
                     eng.drafter.empty(eng, b, p), jnp.ones((b,), bool))
 
 
-def _step(eng: Engine, params: dict, st: EngineState) -> EngineState:
+def _step(eng: EngineConfig, params: dict, st: EngineState) -> EngineState:
     """One speculative step for every row: draft, verify, commit. Pure: ``state -> state``."""
     w, d = eng.window, eng.depth
     b, c = st.seq.shape
     lengths, u, active = st.cache.lengths, st.u, ~st.done
-    drafts, q, dstate = eng.drafter.propose(eng, params, st)
+    drafts, draft_probs, dstate = eng.drafter.propose(eng, params, st)
 
     # the window: u known tokens, then w - u drafts, at this row's own offset
     j = jnp.arange(w, dtype=jnp.int32)[None]
@@ -182,7 +183,7 @@ def _step(eng: Engine, params: dict, st: EngineState) -> EngineState:
     if eng.greedy:
         a, nxt = greedy_verify(logits, drafts, u)
     else:
-        a, nxt = rejection_verify(logits, drafts, q, u, lengths, st.seeds, st.sampling)
+        a, nxt = rejection_verify(logits, drafts, draft_probs, u, lengths, st.seeds, st.sampling)
 
     # emit drafts[:a] + nxt at positions known .. known + a, cut at EOS / the token budget
     k = jnp.arange(d + 1, dtype=jnp.int32)[None]
@@ -212,7 +213,7 @@ def _step(eng: Engine, params: dict, st: EngineState) -> EngineState:
         dstate=dstate,
         steps=st.steps + act,
         emitted=st.emitted + n_new,
-        accepted=st.accepted + a * act,
+        accepted=st.accepted + jnp.minimum(a, n_new) * act,  # drafts emitted: none cut by EOS/budget
         proposed=st.proposed + proposed * act,
         acc_pos=st.acc_pos + ((kd < a[:, None]) & active[:, None]).astype(jnp.int32),
         prop_pos=st.prop_pos + ((kd < proposed[:, None]) & active[:, None]).astype(jnp.int32),
@@ -224,7 +225,7 @@ def _step(eng: Engine, params: dict, st: EngineState) -> EngineState:
 _prefill_jit = jax.jit(_fresh_prefill, static_argnums=0)
 
 
-def prefill(eng: Engine, params: dict, prompts, prompt_len, max_len, eos, seeds,
+def prefill(eng: EngineConfig, params: dict, prompts, prompt_len, max_len, eos, seeds,
             sampling: RowSampling | None = None) -> EngineState:
     """Jitted prefill of ``prompts [B, P]`` (``prompt_len, max_len, eos, seeds [B]``) into new
     caches of the engine's capacity. ``sampling`` defaults to greedy rows."""
@@ -239,19 +240,8 @@ step.__doc__ = """``step(engine, params, state) -> state``: one jitted speculati
 The input state is donated: its buffers (caches included) are updated in place, not copied."""
 
 
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
-def _stream_step(eng: Engine, params: dict, st: EngineState):
-    """``step`` plus the few values ``stream`` reads back: the (up to ``w``) tokens each row
-    emitted, how many, and the loop state. Never the caches or the whole sequence."""
-    before = st.known
-    st = _step(eng, params, st)
-    idx = before[:, None] + jnp.arange(eng.window, dtype=jnp.int32)[None]
-    new = jnp.take_along_axis(st.seq, jnp.clip(idx, 0, st.seq.shape[1] - 1), axis=1)
-    return st, (new, st.known - before, st.done, st.i)
-
-
 @functools.partial(jax.jit, static_argnums=0)
-def _generate(eng: Engine, params: dict, prompts, prompt_len, max_len, eos, seeds, sampling) -> EngineState:
+def _generate(eng: EngineConfig, params: dict, prompts, prompt_len, max_len, eos, seeds, sampling) -> EngineState:
     _TRACES["generate"] += 1
     st = _fresh_prefill(eng, params, prompts, prompt_len, max_len, eos, seeds, sampling)
     return jax.lax.while_loop(
@@ -261,122 +251,15 @@ def _generate(eng: Engine, params: dict, prompts, prompt_len, max_len, eos, seed
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class GenerationResult:
-    """What ``generate`` returns.
-
-    ``tokens``: the new tokens of each prompt, in order (EOS included when hit).
-    ``metrics`` (all over active decode steps; the first token comes from prefill):
-
-    * ``emitted``: tokens the decode steps produced; ``total_row_steps``: steps summed over rows;
-      ``steps``: steps of the longest row.
-    * ``tok_per_step`` = ``emitted / total_row_steps`` (what a row gains per target forward;
-      cut at EOS and the token budget) and ``row_tok_per_step`` per row.
-    * ``mean_accepted_length`` = ``(accepted_drafts + total_row_steps) / total_row_steps``:
-      accepted drafts plus the verifier's own token per step, before any EOS/budget cut, so
-      it can exceed ``tok_per_step``.
-    * ``acceptance_per_position``: accepted / proposed at draft position ``k``;
-      ``row_accepted_trace``: accepted drafts per step per row.
-    * ``compiles``: traces of the generate loop in this call (0 when the shapes were seen).
-    """
-
-    tokens: list[list[int]]
-    metrics: dict
-
-
 def prompt_bucket(prompts: list[list[int]]) -> int:
     """Padded prompt width of a batch: the longest prompt rounded up to a power of two (>= 8).
     Each bucket is its own compile (warm every bucket before timing)."""
     return max(8, 1 << (max(len(p) for p in prompts) - 1).bit_length())
 
 
-def _fail(arg: str, value: object, allowed: str) -> None:
-    raise ValueError(f"{arg}={value!r} is invalid: {allowed}")
-
-
-def _validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache, temperature, top_k, top_p, seed,
-              eos_id):
-    cfg = model.config
-    if not isinstance(prompts, list | tuple) or len(prompts) == 0:
-        _fail("prompts", prompts, "must be a non-empty list of token-id lists")
-    if all(isinstance(p, int | np.integer) for p in prompts):
-        _fail("prompts", prompts, "is one flat list of ints: pass a list of prompts, e.g. [prompt]")
-    for i, p in enumerate(prompts):
-        if not isinstance(p, list | tuple | np.ndarray):
-            _fail(f"prompts[{i}]", p, "must be a list of int token ids")
-        if len(p) == 0:
-            _fail(f"prompts[{i}]", p, "a prompt must hold at least one token")
-        arr = np.asarray(p)
-        if not np.issubdtype(arr.dtype, np.integer) or arr.ndim != 1:
-            _fail(f"prompts[{i}]", p, "must be a list of int token ids")
-        bad = np.nonzero((arr < 0) | (arr >= cfg.vocab_size))[0]
-        if len(bad):
-            _fail(f"prompts[{i}][{int(bad[0])}]", int(arr[bad[0]]), f"token ids must lie in [0, {cfg.vocab_size})")
-    per_row = isinstance(max_new_tokens, list | tuple)
-    news = list(max_new_tokens) if per_row else [max_new_tokens] * len(prompts)
-    if len(news) != len(prompts) or any(isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1
-                                        for n in news):
-        _fail("max_new_tokens", max_new_tokens, f"must be an int >= 1 or one per prompt ({len(prompts)})")
-    lens = [len(p) for p in prompts]
-    longest = max(lens)
-    which = lens.index(longest)
-    if longest >= cfg.max_seq_len:
-        _fail(f"prompts[{which}]", f"{longest} tokens",
-              f"the model's context is max_seq_len={cfg.max_seq_len} tokens: a prompt may hold at most "
-              f"{cfg.max_seq_len - 1} (to leave room for one new token)")
-    over = [i for i in range(len(prompts)) if lens[i] + news[i] > cfg.max_seq_len]
-    if per_row and over:
-        i = over[0]
-        _fail(f"max_new_tokens[{i}]", news[i], f"prompt length {lens[i]} (prompts[{i}]) + max_new_tokens must be "
-              f"<= the model's max_seq_len={cfg.max_seq_len}: at most {cfg.max_seq_len - lens[i]} new tokens fit")
-    if over:
-        _fail("max_new_tokens", max_new_tokens,
-              f"prompt length {longest} (prompts[{which}]) + max_new_tokens must be <= the model's "
-              f"max_seq_len={cfg.max_seq_len}: at most {cfg.max_seq_len - longest} new tokens fit")
-    if drafter is not None and drafter not in DRAFTERS:
-        _fail("drafter", drafter, f"must be one of {list(DRAFTERS)} or None")
-    if drafter is not None and (isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH):
-        _fail("depth", depth, f"must be an int in [1, {MAX_DEPTH}]")
-    if drafter == "mtp" and cfg.mtp_depth < 1:
-        _fail("drafter", drafter, "the model has no MTP module (mtp_depth=0)")
-    if drafter == "draft_model":
-        if not isinstance(draft_model, Model):
-            _fail("draft_model", draft_model, "drafter='draft_model' needs a specjax Model")
-        if draft_model.config.vocab_size != cfg.vocab_size:
-            _fail("draft_model", f"vocab_size {draft_model.config.vocab_size}",
-                  f"must equal the target's vocab_size {cfg.vocab_size}")
-        if draft_model.config.max_seq_len < cfg.max_seq_len:
-            _fail("draft_model", f"max_seq_len {draft_model.config.max_seq_len}",
-                  f"must be >= the target's max_seq_len {cfg.max_seq_len}")
-    if cache not in ("dense", "paged"):
-        _fail("cache", cache, "must be 'dense' or 'paged'")
-    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not math.isfinite(temperature) \
-            or temperature < 0:
-        _fail("temperature", temperature, "must be a finite float >= 0")
-    if top_p is not None and not 0 < top_p <= 1:
-        _fail("top_p", top_p, "must lie in (0, 1]")
-    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-        _fail("top_k", top_k, "must be an int >= 1 or None")
-    seeds = [seed] * len(prompts) if isinstance(seed, int) else list(seed)
-    if len(seeds) != len(prompts) or any(not isinstance(s, int) or not 0 <= s < 2**32 for s in seeds):
-        _fail("seed", seed, f"must be an int in [0, 2**32) or one per prompt ({len(prompts)})")
-    if isinstance(seed, int):  # one base seed: each row's own stream, from (seed, row)
-        seeds = [derive_seed(seed, i) for i in range(len(prompts))]
-    if eos_id is not None and not 0 <= eos_id < cfg.vocab_size:
-        _fail("eos_id", eos_id, f"must lie in [0, {cfg.vocab_size}) or be None")
-    return seeds, [int(n) for n in news]
-
-
-def check_per_sequence_cache(cache: Any) -> None:
-    """Refuse the per-sequence rule on a cache that cannot carry per-row lengths."""
-    msg = cache_supports_per_sequence_advance(cache)
-    if msg is not None:
-        raise ValueError(f"kv_advance='per_sequence' is not supported by this cache: {msg}")
-
-
 def make_engine(model: Model, *, drafter, draft_model, depth, kv_advance_rule, cache, greedy: bool = True,
                 ngram_n: int = 3, capacity: int | None = None, attention_impl: str = "xla",
-                num_pages: int | None = None) -> Engine:
+                num_pages: int | None = None) -> EngineConfig:
     """The static engine. ``capacity`` (cache slots per row; ``request_capacity``) defaults to
     what the model's longest sequence would need; ``generate`` passes the request's.
     ``greedy``: every row decodes greedily (no distributions are built); otherwise each row
@@ -387,7 +270,7 @@ def make_engine(model: Model, *, drafter, draft_model, depth, kv_advance_rule, c
     cfg = model.config
     if capacity is None:
         capacity = request_capacity(0, cfg.max_seq_len, d)
-    return Engine(
+    return EngineConfig(
         config=cfg,
         drafter=dr,
         depth=d,
@@ -406,7 +289,7 @@ def make_engine(model: Model, *, drafter, draft_model, depth, kv_advance_rule, c
 def _setup(model, prompts, max_new_tokens, drafter, draft_model, depth, kv_advance, cache, temperature, top_k, top_p,
            seed, eos_id, ngram_n, attention_impl):
     """Validate (before any compile), build the static engine and the host-side batch."""
-    seeds, news = _validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache, temperature, top_k,
+    seeds, news = validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache, temperature, top_k,
                             top_p, seed, eos_id)
     rule = resolve_kv_advance(kv_advance)
     width = prompt_bucket(prompts)
@@ -422,8 +305,6 @@ def _setup(model, prompts, max_new_tokens, drafter, draft_model, depth, kv_advan
     params = {"target": model.params}
     if eng.draft_config is not None:
         params["draft"] = draft_model.params
-    if rule is KvAdvance.PER_SEQUENCE:
-        check_per_sequence_cache(jax.eval_shape(lambda: eng.new_cache(eng.config, b, width)))
     args = (
         jnp.asarray(toks), jnp.asarray(plen), jnp.asarray(plen + np.array(news, np.int32)),
         jnp.full((b,), -1 if eos_id is None else eos_id, jnp.int32), jnp.asarray(np.array(seeds, np.uint32)),
@@ -468,10 +349,36 @@ def generate(
     eng, params, args = _setup(model, prompts, max_new_tokens, drafter, draft_model, depth, kv_advance, cache,
                                temperature, top_k, top_p, seed, eos_id, ngram_n, attention_impl)
     before = _TRACES["generate"]
-    st = jax.device_get(_generate(eng, params, *args))
+    run, compile_s = _compiled(eng, params, args)
+    t0 = time.perf_counter()
+    st = jax.device_get(run(params, *args))
+    run_s = time.perf_counter() - t0
     compiles = _TRACES["generate"] - before
     _check_status(st)
-    return GenerationResult(_tokens(st), _metrics(st, eng, compiles))
+    result_metrics = metrics(st, eng, compiles)
+    n_new = sum(int(k - p) for k, p in zip(st.known, st.prompt_len, strict=True))
+    result_metrics.update(seconds_compile=compile_s, seconds_run=run_s, tok_per_s=n_new / run_s if run_s else 0.0)
+    return GenerationResult(tokens(st), result_metrics)
+
+
+_COMPILED: collections.OrderedDict = collections.OrderedDict()
+_COMPILED_MAX = 32  # compiled generate loops kept (least recently used dropped)
+
+
+def _compiled(eng: EngineConfig, params: dict, args: tuple):
+    """The compiled generate loop for these static settings and shapes, and the seconds its
+    compile took now (0.0 when it was cached): compile time and run time are measured apart."""
+    leaves, tree = jax.tree.flatten((params, args))
+    key = (eng, tree, tuple((x.shape, str(x.dtype), getattr(x, "weak_type", False)) for x in leaves))
+    if key in _COMPILED:
+        _COMPILED.move_to_end(key)
+        return _COMPILED[key], 0.0
+    t0 = time.perf_counter()
+    fn = _generate.lower(eng, params, *args).compile()
+    _COMPILED[key] = fn
+    if len(_COMPILED) > _COMPILED_MAX:
+        _COMPILED.popitem(last=False)
+    return fn, time.perf_counter() - t0
 
 
 def _check_status(st) -> None:
@@ -482,70 +389,3 @@ def _check_status(st) -> None:
         raise RuntimeError(f"KV cache refused a write or advance (engine bug or undersized cache): rows {bad}")
 
 
-@dataclasses.dataclass(frozen=True)
-class StreamChunk:
-    new_tokens: list[list[int]]  # per row: tokens emitted since the previous chunk
-    result: GenerationResult | None  # set on the last chunk only
-
-
-def stream(model: Model, prompts: list[list[int]], **kwargs: Any) -> Iterator[StreamChunk]:
-    """``generate`` one step at a time, for interactive output: the same jitted ``prefill``
-    and ``step`` (same tokens, same metrics), but the host reads the new tokens after
-    every step (one device sync per step; ``generate`` has none). Same keyword arguments
-    as ``generate``; the last chunk carries the ``GenerationResult``."""
-    # generate's signature is the one source of names and defaults (a bad name is a TypeError)
-    bound = inspect.signature(generate).bind(model, prompts, **kwargs)
-    bound.apply_defaults()
-    eng, params, args = _setup(**bound.arguments)
-    st = prefill(eng, params, *args)
-    # the first token comes from prefill; afterwards each step reads back only [B, w] tokens
-    first, done, i = jax.device_get((st.seq[jnp.arange(st.seq.shape[0]), args[1]], st.done, st.i))
-    new = [[int(t)] for t in first]
-    while True:
-        if bool(done.all()) or int(i) >= eng.max_steps:
-            host = jax.device_get(st)
-            _check_status(host)
-            yield StreamChunk(new, GenerationResult(_tokens(host), _metrics(host, eng, 0)))
-            return
-        yield StreamChunk(new, None)
-        st, small = _stream_step(eng, params, st)
-        toks, n_new, done, i = jax.device_get(small)
-        new = [toks[r, : n_new[r]].tolist() for r in range(toks.shape[0])]
-
-
-stream.__signature__ = inspect.signature(generate).replace(  # help(stream) shows generate's keywords
-    return_annotation=Iterator[StreamChunk])
-
-
-def _tokens(st) -> list[list[int]]:
-    seq, plen, known = np.asarray(st.seq), np.asarray(st.prompt_len), np.asarray(st.known)
-    return [seq[i, plen[i] : known[i]].tolist() for i in range(seq.shape[0])]
-
-
-def _metrics(st, eng: Engine, compiles: int) -> dict:
-    steps = np.asarray(st.steps)
-    emitted = np.asarray(st.emitted)
-    acc = np.asarray(st.accepted)
-    total_steps = int(steps.sum())
-    prop_pos, acc_pos = np.asarray(st.prop_pos), np.asarray(st.acc_pos)
-    pp = prop_pos.sum(axis=0)
-    return {
-        "tok_per_step": float(emitted.sum() / total_steps) if total_steps else 0.0,
-        "row_tok_per_step": (emitted / np.maximum(steps, 1)).tolist(),
-        "mean_accepted_length": float((acc.sum() + total_steps) / total_steps) if total_steps else 0.0,
-        "mean_accepted_drafts": float(acc.sum() / total_steps) if total_steps else 0.0,
-        "acceptance_per_position": [float(x) for x in acc_pos.sum(axis=0) / np.maximum(pp, 1)],
-        "accepted_per_position_count": [int(x) for x in acc_pos.sum(axis=0)],
-        "proposed_per_position_count": [int(x) for x in pp],
-        "accepted_drafts": int(acc.sum()),
-        "total_row_steps": total_steps,
-        "emitted": int(emitted.sum()),
-        "steps": int(steps.max()) if len(steps) else 0,
-        "row_steps": steps.tolist(),
-        "row_accepted_trace": [[int(x) for x in r if x >= 0] for r in np.asarray(st.trace)],
-        "compiles": compiles,
-        "drafter": eng.drafter.name,
-        "depth": eng.depth,
-        "kv_advance": eng.kv_rule.value,
-        "cache": eng.cache_kind,
-    }

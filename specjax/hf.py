@@ -140,7 +140,7 @@ def load_hf_checkpoint(path: str | Path, dtype=None) -> Model:
         raise ValueError(f"{path}: not a directory")
     cfg, _, _ = _config(path)
     r = _Reader(_tensor_files(path), _DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype)
-    d, hd, f = cfg.d_model, cfg.dim_head, cfg.d_ff
+    d, hd, f = cfg.d_model, cfg.head_dim, cfg.d_ff
     nq, nkv = cfg.n_heads * hd, cfg.n_kv_heads * hd
     layers = []
     for i in range(cfg.n_layers):

@@ -13,25 +13,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specjax._pytree import pytree_dataclass
-
 __all__ = [
     "MASK_VALUE",
-    "RaggedKvLens",
     "make_left_padded_causal_mask",
     "make_position_mask",
     "visible",
 ]
 
 MASK_VALUE = -1e30  # finite large negative: exp() underflows to exactly 0
-
-
-@pytree_dataclass
-class RaggedKvLens:
-    """Per-row live KV range ``[lead_pad, kv_len)``; both int32 ``[B]``."""
-
-    lead_pad: jax.Array
-    kv_len: jax.Array
 
 
 def visible(

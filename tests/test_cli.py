@@ -71,6 +71,25 @@ def test_help_shows_every_default(capsys):
     with pytest.raises(SystemExit):
         cli.main(["generate", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    for shown in ("--max-new-tokens MAX_NEW_TOKENS default: 128", "--temperature TEMPERATURE default: 0.0",
+    for shown in ("--max-new-tokens MAX_NEW_TOKENS default: 128", "--temperature TEMPERATURE 0 = greedy (default: 0.8)",
                   "--cache {dense,paged} default: dense", "--seed SEED default: 0"):
         assert shown in out, shown
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["generate", "--batch-file", "/no/such/prompts.txt"], "--batch-file /no/such/prompts.txt: no such file"),
+    (["generate", "--batch-file", "/tmp"], "is a directory"),
+    (["simulate", "--batch", "4", "--steps", "5", "--plot", "/no/such/dir/x.png"], "--plot"),
+    (["generate", "x", "--temperature", "nan"], "temperature=nan is invalid"),
+    (["generate", "y" * 300], "prompts[0]='301 tokens' is invalid"),
+    (["batch", "/no/such/jobs.jsonl", "--out", "/tmp/never-written.jsonl"], "/no/such/jobs.jsonl: no such file"),
+])
+def test_cli_errors_are_one_line_in_a_real_process(argv, match):
+    """Run as a user does (``python -m specjax``): one error line, exit 2, no traceback."""
+    import os
+
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    proc = subprocess.run([sys.executable, "-m", "specjax", *argv], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.count("\n") == 1 and match in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

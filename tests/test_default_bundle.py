@@ -54,3 +54,39 @@ def test_cli_generate_uses_the_bundle_by_default(capsys):
     out = json.loads(capsys.readouterr().out)
     assert len(out["tokens"][0]) <= 24 and out["summary"]["drafter"] == "mtp"
     assert out["texts"][0] == ByteTokenizer().decode(out["tokens"][0]) and len(out["texts"][0]) > 0
+
+
+def test_accepted_drafts_count_only_emitted_ones(bundle):
+    """A tight budget cuts accepted drafts (this prompt's drafts are all accepted): they are
+    not counted, so accepted drafts never exceed emitted tokens."""
+    prompts = [bundle.tokenizer.encode("class Stack:", bos=True)] * 2
+    res = generate(bundle.model, prompts, max_new_tokens=3, drafter="mtp", depth=3)
+    m = res.metrics
+    assert max(max(t) for t in m["row_accepted_trace"]) == 3  # the verifier accepted all 3 drafts
+    assert m["emitted"] == 2 * 2  # 1 token from prefill, then the budget leaves 2 per row
+    assert m["accepted_drafts"] == 4 and m["mean_accepted_length"] == pytest.approx(3.0)
+
+
+def test_a_built_wheel_carries_the_bundled_model(tmp_path):
+    """``pip wheel .``, unpacked outside the source tree: ``load_model()`` finds the bundle
+    inside the installed package and generates."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+    import zipfile
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(root), "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path / "wheel")], check=True, capture_output=True, timeout=600)
+    (wheel,) = (tmp_path / "wheel").glob("specjax-*.whl")
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    code = ("import specjax; b = specjax.load_model(); print(b.path); "
+            "print(len(b.generate(['def f('], max_new_tokens=4)[1].tokens[0]))")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(site)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    path, n = out.stdout.split()
+    assert pathlib.Path(path) == site / "specjax" / "checkpoints" / "default" and n == "4"

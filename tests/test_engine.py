@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from specjax import engine as engine_mod
-from specjax.engine import check_per_sequence_cache, generate
+from specjax.engine import generate
 from specjax.model import logits
 
 from engine_models import GLOBAL, SLIDING, TINY, noisy, sharp
@@ -149,14 +149,44 @@ def test_one_compile_per_static_config():
     assert again.metrics["compiles"] == 0  # new prompts, budget, seeds, EOS: data, not a recompile
     other = generate(MODELS["global"], _prompts(3, 2, hi=8), max_new_tokens=10, **(kw | {"depth": 3}))
     assert other.metrics["compiles"] == 1
+    # compile and run are timed apart: a cached loop reports no compile time
+    assert first.metrics["seconds_compile"] > 0 and again.metrics["seconds_compile"] == 0.0
+    n_new = sum(len(t) for t in again.tokens)
+    assert again.metrics["tok_per_s"] == pytest.approx(n_new / again.metrics["seconds_run"])
+    # sampling settings are data too: a new temperature, top-k or top-p is no recompile
+    hot = generate(MODELS["global"], _prompts(3, 2, hi=8), max_new_tokens=10, temperature=0.7, **kw)
+    warm = generate(MODELS["global"], _prompts(3, 2, hi=8), max_new_tokens=10, temperature=1.3, top_k=4, top_p=0.9,
+                    **kw)
+    assert hot.metrics["compiles"] == 1 and warm.metrics["compiles"] == 0
 
 
-def test_per_sequence_refused_on_a_cache_without_row_lengths():
-    class SharedOffset:
-        offset = 0
+def test_every_engine_cache_carries_row_lengths_and_a_flax_decode_cache_does_not():
+    """The per-sequence rule needs a length per row in every cache the engine touches: target
+    (dense or paged global layers, rolling local ones), draft model and MTP. A Flax decode
+    cache keeps one ``cache_index`` for the batch and is refused, naming it."""
+    import flax.linen as nn
+    import jax
 
-    with pytest.raises(ValueError, match=r"kv_advance='per_sequence' is not supported by this cache: .*SharedOffset"):
-        check_per_sequence_cache({"global": SharedOffset()})
+    from specjax.advance import KvAdvance
+    from specjax.cache import cache_supports_per_sequence_advance
+    from specjax.engine import make_engine, prefill
+
+    for cache in ("dense", "paged"):
+        for drafter in ("mtp", "draft_model"):
+            model = MODELS["sliding"]
+            eng = make_engine(model, drafter=drafter, draft_model=DRAFTS["sliding"], depth=2,
+                              kv_advance_rule=KvAdvance.PER_SEQUENCE, cache=cache, capacity=128)
+            params = {"target": model.params, "draft": DRAFTS["sliding"].params}
+            st = prefill(eng, params, np.ones((3, 8), np.int32), np.array([2, 5, 8], np.int32),
+                         np.array([20] * 3, np.int32), np.full(3, -1, np.int32), np.zeros(3, np.uint32))
+            for part in (st.cache, st.dstate if drafter == "draft_model" else st.dstate.cache):
+                assert cache_supports_per_sequence_advance(part) is None, (cache, drafter)
+            assert st.cache.local_kv is not None and st.cache.global_kv is not None
+    attn = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=8, decode=True)
+    x = np.zeros((3, 5, 8), np.float32)
+    flax_cache = attn.init(jax.random.key(0), x, x)["cache"]
+    msg = cache_supports_per_sequence_advance({"layer0": flax_cache})
+    assert msg is not None and "cache['layer0']" in msg and "'cache_index' has shape ()" in msg, msg
 
 
 # ------------------------------------------------------------------ lossless sampling

@@ -166,7 +166,8 @@ def test_cli_generate_on_a_local_checkpoint(capsys):
     from specjax import cli
 
     _, exp = _load("llama")
-    assert cli.main(["generate", "--model", str(FIX / "llama"), "def parse", "--max-new-tokens", "12", "--json"]) == 0
+    assert cli.main(["generate", "--model", str(FIX / "llama"), "def parse", "--max-new-tokens", "12", "--json",
+                     "--temperature", "0"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["tokens"] == [exp["generated"][0]]
     assert out["summary"]["drafter"] == "ngram" and out["summary"]["tok_per_step"] >= 1.0

@@ -74,7 +74,7 @@ def test_capacity_follows_the_request_not_the_declared_context():
                       capacity=request_capacity(8, 9, 3))
     st = engine_mod.prefill(eng, {"target": big.params}, np.ones((2, 8), np.int32), np.array([3, 8], np.int32),
                             np.array([12, 17], np.int32), np.full(2, -1, np.int32), np.zeros(2, np.uint32))
-    assert st.cache.global_kv.k[0].shape == (2, big.config.n_kv_heads, 128, big.config.dim_head)
+    assert st.cache.global_kv.k[0].shape == (2, big.config.n_kv_heads, 128, big.config.head_dim)
     assert st.seq.shape == (2, 128) and st.dstate.cache.capacity == 128
 
 

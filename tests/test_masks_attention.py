@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from specjax.attention import live_attention, live_block_bounds, masked_attention, ragged_attention
-from specjax.masks import MASK_VALUE, RaggedKvLens, make_left_padded_causal_mask
+from specjax.masks import MASK_VALUE, make_left_padded_causal_mask
 
 from refs import ref_attention, ref_visible
 
@@ -109,12 +109,6 @@ def test_masked_attention_ignores_values_behind_the_mask():
     k2[:, :, 10:] = -1e4
     np.testing.assert_array_equal(np.asarray(a), np.asarray(masked_attention(q, k2, k2, mask)))
     assert MASK_VALUE <= -1e9
-
-
-def test_ragged_kv_lens_is_a_pytree():
-    lens = RaggedKvLens(jnp.array([0, 2]), jnp.array([5, 7]))
-    doubled = jax.tree.map(lambda x: x * 2, lens)
-    np.testing.assert_array_equal(doubled.kv_len, [10, 14])
 
 
 @pytest.mark.parametrize(

@@ -82,7 +82,7 @@ def test_mtp_cached_matches_uncached():
     pos = np.broadcast_to(np.arange(11, dtype=np.int32), (B, 11))
     ref, _, _ = mtp_forward(model.params, cfg, hid[:, :11], seq[:, 1:], pos)
     assert ref.shape == (B, 11, cfg.vocab_size)
-    cache = DenseKVCache.create(1, B, 16, cfg.n_kv_heads, cfg.dim_head)
+    cache = DenseKVCache.create(1, B, 16, cfg.n_kv_heads, cfg.head_dim)
     got = []
     for s in range(0, 11, 4):
         e = min(s + 4, 11)
@@ -96,7 +96,7 @@ def test_mtp_cached_matches_uncached():
     "kwargs,match",
     [
         (dict(n_heads=3), r"n_heads=3 must be a multiple of n_kv_heads=2"),
-        (dict(d_model=30), r"d_model=30 must be a multiple of n_heads=4"),
+        (dict(d_model=30, head_dim=None), r"d_model=30 must be a multiple of n_heads=4"),  # head_dim derived
         (dict(vocab_size=0), r"vocab_size must be an int >= 1, got 0"),
         (dict(sliding_window=0), r"sliding_window must be >= 1"),
     ],
@@ -104,6 +104,14 @@ def test_mtp_cached_matches_uncached():
 def test_config_validation(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ModelConfig(**(CONFIGS["global"].to_dict() | kwargs))
+
+
+def test_head_dim_is_one_concrete_field():
+    derived = ModelConfig(**(CONFIGS["global"].to_dict() | {"head_dim": None}))
+    assert derived.head_dim == derived.d_model // derived.n_heads
+    assert ModelConfig(**derived.to_dict()) == derived  # a saved config round-trips
+    wide = ModelConfig(**(CONFIGS["global"].to_dict() | {"d_model": 30, "head_dim": 8}))  # HF-style explicit size
+    assert wide.head_dim == 8
 
 
 def test_init_cache_rejects_unknown_kind():

@@ -95,7 +95,7 @@ def test_mtp_chain_logits_match_the_cached_drafter_chain():
     _, hidden = hidden_states(m, tokens[:, :t])
     chain = mtp_chain_logits(m.params, cfg, hidden, tokens, depth)
     for p in (0, 5, t - 1):
-        cache = DenseKVCache.create(1, 2, 32, cfg.n_kv_heads, cfg.dim_head)
+        cache = DenseKVCache.create(1, 2, 32, cfg.n_kv_heads, cfg.head_dim)
         pos = jnp.broadcast_to(jnp.arange(p + 1), (2, p + 1))
         lg, g, cache = mtp_forward(m.params, cfg, hidden[:, : p + 1], tokens[:, 1 : p + 2], pos, cache)
         np.testing.assert_allclose(lg[:, p], chain[0][:, p], atol=2e-5)

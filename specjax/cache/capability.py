@@ -1,4 +1,10 @@
-"""Can a cache (or a pytree of caches) carry one length per row?"""
+"""Can a cache (or a pytree of caches) carry one length per row?
+
+Every cache kind specjax builds does (tested over the whole engine state), so the engine
+itself never needs to ask. This is for caches written elsewhere, before research code runs
+the per-sequence rule on them: a Flax ``decode=True`` attention cache, for example, keeps one
+``cache_index`` for the whole batch, and is refused with a message naming it.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +14,20 @@ import numpy as np
 
 __all__ = ["cache_supports_per_sequence_advance"]
 
-_LENGTH_NAMES = ("length", "len", "offset", "pos", "position", "index", "cur_index", "seq_len")
+_LENGTH_NAMES = ("length", "len", "offset", "pos", "position", "index", "cur_index", "cache_index", "seq_len")
+
+
+def _field(slot: Any, name: str) -> Any:
+    return slot.get(name) if isinstance(slot, dict) else getattr(slot, name, None)
+
+
+def _is_record(tree: Any) -> bool:
+    """A dict that is one cache (e.g. Flax's ``{"cached_key", "cached_value", "cache_index"}``)."""
+    return isinstance(tree, dict) and any(k in tree for k in ("lengths", *_LENGTH_NAMES))
 
 
 def _slots(tree: Any, path: str):
-    if isinstance(tree, dict):
+    if isinstance(tree, dict) and not _is_record(tree):
         for k in tree:
             yield from _slots(tree[k], f"{path}[{k!r}]")
     elif isinstance(tree, list | tuple) and not hasattr(tree, "lengths"):
@@ -29,11 +44,11 @@ def cache_supports_per_sequence_advance(cache: Any) -> str | None:
     batch = None
     for path, slot in _slots(cache, "cache"):
         name = f"{path} ({type(slot).__name__})"
-        lengths = getattr(slot, "lengths", None)
+        lengths = _field(slot, "lengths")
         if lengths is None:
-            other = [f for f in _LENGTH_NAMES if hasattr(slot, f)]
+            other = [f for f in _LENGTH_NAMES if _field(slot, f) is not None]
             if other:
-                shape = np.shape(getattr(slot, other[0]))
+                shape = np.shape(_field(slot, other[0]))
                 return (
                     f"{name} field {other[0]!r} has shape {shape}: a length shared by the whole batch; "
                     "per-sequence advance needs an int32 'lengths' of shape [B]"

@@ -26,7 +26,7 @@ class ModelConfig:
     sliding_window: int | None = None
     global_every: int = 0
     mtp_depth: int = 1
-    head_dim: int | None = None
+    head_dim: int | None = None  # None: d_model // n_heads (always an int after construction)
     tie_embeddings: bool = True
     qkv_bias: bool = False
     rope_theta: float = 10000.0
@@ -49,10 +49,8 @@ class ModelConfig:
             raise ValueError(f"global_every must be >= 0, got {self.global_every}")
         if self.mtp_depth < 0:
             raise ValueError(f"mtp_depth must be >= 0, got {self.mtp_depth}")
-
-    @property
-    def dim_head(self) -> int:
-        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+        if self.head_dim is None:  # one field, always concrete: no second name for the head size
+            object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
 
     def is_local(self, layer: int) -> bool:
         """Does ``layer`` use the sliding window (and the rolling cache)?"""

@@ -44,7 +44,7 @@ class Model:
 
 
 def _block_params(key: jax.Array, cfg: ModelConfig, dtype) -> dict:
-    d, hd, f = cfg.d_model, cfg.dim_head, cfg.d_ff
+    d, hd, f = cfg.d_model, cfg.head_dim, cfg.d_ff
     ks = jax.random.split(key, 7)
     std = 0.02
     p = {
@@ -77,7 +77,7 @@ def _fuse_block(p: dict) -> dict:
 
 
 def _unfuse_block(p: dict, cfg: ModelConfig) -> dict:
-    hd = cfg.dim_head
+    hd = cfg.head_dim
     sizes = {"wqkv": (cfg.n_heads * hd, cfg.n_kv_heads * hd), "bqkv": (cfg.n_heads * hd, cfg.n_kv_heads * hd),
              "w_gate_up": (cfg.d_ff,)}
     out = {k: v for k, v in p.items() if k not in _FUSED}
@@ -158,11 +158,11 @@ def _qkv(p: dict, x: jax.Array, positions: jax.Array, cfg: ModelConfig):
     qkv = h @ p["wqkv"]  # one matmul for q, k and v
     if cfg.qkv_bias:
         qkv = qkv + p["bqkv"]
-    nq, nkv = cfg.n_heads * cfg.dim_head, cfg.n_kv_heads * cfg.dim_head
+    nq, nkv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     q, k, v = qkv[..., :nq], qkv[..., nq : nq + nkv], qkv[..., nq + nkv :]
-    q = rope(q.reshape(b, t, cfg.n_heads, cfg.dim_head), positions, cfg.rope_theta)
-    k = rope(k.reshape(b, t, cfg.n_kv_heads, cfg.dim_head), positions, cfg.rope_theta)
-    return q, k, v.reshape(b, t, cfg.n_kv_heads, cfg.dim_head)
+    q = rope(q.reshape(b, t, cfg.n_heads, cfg.head_dim), positions, cfg.rope_theta)
+    k = rope(k.reshape(b, t, cfg.n_kv_heads, cfg.head_dim), positions, cfg.rope_theta)
+    return q, k, v.reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
 
 
 def _finish_block(p: dict, x: jax.Array, attn: jax.Array, cfg: ModelConfig) -> jax.Array:
@@ -273,17 +273,17 @@ def init_cache(
     if kind not in ("dense", "paged"):
         raise ValueError(f"cache kind must be 'dense' or 'paged', got {kind!r}")
     n_g, n_l = len(config.global_layers), len(config.local_layers)
-    hkv, hd = config.n_kv_heads, config.dim_head
-    g = None
+    hkv, hd = config.n_kv_heads, config.head_dim
+    glob = None
     if n_g:
         if kind == "dense":
-            g = DenseKVCache.create(n_g, batch, capacity, hkv, hd, dtype)
+            glob = DenseKVCache.create(n_g, batch, capacity, hkv, hd, dtype)
         else:
             max_pages = -(-capacity // page_size)
             pages = batch * max_pages if num_pages is None else num_pages
-            g = PagedKVCache.create(n_g, batch, pages, page_size, max_pages, hkv, hd, dtype)
+            glob = PagedKVCache.create(n_g, batch, pages, page_size, max_pages, hkv, hd, dtype)
     loc = RollingKVCache.create(n_l, batch, config.sliding_window, slack, hkv, hd, dtype) if n_l else None
-    return ModelCache(g, loc)
+    return ModelCache(glob, loc)
 
 
 # ----------------------------------------------------------------------------- forward
@@ -309,17 +309,17 @@ def forward_hidden(
     x = params["embed"][tokens]
     g_idx = {layer: i for i, layer in enumerate(config.global_layers)}
     l_idx = {layer: i for i, layer in enumerate(config.local_layers)}
-    g, loc = cache.global_kv, cache.local_kv
+    glob, loc = cache.global_kv, cache.local_kv
     for layer, p in enumerate(params["layers"]):
         q, k, v = _qkv(p, x, positions, config)
         if config.is_local(layer):
             loc = loc.write(l_idx[layer], k, v)
             attn = loc.attend(q, l_idx[layer], impl=attention_impl)
         else:
-            g = g.write(g_idx[layer], k, v)
-            attn = g.attend(q, g_idx[layer], impl=attention_impl)
+            glob = glob.write(g_idx[layer], k, v)
+            attn = glob.attend(q, g_idx[layer], impl=attention_impl)
         x = _finish_block(p, x, attn, config)
-    return x, ModelCache(g, loc)
+    return x, ModelCache(glob, loc)
 
 
 def forward(

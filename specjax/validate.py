@@ -1,0 +1,94 @@
+"""Checks of ``generate``'s arguments, before anything compiles: each error names the
+argument, its value and what is allowed."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from specjax.drafter import DRAFTERS
+from specjax.model.llama import Model
+from specjax.sampling import derive_seed
+
+__all__ = ["fail", "validate"]
+
+MAX_DEPTH = 8
+
+
+def fail(arg: str, value: object, allowed: str) -> None:
+    """Raise ``ValueError('<arg>=<value> is invalid: <allowed>')``."""
+    raise ValueError(f"{arg}={value!r} is invalid: {allowed}")
+
+
+def validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache, temperature, top_k, top_p, seed,
+              eos_id):
+    cfg = model.config
+    if not isinstance(prompts, list | tuple) or len(prompts) == 0:
+        fail("prompts", prompts, "must be a non-empty list of token-id lists")
+    if all(isinstance(p, int | np.integer) for p in prompts):
+        fail("prompts", prompts, "is one flat list of ints: pass a list of prompts, e.g. [prompt]")
+    for i, p in enumerate(prompts):
+        if not isinstance(p, list | tuple | np.ndarray):
+            fail(f"prompts[{i}]", p, "must be a list of int token ids")
+        if len(p) == 0:
+            fail(f"prompts[{i}]", p, "a prompt must hold at least one token")
+        arr = np.asarray(p)
+        if not np.issubdtype(arr.dtype, np.integer) or arr.ndim != 1:
+            fail(f"prompts[{i}]", p, "must be a list of int token ids")
+        bad = np.nonzero((arr < 0) | (arr >= cfg.vocab_size))[0]
+        if len(bad):
+            fail(f"prompts[{i}][{int(bad[0])}]", int(arr[bad[0]]), f"token ids must lie in [0, {cfg.vocab_size})")
+    per_row = isinstance(max_new_tokens, list | tuple)
+    news = list(max_new_tokens) if per_row else [max_new_tokens] * len(prompts)
+    if len(news) != len(prompts) or any(isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1
+                                        for n in news):
+        fail("max_new_tokens", max_new_tokens, f"must be an int >= 1 or one per prompt ({len(prompts)})")
+    lens = [len(p) for p in prompts]
+    longest = max(lens)
+    which = lens.index(longest)
+    if longest >= cfg.max_seq_len:
+        fail(f"prompts[{which}]", f"{longest} tokens",
+              f"the model's context is max_seq_len={cfg.max_seq_len} tokens: a prompt may hold at most "
+              f"{cfg.max_seq_len - 1} (to leave room for one new token)")
+    over = [i for i in range(len(prompts)) if lens[i] + news[i] > cfg.max_seq_len]
+    if per_row and over:
+        i = over[0]
+        fail(f"max_new_tokens[{i}]", news[i], f"prompt length {lens[i]} (prompts[{i}]) + max_new_tokens must be "
+              f"<= the model's max_seq_len={cfg.max_seq_len}: at most {cfg.max_seq_len - lens[i]} new tokens fit")
+    if over:
+        fail("max_new_tokens", max_new_tokens,
+              f"prompt length {longest} (prompts[{which}]) + max_new_tokens must be <= the model's "
+              f"max_seq_len={cfg.max_seq_len}: at most {cfg.max_seq_len - longest} new tokens fit")
+    if drafter is not None and drafter not in DRAFTERS:
+        fail("drafter", drafter, f"must be one of {list(DRAFTERS)} or None")
+    if drafter is not None and (isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH):
+        fail("depth", depth, f"must be an int in [1, {MAX_DEPTH}]")
+    if drafter == "mtp" and cfg.mtp_depth < 1:
+        fail("drafter", drafter, "the model has no MTP module (mtp_depth=0)")
+    if drafter == "draft_model":
+        if not isinstance(draft_model, Model):
+            fail("draft_model", draft_model, "drafter='draft_model' needs a specjax Model")
+        if draft_model.config.vocab_size != cfg.vocab_size:
+            fail("draft_model", f"vocab_size {draft_model.config.vocab_size}",
+                  f"must equal the target's vocab_size {cfg.vocab_size}")
+        if draft_model.config.max_seq_len < cfg.max_seq_len:
+            fail("draft_model", f"max_seq_len {draft_model.config.max_seq_len}",
+                  f"must be >= the target's max_seq_len {cfg.max_seq_len}")
+    if cache not in ("dense", "paged"):
+        fail("cache", cache, "must be 'dense' or 'paged'")
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not math.isfinite(temperature) \
+            or temperature < 0:
+        fail("temperature", temperature, "must be a finite float >= 0")
+    if top_p is not None and not 0 < top_p <= 1:
+        fail("top_p", top_p, "must lie in (0, 1]")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        fail("top_k", top_k, "must be an int >= 1 or None")
+    seeds = [seed] * len(prompts) if isinstance(seed, int) else list(seed)
+    if len(seeds) != len(prompts) or any(not isinstance(s, int) or not 0 <= s < 2**32 for s in seeds):
+        fail("seed", seed, f"must be an int in [0, 2**32) or one per prompt ({len(prompts)})")
+    if isinstance(seed, int):  # one base seed: each row's own stream, from (seed, row)
+        seeds = [derive_seed(seed, i) for i in range(len(prompts))]
+    if eos_id is not None and not 0 <= eos_id < cfg.vocab_size:
+        fail("eos_id", eos_id, f"must lie in [0, {cfg.vocab_size}) or be None")
+    return seeds, [int(n) for n in news]
