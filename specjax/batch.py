@@ -335,13 +335,13 @@ def batch_generate(
     job.row(Request([0], max_new_tokens=1), -1, where="batch_generate")  # the defaults (temperature, ...)
     rows_iter: Iterator[_Row]
     if listed:  # everything checked before any compile; the list sizes the caches
-        checked = _checked(job, requests, where)
+        checked = list(_checked(job, requests, where))
         rows_iter = iter(checked)
         width = prompt_bucket([r.prompt for r in checked]) if checked else 8
         longest_new = max((r.max_new_tokens for r in checked), default=1)
         greedy = all(r.temperature == 0 for r in checked)
     else:
-        rows_iter = _checked_stream(job, requests)
+        rows_iter = _checked(job, requests)
         width = prompt_bucket([[0] * bound])
         longest_new = max_new_tokens
         greedy = False  # unknown requests: per-row sampling (a temperature-0 row stays exactly greedy)
@@ -357,24 +357,14 @@ def batch_generate(
                 stop or (lambda: False))
 
 
-def _checked(job: _Job, requests: Sequence[Any], where: Sequence[str] | None) -> list[_Row]:
-    rows, seen = [], set()
+def _checked(job: _Job, requests: Iterable[Any], where: Sequence[str] | None = None) -> Iterator[_Row]:
+    """Each request validated as it is read; ``where`` names listed requests in errors."""
+    seen = set()
     for i, r in enumerate(requests):
         name = None if where is None else where[i]
         row = job.row(_as_request(r, i), i, name)
         if row.id in seen:
             fail(f"{name or f'requests[{i}]'}.id", row.id, "duplicate id: ids must be unique")
-        seen.add(row.id)
-        rows.append(row)
-    return rows
-
-
-def _checked_stream(job: _Job, requests: Iterable[Any]) -> Iterator[_Row]:
-    seen = set()
-    for i, r in enumerate(requests):
-        row = job.row(_as_request(r, i), i)
-        if row.id in seen:
-            fail(f"requests[{i}].id", row.id, "duplicate id: ids must be unique")
         seen.add(row.id)
         yield row
 

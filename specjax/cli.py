@@ -151,6 +151,13 @@ class _TextRunner:
             self.eos = tok.eos_id
 
 
+def _drafter(args: argparse.Namespace, run: _TextRunner) -> str | None:
+    """``--drafter``, or by default mtp if the model has it, else draft_model if given, else ngram."""
+    if args.drafter is not None:
+        return None if args.drafter == "none" else args.drafter
+    return "mtp" if run.model.config.mtp_depth > 0 else ("draft_model" if run.draft is not None else "ngram")
+
+
 def _read_batch_file(path: str) -> list[str]:
     """One prompt per non-blank line (``\\n`` for a newline); a ``ValueError`` naming the file
     for a missing, unreadable, non-UTF-8 or empty one."""
@@ -179,9 +186,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if args.stream and args.json:
             raise ValueError("--stream and --json cannot be combined")
         run = _TextRunner(args)
-        drafter = None if args.drafter == "none" else args.drafter
-        if drafter is None and args.drafter is None:
-            drafter = "mtp" if run.model.config.mtp_depth > 0 else ("draft_model" if run.draft is not None else "ngram")
+        drafter = _drafter(args, run)
         kw = dict(max_new_tokens=args.max_new_tokens, drafter=drafter, draft_model=run.draft, depth=args.depth,
                   kv_advance=args.kv_advance, cache=args.cache, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, seed=args.seed, eos_id=run.eos, attention_impl=args.attention)
@@ -262,9 +267,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         if args.input == args.out:
             raise ValueError(f"--out {args.out} is the input file")
         run = _TextRunner(args)
-        drafter = None if args.drafter == "none" else args.drafter
-        if drafter is None and args.drafter is None:
-            drafter = "mtp" if run.model.config.mtp_depth > 0 else ("draft_model" if run.draft is not None else "ngram")
+        drafter = _drafter(args, run)
         kw = dict(slots=args.slots, max_new_tokens=args.max_new_tokens, drafter=drafter, draft_model=run.draft,
                   depth=args.depth, kv_advance=args.kv_advance, cache=args.cache, pages=args.pages,
                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos_id=run.eos,
@@ -353,6 +356,22 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
             action.help = f"{action.help} (default: %(default)s)" if action.help else "default: %(default)s"
 
 
+def _add_decoding_args(p: argparse.ArgumentParser) -> None:
+    """The model and decoding options ``generate`` and ``batch`` share."""
+    p.add_argument("--model", default=None,
+                   help="a specjax bundle or a local Hugging Face checkpoint directory (default: checkpoints/default)")
+    p.add_argument("--draft-model", default=None, help="checkpoint of a smaller model with the same tokenizer")
+    p.add_argument("--drafter", choices=["mtp", "draft_model", "ngram", "none"], default=None,
+                   help="default: mtp if the model has it, else draft_model if given, else ngram")
+    p.add_argument("--depth", type=int, default=3)
+    p.add_argument("--kv-advance", choices=["per_sequence", "cohort"], default=None,
+                   help="KV advance rule (default: $SPECJAX_KV_ADVANCE, else per_sequence)")
+    p.add_argument("--cache", choices=["dense", "paged"], default="dense")
+    p.add_argument("--attention", choices=["auto", "xla", "pallas"], default="auto",
+                   help="attention path: Pallas kernels (interpret mode on CPU) or XLA; auto = Pallas on TPU/GPU, "
+                        "XLA on CPU (default: auto)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specjax", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -372,18 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text with speculative decoding (default: the bundled model)")
     g.add_argument("prompt", nargs="*", help="prompt text (several: one batch)")
-    g.add_argument("--model", default=None,
-                   help="a specjax bundle or a local Hugging Face checkpoint directory (default: checkpoints/default)")
-    g.add_argument("--draft-model", default=None, help="checkpoint of a smaller model with the same tokenizer")
-    g.add_argument("--drafter", choices=["mtp", "draft_model", "ngram", "none"], default=None,
-                   help="default: mtp if the model has it, else draft_model if given, else ngram")
-    g.add_argument("--depth", type=int, default=3)
-    g.add_argument("--kv-advance", choices=["per_sequence", "cohort"], default=None,
-                   help="KV advance rule (default: $SPECJAX_KV_ADVANCE, else per_sequence)")
-    g.add_argument("--cache", choices=["dense", "paged"], default="dense")
-    g.add_argument("--attention", choices=["auto", "xla", "pallas"], default="auto",
-                   help="attention path: Pallas kernels (interpret mode on CPU) or XLA; auto = Pallas on TPU/GPU, "
-                        "XLA on CPU (default: auto)")
+    _add_decoding_args(g)
     g.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     g.add_argument("--top-k", type=int, default=None)
     g.add_argument("--top-p", type=float, default=0.95, help="1 = no top-p filter")
@@ -401,18 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--out", required=True, metavar="OUT.jsonl", help="one result line per request, as it completes")
     j.add_argument("--resume", action="store_true", help="skip ids already complete in OUT")
     j.add_argument("--slots", type=int, default=32, help="rows decoded together; a finished row takes the next request")
-    j.add_argument("--model", default=None,
-                   help="a specjax bundle or a local Hugging Face checkpoint directory (default: checkpoints/default)")
-    j.add_argument("--draft-model", default=None, help="checkpoint of a smaller model with the same tokenizer")
-    j.add_argument("--drafter", choices=["mtp", "draft_model", "ngram", "none"], default=None,
-                   help="default: mtp if the model has it, else draft_model if given, else ngram")
-    j.add_argument("--depth", type=int, default=3)
-    j.add_argument("--kv-advance", choices=["per_sequence", "cohort"], default=None,
-                   help="KV advance rule (default: $SPECJAX_KV_ADVANCE, else per_sequence)")
-    j.add_argument("--cache", choices=["dense", "paged"], default="dense")
+    _add_decoding_args(j)
     j.add_argument("--pages", type=int, default=None,
                    help="paged pool size in 16-token pages (--cache paged; default: every slot's full capacity)")
-    j.add_argument("--attention", choices=["auto", "xla", "pallas"], default="auto")
     j.add_argument("--max-new-tokens", type=int, default=128, help="for lines without max_new_tokens")
     j.add_argument("--temperature", type=float, default=0.8, help="for lines without temperature; 0 = greedy")
     j.add_argument("--top-k", type=int, default=None)
