@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import pathlib
 import sys
 import traceback
@@ -163,7 +164,7 @@ def _is_closed_loop_callback(exc: BaseException | None) -> bool:
 
 
 def _quiet_closed_loop_callbacks() -> None:
-    """After a failed restore, reads still in flight in tensorstore's threads try to report to
+    """When a restore fails, reads still in flight in tensorstore's threads try to report to
     the asyncio loop orbax already closed, and each prints an "Event loop is closed"
     traceback (through ``sys.unraisablehook``) after our clean error. Drop exactly those;
     every other unraisable exception still reaches the previous hook. Installed once."""
@@ -177,16 +178,23 @@ def _quiet_closed_loop_callbacks() -> None:
 
     hook._specjax_filter = True
     sys.unraisablehook = hook
+    # the same failed reads, if their tasks are collected unretrieved, are logged by asyncio
+    logging.getLogger("asyncio").addFilter(_drop_unretrieved_task_errors)
+
+
+def _drop_unretrieved_task_errors(record: logging.LogRecord) -> bool:
+    """asyncio's "Task exception was never retrieved" for reads a failed restore abandoned."""
+    return not str(record.msg).startswith("Task exception was never retrieved")
 
 
 def _restore(directory: pathlib.Path, config: ModelConfig, dtype: str) -> Model:
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: parameter checkpoint directory is missing")
     abstract = jax.eval_shape(lambda: unfuse_params(init_model(config, dtype=jnp.dtype(dtype)).params, config))
+    _quiet_closed_loop_callbacks()  # before: a failing read reports while the restore still runs
     try:
         params = _checkpointer().restore(directory, abstract)
     except Exception as e:  # orbax/tensorstore raise many types; name the file instead
-        _quiet_closed_loop_callbacks()
         first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         raise CheckpointError(
             f"{directory}: cannot restore parameters for the config in config.json "
