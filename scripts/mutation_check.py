@@ -369,6 +369,65 @@ MUTATIONS: list[Mutation] = [
         "accepted=st.accepted + a * act,",
         ("tests/test_default_bundle.py::test_accepted_drafts_count_only_emitted_ones",),
     ),
+    # --- compressed memory (the keystone): a per-row time base under both rules ---
+    Mutation(
+        "compressed memory: one shared time base (blocks counted from the batch minimum)",
+        "specjax/cache/compressed.py",
+        "        c = (rel // self.block)[:, None] +",
+        "        c = (jnp.min(rel) // self.block + 0 * rel)[:, None] +",
+        ("tests/test_compressed.py",),
+    ),
+    Mutation(
+        "compressed memory: a block pooled while it held drafts is never re-pooled (drafts leak into memory)",
+        "specjax/cache/compressed.py",
+        "dest = jnp.where(((c + 1) * self.block <= end[:, None]) & (c < self.slots), c, self.slots)",
+        "dest = jnp.where(((c + 1) * self.block <= end[:, None]) & (c < self.slots) & (c * self.block >= rel[:, None]),"
+        " c, self.slots)",
+        ("tests/test_compressed.py",),
+    ),
+    Mutation(
+        "compressed memory: advance counts blocks the latest write only drafted",
+        "specjax/cache/compressed.py",
+        "        blocks = (new - self.start) // self.block\n",
+        "        blocks = (new - self.start + self.slack) // self.block\n",
+        ("tests/test_compressed.py",),
+    ),
+    Mutation(
+        "compressed memory: rollback rewinds (clears) a committed memory slot",
+        "specjax/cache/compressed.py",
+        "            lengths=new, compressed=jnp.minimum(",
+        "            mem_k=tuple(m.at[jnp.arange(self.batch), :, (new - self.start) // self.block - 1].set(0.0)"
+        " for m in self.mem_k),\n            lengths=new, compressed=jnp.minimum(",
+        ("tests/test_compressed.py",),
+    ),
+    Mutation(
+        "compressed memory: rollback keeps counting memory slots of rejected tokens",
+        "specjax/cache/compressed.py",
+        "compressed=jnp.minimum(self.compressed, (new - self.start) // self.block),",
+        "compressed=self.compressed,",
+        ("tests/test_compressed.py",),
+    ),
+    Mutation(
+        "compressed memory: a token counted both raw and in its memory slot",
+        "specjax/cache/compressed.py",
+        "ok_old = (old >= cut * self.block) & (old >= 0)",
+        "ok_old = (old >= (cut - 1) * self.block) & (old >= 0)",
+        ("tests/test_compressed.py",),
+    ),
+    Mutation(
+        "compressed memory: a wide prefill keeps the write's last positions, not each row's own tail",
+        "specjax/cache/compressed.py",
+        "(q >= end[:, None] - self.size)",
+        "(q >= rel[:, None] + t - self.size)",
+        ("tests/test_compressed.py",),
+    ),
+    Mutation(
+        "capability check misses a counter shared by the whole batch",
+        "specjax/cache/capability.py",
+        "        if hasattr(x, \"dtype\") and np.ndim(x) == 0 and",
+        "        if hasattr(x, \"dtype\") and np.ndim(x) == 7 and",
+        ("tests/test_compressed.py",),
+    ),
 ]
 
 

@@ -131,7 +131,7 @@ class DraftModelDrafter:
 
     def prefill(self, eng, params, st, hidden, positions, live):
         cfg = eng.draft_config
-        cache = st.dstate.reserve(positions.shape[1], live)
+        cache = st.dstate.reserve(positions.shape[1], live).bound_write(st.prompt_len)
         tokens = _gather(st.seq, positions)
         _, cache = forward_hidden(params["draft"], cfg, tokens, positions, cache, attention_impl=eng.attention_impl)
         return cache.advance(st.prompt_len)  # only the K/V is needed: no logits

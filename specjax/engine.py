@@ -113,10 +113,11 @@ class EngineConfig:
 
     def new_cache(self, cfg: ModelConfig, batch: int, prefill: int) -> ModelCache:
         """Empty caches for ``cfg``. A rolling cache's slack covers the widest single write:
-        the prefill (``prefill`` tokens) or a window plus chained draft writes (``2w``)."""
-        slack = max(2 * self.window + 2, prefill)
-        return init_cache(cfg, batch, self.capacity, kind=self.cache_kind, slack=slack, page_size=PAGE_SIZE,
-                          num_pages=self.num_pages, dtype=self.dtype)
+        the prefill (``prefill`` tokens) or a window plus chained draft writes (``2w``). A
+        compressed cache's reach covers only the latter (the prefill is bounded per row)."""
+        reach = 2 * self.window + 2
+        return init_cache(cfg, batch, self.capacity, kind=self.cache_kind, slack=max(reach, prefill), reach=reach,
+                          page_size=PAGE_SIZE, num_pages=self.num_pages, dtype=self.dtype)
 
 
 _TRACES = {"generate": 0}
@@ -130,8 +131,8 @@ def _prefill(eng: EngineConfig, params: dict, prompts: jax.Array, prompt_len: ja
     c = eng.capacity
     seq = jnp.zeros((b, c), jnp.int32).at[:, :p].set(prompts)
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    hidden, cache = forward_hidden(params["target"], eng.config, prompts, positions, cache.reserve(p, live),
-                                   attention_impl=eng.attention_impl)
+    hidden, cache = forward_hidden(params["target"], eng.config, prompts, positions,
+                                   cache.reserve(p, live).bound_write(prompt_len), attention_impl=eng.attention_impl)
     cache = cache.advance(prompt_len)
     h_last = jnp.take_along_axis(hidden, (prompt_len - 1)[:, None, None], axis=1)[:, 0]
     last = head(params["target"], eng.config, h_last)  # logits for the one position used

@@ -181,6 +181,9 @@ def save_hf_checkpoint(model: Model, path: str | Path) -> None:
     from safetensors.numpy import save_file
 
     cfg, p = model.config, unfuse_params(model.params, model.config)
+    if cfg.compressed_layers:
+        raise ValueError(f"compressed-memory layers {list(cfg.compressed_layers)} have no transformers architecture "
+                         "to export to")
     if cfg.sliding_window is not None and cfg.global_layers:
         raise ValueError("interleaved local/global layers have no transformers architecture to export to")
     if cfg.qkv_bias and cfg.sliding_window is not None:

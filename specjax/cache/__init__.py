@@ -1,4 +1,4 @@
-"""KV caches that carry per-row lengths: dense, rolling (sliding window), paged.
+"""KV caches that carry per-row lengths: dense, rolling (sliding window), paged, compressed memory.
 
 Shared interface: ``write(layer, k_new, v_new)`` at each row's own offset,
 ``advance(n)`` / ``apply_plan(plan)``, ``rollback(new_lengths)``,
@@ -14,6 +14,7 @@ from specjax.cache.base import (
     describe_status,
 )
 from specjax.cache.capability import cache_supports_per_sequence_advance
+from specjax.cache.compressed import CompressedKVCache
 from specjax.cache.dense import DenseKVCache
 from specjax.cache.paged import PagedKVCache
 from specjax.cache.rolling import RollingKVCache
@@ -23,6 +24,7 @@ __all__ = [
     "OUT_OF_PAGES",
     "ROLLBACK_INVALID",
     "STATUS_OK",
+    "CompressedKVCache",
     "DenseKVCache",
     "PagedKVCache",
     "RollingKVCache",

@@ -8,6 +8,7 @@ the per-sequence rule on them: a Flax ``decode=True`` attention cache, for examp
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,14 @@ def _is_record(tree: Any) -> bool:
     return isinstance(tree, dict) and any(k in tree for k in ("lengths", *_LENGTH_NAMES))
 
 
+def _is_container(tree: Any) -> bool:
+    """A dataclass holding only caches (dataclasses) and ``None``: checked part by part."""
+    if not dataclasses.is_dataclass(tree) or isinstance(tree, type):
+        return False
+    values = [getattr(tree, f.name) for f in dataclasses.fields(tree)]
+    return any(v is not None for v in values) and all(v is None or dataclasses.is_dataclass(v) for v in values)
+
+
 def _slots(tree: Any, path: str):
     if isinstance(tree, dict) and not _is_record(tree):
         for k in tree:
@@ -33,14 +42,34 @@ def _slots(tree: Any, path: str):
     elif isinstance(tree, list | tuple) and not hasattr(tree, "lengths"):
         for i, x in enumerate(tree):
             yield from _slots(x, f"{path}[{i}]")
+    elif _is_container(tree):  # e.g. ModelCache: its parts are the caches
+        for f in dataclasses.fields(tree):
+            if getattr(tree, f.name) is not None:
+                yield from _slots(getattr(tree, f.name), f"{path}.{f.name}")
     else:
         yield path, tree
 
 
+def _shared_counter(slot: Any) -> str | None:
+    """The first integer field of a dataclass cache that holds one value for the whole
+    batch (a shared time base: e.g. one count of compressed blocks), else ``None``. A cache
+    names its batch-wide pool state (a paged pool's free count) in ``SHARED_POOL_FIELDS``."""
+    if not dataclasses.is_dataclass(slot):
+        return None
+    pool = getattr(slot, "SHARED_POOL_FIELDS", ())
+    for f in dataclasses.fields(slot):
+        if f.name in pool:
+            continue
+        x = getattr(slot, f.name)
+        if hasattr(x, "dtype") and np.ndim(x) == 0 and np.issubdtype(np.dtype(x.dtype), np.integer):
+            return f.name
+    return None
+
+
 def cache_supports_per_sequence_advance(cache: Any) -> str | None:
-    """``None`` if every cache slot carries its own int ``lengths [B]``; otherwise a message
-    naming the first slot/field that cannot (the engine refuses the per-sequence rule
-    with it rather than running wrong)."""
+    """``None`` if every cache slot carries its own int ``lengths [B]`` and no other integer
+    counter shared by the batch; otherwise a message naming the first slot/field that
+    cannot (the engine refuses the per-sequence rule with it rather than running wrong)."""
     batch = None
     for path, slot in _slots(cache, "cache"):
         name = f"{path} ({type(slot).__name__})"
@@ -63,6 +92,12 @@ def cache_supports_per_sequence_advance(cache: Any) -> str | None:
             )
         if not np.issubdtype(dtype, np.integer):
             return f"{name} field 'lengths' has dtype {dtype}; per-sequence advance needs int32 [B]"
+        shared = _shared_counter(slot)
+        if shared is not None:
+            return (
+                f"{name} field {shared!r} is one value for the whole batch: a shared time base cannot "
+                "advance rows by different counts; per-sequence advance needs one per row [B]"
+            )
         if batch is None:
             batch = shape[0]
         elif shape[0] != batch:

@@ -46,6 +46,9 @@ class PagedKVCache:
     num_free: jax.Array  # int32 []: shared pool state
     status: jax.Array  # int32 [B]
 
+    # batch-wide fields that are pool state, not a time base (cache_supports_per_sequence_advance)
+    SHARED_POOL_FIELDS = ("num_free",)
+
     @classmethod
     def create(
         cls,

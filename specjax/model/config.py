@@ -14,6 +14,10 @@ class ModelConfig:
     ``sliding_window``: if set, layers are local (sliding window) except, with
     ``global_every = k > 0``, every k-th layer (``i % k == k - 1``), which is global.
     ``mtp_depth``: how many tokens the MTP module may draft per step (chained).
+    ``compressed_layers``: layers with compressed memory (``specjax.cache.compressed``): each
+    attends to the raw K/V of its last ``compress_window`` tokens (back to the start of the
+    oldest block not yet compressed) and to one mean-pooled K/V slot per full block of
+    ``compress_block`` older tokens. They take precedence over ``sliding_window``.
     """
 
     vocab_size: int
@@ -31,6 +35,9 @@ class ModelConfig:
     qkv_bias: bool = False
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
+    compressed_layers: tuple[int, ...] = ()
+    compress_window: int | None = None
+    compress_block: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"):
@@ -49,12 +56,27 @@ class ModelConfig:
             raise ValueError(f"global_every must be >= 0, got {self.global_every}")
         if self.mtp_depth < 0:
             raise ValueError(f"mtp_depth must be >= 0, got {self.mtp_depth}")
+        layers = tuple(int(i) for i in self.compressed_layers)  # a JSON list becomes a (hashable) tuple
+        object.__setattr__(self, "compressed_layers", layers)
+        if layers:
+            if len(set(layers)) != len(layers) or not all(0 <= i < self.n_layers for i in layers):
+                raise ValueError(f"compressed_layers={layers} must be distinct layer indices in [0, {self.n_layers})")
+            for name in ("compress_window", "compress_block"):
+                v = getattr(self, name)
+                if not isinstance(v, int) or v < 1:
+                    raise ValueError(f"ModelConfig.{name} must be an int >= 1 with compressed_layers, got {v!r}")
+        elif self.compress_window is not None or self.compress_block is not None:
+            raise ValueError("compress_window/compress_block are set but compressed_layers is empty")
         if self.head_dim is None:  # one field, always concrete: no second name for the head size
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
 
+    def is_compressed(self, layer: int) -> bool:
+        """Does ``layer`` use compressed memory (and the compressed cache)?"""
+        return layer in self.compressed_layers
+
     def is_local(self, layer: int) -> bool:
         """Does ``layer`` use the sliding window (and the rolling cache)?"""
-        if self.sliding_window is None:
+        if self.sliding_window is None or self.is_compressed(layer):
             return False
         return not (self.global_every > 0 and layer % self.global_every == self.global_every - 1)
 
@@ -64,7 +86,7 @@ class ModelConfig:
 
     @property
     def global_layers(self) -> tuple[int, ...]:
-        return tuple(i for i in range(self.n_layers) if not self.is_local(i))
+        return tuple(i for i in range(self.n_layers) if not (self.is_local(i) or self.is_compressed(i)))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

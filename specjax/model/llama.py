@@ -24,7 +24,8 @@ import numpy as np
 
 from specjax._pytree import pytree_dataclass, static_field
 from specjax.attention import attend_visible
-from specjax.cache import DenseKVCache, PagedKVCache, RollingKVCache
+from specjax.cache import CompressedKVCache, DenseKVCache, PagedKVCache, RollingKVCache
+from specjax.cache.compressed import compressed_attention
 from specjax.masks import visible
 from specjax.model.config import ModelConfig
 
@@ -192,14 +193,16 @@ GlobalCache = DenseKVCache | PagedKVCache
 @pytree_dataclass
 class ModelCache:
     """Per-row KV state of a whole model: global layers in a dense or paged cache,
-    sliding-window layers in a rolling cache. All parts share the same ``lengths``."""
+    sliding-window layers in a rolling cache, compressed-memory layers in a compressed
+    cache. All parts share the same ``lengths``."""
 
     global_kv: GlobalCache | None
     local_kv: RollingKVCache | None
+    memory_kv: CompressedKVCache | None = None
 
     @property
     def parts(self) -> tuple:
-        return tuple(c for c in (self.global_kv, self.local_kv) if c is not None)
+        return tuple(c for c in (self.global_kv, self.local_kv, self.memory_kv) if c is not None)
 
     @property
     def lengths(self) -> jax.Array:
@@ -213,15 +216,18 @@ class ModelCache:
         return out
 
     def _map(self, fn) -> ModelCache:
-        return ModelCache(
-            None if self.global_kv is None else fn(self.global_kv),
-            None if self.local_kv is None else fn(self.local_kv),
-        )
+        each = lambda c: None if c is None else fn(c)  # noqa: E731
+        return ModelCache(each(self.global_kv), each(self.local_kv), each(self.memory_kv))
 
     def reserve(self, t: int, live: jax.Array | None = None) -> ModelCache:
         """Paged global layers: own pages for ``t`` more tokens in ``live [B]`` rows (default
         all; no-op for other kinds)."""
         return self._map(lambda c: c.reserve(t, live) if isinstance(c, PagedKVCache) else c)
+
+    def bound_write(self, n: jax.Array) -> ModelCache:
+        """The next write's tokens past ``n [B]`` per row are padding (a right-padded prefill):
+        compressed layers neither keep nor pool them (a no-op for other kinds)."""
+        return self._map(lambda c: c.bound_write(n) if isinstance(c, CompressedKVCache) else c)
 
     def release(self, idle: jax.Array) -> ModelCache:
         """Paged global layers: return every page of ``idle [B]`` rows to the pool."""
@@ -234,10 +240,9 @@ class ModelCache:
 
     def put_rows(self, rows: jax.Array, sub: ModelCache) -> ModelCache:
         """Rows ``rows [R]`` replaced by ``sub``'s (index ``batch``: a padding row, dropped)."""
-        return ModelCache(
-            None if self.global_kv is None else self.global_kv.put_rows(rows, sub.global_kv),
-            None if self.local_kv is None else self.local_kv.put_rows(rows, sub.local_kv),
-        )
+        put = lambda big, small: None if big is None else big.put_rows(rows, small)  # noqa: E731
+        return ModelCache(put(self.global_kv, sub.global_kv), put(self.local_kv, sub.local_kv),
+                          put(self.memory_kv, sub.memory_kv))
 
     def advance(self, n: jax.Array | int) -> ModelCache:
         return self._map(lambda c: c.advance(n))
@@ -261,6 +266,7 @@ def init_cache(
     *,
     kind: str = "dense",
     slack: int = 8,
+    reach: int | None = None,
     page_size: int = 16,
     num_pages: int | None = None,
     dtype=jnp.float32,
@@ -268,7 +274,9 @@ def init_cache(
     """Empty per-row caches for ``batch`` rows of up to ``capacity`` tokens.
 
     ``kind``: ``"dense"`` or ``"paged"`` for global layers (sliding-window layers always
-    use the rolling cache, whose ``slack`` must cover the longest single write).
+    use the rolling cache, whose ``slack`` must cover the longest single write). Compressed-memory
+    layers use the compressed cache, whose slack is ``reach`` (default ``slack``): how far a
+    write reaches past the committed length; a wider prefill is bounded by ``bound_write``.
     """
     if kind not in ("dense", "paged"):
         raise ValueError(f"cache kind must be 'dense' or 'paged', got {kind!r}")
@@ -283,7 +291,10 @@ def init_cache(
             pages = batch * max_pages if num_pages is None else num_pages
             glob = PagedKVCache.create(n_g, batch, pages, page_size, max_pages, hkv, hd, dtype)
     loc = RollingKVCache.create(n_l, batch, config.sliding_window, slack, hkv, hd, dtype) if n_l else None
-    return ModelCache(glob, loc)
+    n_m = len(config.compressed_layers)
+    mem = CompressedKVCache.create(n_m, batch, capacity, config.compress_window, config.compress_block,
+                                   slack if reach is None else reach, hkv, hd, dtype) if n_m else None
+    return ModelCache(glob, loc, mem)
 
 
 # ----------------------------------------------------------------------------- forward
@@ -309,17 +320,20 @@ def forward_hidden(
     x = params["embed"][tokens]
     g_idx = {layer: i for i, layer in enumerate(config.global_layers)}
     l_idx = {layer: i for i, layer in enumerate(config.local_layers)}
-    glob, loc = cache.global_kv, cache.local_kv
+    m_idx = {layer: i for i, layer in enumerate(config.compressed_layers)}
+    glob, loc, mem = cache.global_kv, cache.local_kv, cache.memory_kv
     for layer, p in enumerate(params["layers"]):
         q, k, v = _qkv(p, x, positions, config)
-        if config.is_local(layer):
+        if config.is_compressed(layer):  # XLA path only (no Pallas kernel for this kind yet)
+            mem, attn = mem.write_attend(m_idx[layer], q, k, v)
+        elif config.is_local(layer):
             loc = loc.write(l_idx[layer], k, v)
             attn = loc.attend(q, l_idx[layer], impl=attention_impl)
         else:
             glob = glob.write(g_idx[layer], k, v)
             attn = glob.attend(q, g_idx[layer], impl=attention_impl)
         x = _finish_block(p, x, attn, config)
-    return x, ModelCache(glob, loc)
+    return x, ModelCache(glob, loc, mem)
 
 
 def forward(
@@ -356,8 +370,11 @@ def hidden_states(model: Model, tokens: jax.Array) -> tuple[jax.Array, jax.Array
     x = params["embed"][tokens]
     for layer, p in enumerate(params["layers"]):
         q, k, v = _qkv(p, x, positions, cfg)
-        window = cfg.sliding_window if cfg.is_local(layer) else None
-        x = _finish_block(p, x, _causal_attention(q, k, v, window), cfg)
+        if cfg.is_compressed(layer):
+            attn = compressed_attention(q, k, v, window=cfg.compress_window, block=cfg.compress_block)
+        else:
+            attn = _causal_attention(q, k, v, cfg.sliding_window if cfg.is_local(layer) else None)
+        x = _finish_block(p, x, attn, cfg)
     return head(params, cfg, x), x
 
 
