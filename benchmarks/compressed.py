@@ -10,10 +10,12 @@
    per_sequence run (iid per position: it has no row heterogeneity, so it understates the
    cohort loss the real rows show).
 2. **Decode step cost vs live length**: the same weights (d_model 128, 4 layers, 4 heads) with
-   every layer compressed (window 64, block 16) and with every layer global (dense cache),
-   B=2, prompts of L in {256, 1024, 4096} tokens, one jitted plain decode step timed (median of
-   ``--steps`` steps after a warm-up) at that live length. A global layer reads ``L`` keys per
-   query; a compressed one ``capacity / 16 + 64 + 16 + 2 * slack + 1``.
+   every layer compressed (window 64, block 16), every layer sliding-window (window 64) and
+   every layer global (dense cache), B=2, prompts of L in {256, 1024, 4096} tokens, one jitted
+   plain decode step timed (median of ``--steps`` steps after a warm-up) at that live length.
+   A global layer reads ``L`` keys per query; a compressed one ``capacity / 16 + 64 + 16 +
+   2 * slack + 1``; a sliding one its ring, ``64 + slack`` (the prompt is a bounded wide write,
+   so it no longer sizes the ring).
 """
 
 from __future__ import annotations
@@ -111,12 +113,15 @@ def step_cost(lives: tuple[int, ...], steps: int) -> list[dict]:
     plain = init_model(COST, seed=0)
     comp_cfg = dataclasses.replace(COST, compressed_layers=(0, 1, 2, 3), compress_window=64, compress_block=16)
     comp = plain.replace(config=comp_cfg)  # the same weights: compression adds no parameter
+    slide = plain.replace(config=dataclasses.replace(COST, sliding_window=64))
     rows = []
     for live in lives:
         t_glob, cap = _step_time(plain, live, steps)
         t_comp, _ = _step_time(comp, live, steps)
+        t_slide, _ = _step_time(slide, live, steps)
         rows.append({"live": live, "capacity": cap, "global_ms": 1e3 * t_glob, "compressed_ms": 1e3 * t_comp,
-                     "compressed_vs_global": t_comp / t_glob})
+                     "sliding_ms": 1e3 * t_slide, "compressed_vs_global": t_comp / t_glob,
+                     "sliding_vs_global": t_slide / t_glob})
     return rows
 
 
@@ -125,9 +130,10 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", type=pathlib.Path, default=None, help="also write the JSON here")
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    ap.add_argument("--cost-only", action="store_true", help="only the step-cost table")
     args = ap.parse_args()
     batches, lives, new, steps = ((1, 8), (128, 512), 24, 5) if args.quick else ((1, 8, 64), (256, 1024, 4096), 64, 15)
-    out = {"backend": jax.default_backend(), "tok_per_step": tokens_per_step(batches, new),
+    out = {"backend": jax.default_backend(), "tok_per_step": [] if args.cost_only else tokens_per_step(batches, new),
            "step_cost": step_cost(lives, steps)}
     if args.out:
         args.out.write_text(json.dumps(out, indent=1) + "\n")
@@ -145,12 +151,13 @@ def main() -> None:
         print(f"| {r['batch']} | {r['drafter']} | {r['tok_per_step']:.2f} | {c['tok_per_step']:.2f} | "
               f"{r['tok_per_step'] / c['tok_per_step']:.2f}x | {r['sim_tok_per_step']:.2f} | "
               f"{c['sim_tok_per_step']:.2f} |")
-    print("\ndecode step (B=2, plain greedy) vs live length: every layer compressed (window 64, block 16) "
-          "vs every layer global")
-    print("| live tokens | cache slots | global ms | compressed ms | compressed / global |\n|---|---|---|---|---|")
+    print("\ndecode step (B=2, plain greedy) vs live length: every layer compressed (window 64, block 16), "
+          "every layer sliding (window 64), every layer global")
+    print("| live tokens | cache slots | global ms | compressed ms | sliding ms | compressed / global | "
+          "sliding / global |\n|---|---|---|---|---|---|---|")
     for r in out["step_cost"]:
         print(f"| {r['live']} | {r['capacity']} | {r['global_ms']:.2f} | {r['compressed_ms']:.2f} | "
-              f"{r['compressed_vs_global']:.2f}x |")
+              f"{r['sliding_ms']:.2f} | {r['compressed_vs_global']:.2f}x | {r['sliding_vs_global']:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -422,6 +422,13 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_compressed.py",),
     ),
     Mutation(
+        "rolling ring: a wide prefill keeps the write's last positions, not each row's own tail",
+        "specjax/cache/rolling.py",
+        "        end = jnp.minimum(self.lengths + t, self.write_end)[:, None]\n",
+        "        end = (self.lengths + t)[:, None]\n",
+        ("tests/test_model.py",),
+    ),
+    Mutation(
         "capability check misses a counter shared by the whole batch",
         "specjax/cache/capability.py",
         "        if hasattr(x, \"dtype\") and np.ndim(x) == 0 and",

@@ -112,11 +112,10 @@ class EngineConfig:
         return self.depth + 1
 
     def new_cache(self, cfg: ModelConfig, batch: int, prefill: int) -> ModelCache:
-        """Empty caches for ``cfg``. A rolling cache's slack covers the widest single write:
-        the prefill (``prefill`` tokens) or a window plus chained draft writes (``2w``). A
-        compressed cache's reach covers only the latter (the prefill is bounded per row)."""
-        reach = 2 * self.window + 2
-        return init_cache(cfg, batch, self.capacity, kind=self.cache_kind, slack=max(reach, prefill), reach=reach,
+        """Empty caches for ``cfg``. Rolling and compressed caches reach a window plus chained
+        draft writes (``2w + 2``) past the committed length; the prefill (``prefill`` tokens,
+        however wide) is bounded per row (``bound_write``), so it does not size their rings."""
+        return init_cache(cfg, batch, self.capacity, kind=self.cache_kind, slack=2 * self.window + 2,
                           page_size=PAGE_SIZE, num_pages=self.num_pages, dtype=self.dtype)
 
 

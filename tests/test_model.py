@@ -120,3 +120,32 @@ def test_init_cache_rejects_unknown_kind():
     c = init_cache(CONFIGS["interleaved"], 2, 16)
     assert len(c.global_kv.k) == 1 and len(c.local_kv.k) == 2
     assert jnp.all(c.lengths == 0)
+
+
+@pytest.mark.parametrize("name", ["local", "interleaved"])
+def test_a_bounded_prefill_wider_than_the_ring(name):
+    """The ring holds window + slack slots, fewer than the prompt: the prefill attends through
+    ``write_attend`` and keeps each row's own last real positions (right padding is never
+    written), then verify-like steps match the full prefix."""
+    cfg = CONFIGS[name]
+    model = _bias(init_model(cfg, seed=3))
+    rng = np.random.default_rng(2)
+    width, prompts = 20, np.array([20, 13, 3], np.int32)
+    seq = rng.integers(0, cfg.vocab_size, (B, width + W * STEPS + W)).astype(np.int32)
+    full = np.asarray(logits(model, seq))
+    cache = init_cache(cfg, B, seq.shape[1], kind="paged" if cfg.global_layers else "dense", slack=W, page_size=4)
+    assert cache.local_kv.size < width
+    tok = np.where(np.arange(width)[None] < prompts[:, None], seq[:, :width], 0)
+    pos = np.broadcast_to(np.arange(width, dtype=np.int32), (B, width))
+    out, _, cache = _forward(model.params, cfg, tok, pos, cache.reserve(width).bound_write(prompts))
+    for b in range(B):
+        np.testing.assert_allclose(np.asarray(out)[b, : prompts[b]], full[b, : prompts[b]], atol=1e-5)
+    cache = cache.advance(prompts)
+    for _ in range(STEPS):
+        idx = np.asarray(cache.lengths)[:, None] + np.arange(W)[None]
+        out, _, cache = _forward(model.params, cfg, np.take_along_axis(seq, idx, 1), idx.astype(np.int32),
+                                 cache.reserve(W))
+        for b in range(B):
+            np.testing.assert_allclose(np.asarray(out)[b], full[b, idx[b]], atol=1e-5)
+        cache = cache.advance(rng.integers(1, W + 1, B).astype(np.int32))
+    assert (np.asarray(cache.status) == 0).all()

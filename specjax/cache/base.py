@@ -23,6 +23,8 @@ CAPACITY_EXCEEDED = 1  # write/advance past the row's capacity (dense) or page b
 OUT_OF_PAGES = 2  # the shared page pool had no free page for this row
 ROLLBACK_INVALID = 4  # rollback target outside [start, lengths] (or past a ring's slack)
 
+UNBOUNDED = 2**30  # a write bound (``bound_write``) that is not set
+
 _NAMES = {CAPACITY_EXCEEDED: "capacity exceeded", OUT_OF_PAGES: "out of pages", ROLLBACK_INVALID: "invalid rollback"}
 
 

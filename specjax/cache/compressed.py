@@ -54,11 +54,9 @@ import jax.numpy as jnp
 
 from specjax._pytree import pytree_dataclass, static_field
 from specjax.attention import attend_visible, ring_positions
-from specjax.cache.base import CAPACITY_EXCEEDED, ROLLBACK_INVALID, as_rows, replace_layer
+from specjax.cache.base import CAPACITY_EXCEEDED, ROLLBACK_INVALID, UNBOUNDED, as_rows, replace_layer
 
 __all__ = ["CompressedKVCache", "compressed_attention", "memory_cut", "pool_blocks"]
-
-UNBOUNDED = 2**30  # write_end when no bound is set
 
 
 def memory_cut(q_rel: jax.Array, window: int, block: int) -> jax.Array:

@@ -6,6 +6,12 @@ amounts. With ``slack >= w`` (the verify window), rolling back up to ``slack``
 tokens never loses an entry still inside any row's window: a slot clobbered by a
 rejected token held position ``p - size <= new_len - window``, already outside
 the window of every later query.
+
+A write wider than ``slack`` (a long prefill) goes through ``write_attend``, which attends
+over the ring as it was plus the new K/V, so the ring need not hold the whole write:
+``bound_write(prompt_len)`` says where each right-padded row's real tokens end, and the
+ring keeps each row's own last ``size`` real positions. The ring (and every decode step's
+attention) is then sized by the decode writes, not by the prompt.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import jax.numpy as jnp
 
 from specjax._pytree import pytree_dataclass, static_field
 from specjax.attention import attention_with_positions, ring_positions
-from specjax.cache.base import ROLLBACK_INVALID, as_rows, positions, replace_layer
+from specjax.cache.base import ROLLBACK_INVALID, UNBOUNDED, as_rows, positions, replace_layer
 
 __all__ = ["RollingKVCache"]
 
@@ -27,6 +33,7 @@ class RollingKVCache:
     lengths: jax.Array  # int32 [B]: absolute position of the next token
     start: jax.Array  # int32 [B]: lead pad (absolute); earlier positions never attended
     status: jax.Array  # int32 [B]
+    write_end: jax.Array  # int32 [B]: absolute end of the next write's real tokens (bound_write)
     window: int = static_field()
     slack: int = static_field()
 
@@ -46,7 +53,7 @@ class RollingKVCache:
         shape = (batch, kv_heads, window + slack, head_dim)
         zeros = lambda: jnp.zeros((batch,), jnp.int32)  # noqa: E731  (distinct buffers: donatable)
         kv = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(layers))  # noqa: E731
-        return cls(kv(), kv(), zeros(), zeros(), zeros(), window, slack)
+        return cls(kv(), kv(), zeros(), zeros(), zeros(), jnp.full((batch,), UNBOUNDED, jnp.int32), window, slack)
 
     @property
     def batch(self) -> int:
@@ -56,19 +63,49 @@ class RollingKVCache:
     def size(self) -> int:
         return self.window + self.slack
 
+    def bound_write(self, n: jax.Array | int) -> RollingKVCache:
+        """The next write's tokens past ``n [B]`` per row are padding: never written (until the
+        next ``advance``). A write wider than ``slack`` needs it (the right-padded prefill)."""
+        return self.replace(write_end=self.lengths + as_rows(n, self.batch))
+
     def write(self, layer: int, k_new: jax.Array, v_new: jax.Array) -> RollingKVCache:
-        """Write ``[B, t, Hkv, D]`` at absolute positions ``lengths[b] + [0, t)``; ``t <= slack``."""
+        """Write ``[B, t, Hkv, D]`` at absolute positions ``lengths[b] + [0, t)``; ``t <= slack``
+        (wider: ``write_attend``, since ``attend`` reads only the ring)."""
         t = k_new.shape[1]
         if t > self.slack:
-            raise ValueError(f"a write of t={t} tokens needs slack >= t, but slack={self.slack}")
-        slots = positions(self.lengths, t) % self.size
+            raise ValueError(f"a write of t={t} tokens needs slack >= t, but slack={self.slack} "
+                             "(a wider write goes through write_attend)")
+        return self._put(layer, k_new, v_new)
+
+    def _put(self, layer: int, k_new: jax.Array, v_new: jax.Array) -> RollingKVCache:
+        """The ring keeps each row's real positions in ``[end - size, end)``, one slot each."""
+        t = k_new.shape[1]
+        pos = positions(self.lengths, t)
+        end = jnp.minimum(self.lengths + t, self.write_end)[:, None]
+        slots = jnp.where((pos < end) & (pos >= end - self.size), pos % self.size, self.size)  # else dropped
         rows = jnp.broadcast_to(jnp.arange(self.batch, dtype=jnp.int32)[:, None], slots.shape)
-        k = self.k[layer].at[rows, :, slots].set(k_new.astype(self.k[layer].dtype), mode="promise_in_bounds")
-        v = self.v[layer].at[rows, :, slots].set(v_new.astype(self.v[layer].dtype), mode="promise_in_bounds")
+        k = self.k[layer].at[rows, :, slots].set(k_new.astype(self.k[layer].dtype), mode="drop")
+        v = self.v[layer].at[rows, :, slots].set(v_new.astype(self.v[layer].dtype), mode="drop")
         return self.replace(k=replace_layer(self.k, layer, k), v=replace_layer(self.v, layer, v))
 
+    def write_attend(
+        self, layer: int, q: jax.Array, k_new: jax.Array, v_new: jax.Array, *, scale: float | None = None
+    ) -> tuple[RollingKVCache, jax.Array]:
+        """Write ``k_new, v_new [B, t, Hkv, D]`` (any ``t``) and attend ``q [B, t, Hq, D]`` over
+        the ring as it was plus the new K/V (XLA): ``(cache, [B, t, Hq, D])``."""
+        t = q.shape[1]
+        hm = lambda x: x.astype(self.k[layer].dtype).transpose(0, 2, 1, 3)  # noqa: E731  [B, Hkv, t, D]
+        k = jnp.concatenate([self.k[layer], hm(k_new)], axis=2)
+        v = jnp.concatenate([self.v[layer], hm(v_new)], axis=2)
+        new_pos = positions(self.lengths, t)
+        key_pos = jnp.concatenate([ring_positions(self.lengths, 0, self.size), new_pos], axis=1)
+        out = attention_with_positions(q, k, v, new_pos, key_pos, self.start, window=self.window, scale=scale)
+        return self._put(layer, k_new, v_new), out
+
     def advance(self, n: jax.Array | int) -> RollingKVCache:
-        return self.replace(lengths=self.lengths + as_rows(n, self.batch))
+        """``lengths += n`` per row; clears ``bound_write``."""
+        return self.replace(lengths=self.lengths + as_rows(n, self.batch),
+                            write_end=jnp.full_like(self.write_end, UNBOUNDED))
 
     def apply_plan(self, plan) -> RollingKVCache:
         return self.advance(plan.advance)
@@ -83,9 +120,7 @@ class RollingKVCache:
         )
 
     def rows_view(self, rows: jax.Array, width: int) -> RollingKVCache:
-        """An empty ring for ``rows [R]`` (``width <= slack``: the prefill fits one write)."""
-        if width > self.slack:
-            raise ValueError(f"a refill of width {width} needs slack >= {width}, but slack={self.slack}")
+        """An empty ring for ``rows [R]`` (a refill's prefill of ``width`` tokens, bounded per row)."""
         return RollingKVCache.create(len(self.k), rows.shape[0], self.window, self.slack, self.k[0].shape[1],
                                      self.k[0].shape[3], self.k[0].dtype)
 
@@ -94,7 +129,8 @@ class RollingKVCache:
         put = lambda big, small: big.at[rows].set(small, mode="drop")  # noqa: E731
         kv = lambda big, small: tuple(put(b, s) for b, s in zip(big, small, strict=True))  # noqa: E731
         return self.replace(k=kv(self.k, sub.k), v=kv(self.v, sub.v), lengths=put(self.lengths, sub.lengths),
-                            start=put(self.start, sub.start), status=put(self.status, sub.status))
+                            start=put(self.start, sub.start), status=put(self.status, sub.status),
+                            write_end=put(self.write_end, sub.write_end))
 
     def key_positions(self, t_q: int) -> jax.Array:
         """``[B, size]``: the absolute position each ring slot holds once ``t_q`` tokens were

@@ -226,8 +226,8 @@ class ModelCache:
 
     def bound_write(self, n: jax.Array) -> ModelCache:
         """The next write's tokens past ``n [B]`` per row are padding (a right-padded prefill):
-        compressed layers neither keep nor pool them (a no-op for other kinds)."""
-        return self._map(lambda c: c.bound_write(n) if isinstance(c, CompressedKVCache) else c)
+        rolling and compressed layers neither keep nor pool them (a no-op for other kinds)."""
+        return self._map(lambda c: c.bound_write(n) if isinstance(c, RollingKVCache | CompressedKVCache) else c)
 
     def release(self, idle: jax.Array) -> ModelCache:
         """Paged global layers: return every page of ``idle [B]`` rows to the pool."""
@@ -273,10 +273,10 @@ def init_cache(
 ) -> ModelCache:
     """Empty per-row caches for ``batch`` rows of up to ``capacity`` tokens.
 
-    ``kind``: ``"dense"`` or ``"paged"`` for global layers (sliding-window layers always
-    use the rolling cache, whose ``slack`` must cover the longest single write). Compressed-memory
-    layers use the compressed cache, whose slack is ``reach`` (default ``slack``): how far a
-    write reaches past the committed length; a wider prefill is bounded by ``bound_write``.
+    ``kind``: ``"dense"`` or ``"paged"`` for global layers. Sliding-window layers use the
+    rolling cache and compressed-memory layers the compressed cache; their slack is ``reach``
+    (default ``slack``): how far a write reaches past the committed length (a wider write, the
+    prefill, is bounded per row by ``bound_write`` and attends through ``write_attend``).
     """
     if kind not in ("dense", "paged"):
         raise ValueError(f"cache kind must be 'dense' or 'paged', got {kind!r}")
@@ -290,10 +290,11 @@ def init_cache(
             max_pages = -(-capacity // page_size)
             pages = batch * max_pages if num_pages is None else num_pages
             glob = PagedKVCache.create(n_g, batch, pages, page_size, max_pages, hkv, hd, dtype)
-    loc = RollingKVCache.create(n_l, batch, config.sliding_window, slack, hkv, hd, dtype) if n_l else None
+    reach = slack if reach is None else reach
+    loc = RollingKVCache.create(n_l, batch, config.sliding_window, reach, hkv, hd, dtype) if n_l else None
     n_m = len(config.compressed_layers)
     mem = CompressedKVCache.create(n_m, batch, capacity, config.compress_window, config.compress_block,
-                                   slack if reach is None else reach, hkv, hd, dtype) if n_m else None
+                                   reach, hkv, hd, dtype) if n_m else None
     return ModelCache(glob, loc, mem)
 
 
@@ -326,6 +327,8 @@ def forward_hidden(
         q, k, v = _qkv(p, x, positions, config)
         if config.is_compressed(layer):  # XLA path only (no Pallas kernel for this kind yet)
             mem, attn = mem.write_attend(m_idx[layer], q, k, v)
+        elif config.is_local(layer) and k.shape[1] > loc.slack:  # a prefill wider than the ring: XLA
+            loc, attn = loc.write_attend(l_idx[layer], q, k, v)
         elif config.is_local(layer):
             loc = loc.write(l_idx[layer], k, v)
             attn = loc.attend(q, l_idx[layer], impl=attention_impl)
