@@ -111,10 +111,10 @@ class EngineConfig:
     def window(self) -> int:
         return self.depth + 1
 
-    def new_cache(self, cfg: ModelConfig, batch: int, prefill: int) -> ModelCache:
+    def new_cache(self, cfg: ModelConfig, batch: int) -> ModelCache:
         """Empty caches for ``cfg``. Rolling and compressed caches reach a window plus chained
-        draft writes (``2w + 2``) past the committed length; the prefill (``prefill`` tokens,
-        however wide) is bounded per row (``bound_write``), so it does not size their rings."""
+        draft writes (``2w + 2``) past the committed length; the prefill, however wide, is
+        bounded per row (``bound_write``), so it does not size their rings."""
         return init_cache(cfg, batch, self.capacity, kind=self.cache_kind, slack=2 * self.window + 2,
                           page_size=PAGE_SIZE, num_pages=self.num_pages, dtype=self.dtype)
 
@@ -157,7 +157,7 @@ def _prefill(eng: EngineConfig, params: dict, prompts: jax.Array, prompt_len: ja
 def _fresh_prefill(eng: EngineConfig, params: dict, prompts, prompt_len, max_len, eos, seeds, sampling) -> EngineState:
     """``_prefill`` into new caches of the engine's full capacity (one static batch)."""
     b, p = prompts.shape
-    return _prefill(eng, params, prompts, prompt_len, max_len, eos, seeds, sampling, eng.new_cache(eng.config, b, p),
+    return _prefill(eng, params, prompts, prompt_len, max_len, eos, seeds, sampling, eng.new_cache(eng.config, b),
                     eng.drafter.empty(eng, b, p), jnp.ones((b,), bool))
 
 

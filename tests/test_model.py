@@ -34,6 +34,20 @@ def _bias(model):
     return model.replace(params=params)
 
 
+def _verify_steps(model, seq, full, cache, rng):
+    """Verify-like steps: every row feeds W tokens of ``seq`` at its own length (logits must
+    match the full prefix ``full``) and commits its own random count; no status bit set."""
+    for _ in range(STEPS):
+        idx = np.asarray(cache.lengths)[:, None] + np.arange(W)[None]
+        out, _, cache = _forward(model.params, model.config, np.take_along_axis(seq, idx, 1), idx.astype(np.int32),
+                                 cache.reserve(W))
+        for b in range(B):
+            np.testing.assert_allclose(np.asarray(out)[b], full[b, idx[b]], atol=1e-5)
+        cache = cache.advance(rng.integers(1, W + 1, B).astype(np.int32))
+    assert (np.asarray(cache.status) == 0).all()
+    return cache
+
+
 @pytest.mark.parametrize("name,kind", [("global", "dense"), ("global", "paged"), ("local", "dense"),
                                        ("interleaved", "paged")])
 def test_cached_ragged_forward_matches_full_prefix(name, kind):
@@ -49,17 +63,7 @@ def test_cached_ragged_forward_matches_full_prefix(name, kind):
     out, _, cache = _forward(model.params, cfg, tok, pos, cache.reserve(T_PROMPT))
     for b in range(B):
         np.testing.assert_allclose(np.asarray(out)[b, : PROMPTS[b]], full[b, : PROMPTS[b]], atol=1e-5)
-    cache = cache.advance(PROMPTS)
-    # verify-like steps: every row feeds W tokens at its own length, commits its own count
-    for _ in range(STEPS):
-        lens = np.asarray(cache.lengths)
-        idx = lens[:, None] + np.arange(W)[None]
-        out, _, cache = _forward(model.params, cfg, np.take_along_axis(seq, idx, 1), idx.astype(np.int32),
-                                 cache.reserve(W))
-        for b in range(B):
-            np.testing.assert_allclose(np.asarray(out)[b], full[b, idx[b]], atol=1e-5)
-        cache = cache.advance(rng.integers(1, W + 1, B).astype(np.int32))
-    assert (np.asarray(cache.status) == 0).all()
+    cache = _verify_steps(model, seq, full, cache.advance(PROMPTS), rng)
     assert len(set(np.asarray(cache.lengths).tolist())) > 1  # rows really are ragged
 
 
@@ -140,12 +144,4 @@ def test_a_bounded_prefill_wider_than_the_ring(name):
     out, _, cache = _forward(model.params, cfg, tok, pos, cache.reserve(width).bound_write(prompts))
     for b in range(B):
         np.testing.assert_allclose(np.asarray(out)[b, : prompts[b]], full[b, : prompts[b]], atol=1e-5)
-    cache = cache.advance(prompts)
-    for _ in range(STEPS):
-        idx = np.asarray(cache.lengths)[:, None] + np.arange(W)[None]
-        out, _, cache = _forward(model.params, cfg, np.take_along_axis(seq, idx, 1), idx.astype(np.int32),
-                                 cache.reserve(W))
-        for b in range(B):
-            np.testing.assert_allclose(np.asarray(out)[b], full[b, idx[b]], atol=1e-5)
-        cache = cache.advance(rng.integers(1, W + 1, B).astype(np.int32))
-    assert (np.asarray(cache.status) == 0).all()
+    _verify_steps(model, seq, full, cache.advance(prompts), rng)
