@@ -435,6 +435,73 @@ MUTATIONS: list[Mutation] = [
         "        if hasattr(x, \"dtype\") and np.ndim(x) == 7 and",
         ("tests/test_compressed.py",),
     ),
+    # --- real checkpoints (#14) ---
+    Mutation(
+        "llama3 RoPE: low and high frequency factors swapped",
+        "specjax/model/rope.py",
+        "    low_wavelen = orig / np.float32(scaling.low_freq_factor)\n"
+        "    high_wavelen = orig / np.float32(scaling.high_freq_factor)\n",
+        "    low_wavelen = orig / np.float32(scaling.high_freq_factor)\n"
+        "    high_wavelen = orig / np.float32(scaling.low_freq_factor)\n",
+        ("tests/test_hf_families.py::test_rope_frequencies_match_transformers",),
+    ),
+    Mutation(
+        "yarn RoPE: the attention factor dropped",
+        "specjax/model/rope.py",
+        "    return (interpolated * (1 - keep) + extrapolated * keep).astype(np.float32), attention\n",
+        "    return (interpolated * (1 - keep) + extrapolated * keep).astype(np.float32), 1.0\n",
+        ("tests/test_hf_families.py::test_rope_frequencies_match_transformers",),
+    ),
+    Mutation(
+        "Gemma's (1 + w) RMSNorm applied as w",
+        "specjax/model/llama.py",
+        "    return (y * (w.astype(jnp.float32) + offset)).astype(x.dtype)",
+        "    return (y * w.astype(jnp.float32)).astype(x.dtype)",
+        ("tests/test_hf_families.py::test_logits_match_transformers",),
+    ),
+    Mutation(
+        "Gemma sliding_window_pattern off by one (layer i global when i % k == 0)",
+        "specjax/hf.py",
+        '"sliding_attention" if (i + 1) % k else "full_attention"',
+        '"sliding_attention" if i % k else "full_attention"',
+        ("tests/test_hf_families.py::test_logits_match_transformers",),
+    ),
+    Mutation(
+        "Qwen3/Gemma q norm skipped",
+        "specjax/model/llama.py",
+        '        q, k = _norm(q, p["q_norm"], cfg), _norm(k, p["k_norm"], cfg)',
+        '        q, k = q, _norm(k, p["k_norm"], cfg)',
+        ("tests/test_hf_families.py::test_logits_match_transformers",),
+    ),
+    Mutation(
+        "Gemma query_pre_attn_scalar ignored (head_dim ** -0.5 scale)",
+        "specjax/model/llama.py",
+        "    q = rope(q, positions, inv_freq, factor * q_scale)",
+        "    q = rope(q, positions, inv_freq, factor)",
+        ("tests/test_hf_families.py::test_logits_match_transformers",),
+    ),
+    Mutation(
+        "an EOS list truncated to its first id when loaded",
+        "specjax/hf.py",
+        "(eos if isinstance(eos, list) else",
+        "(eos[:1] if isinstance(eos, list) else",
+        ("tests/test_hf_families.py::test_stop_ids_and_chat_template_as_transformers",),
+    ),
+    Mutation(
+        "the engine stops only on a row's first stop id",
+        "specjax/engine.py",
+        "jnp.any(new_tok[:, :, None] == st.eos[:, None, :], axis=2)",
+        "(new_tok == st.eos[:, :1])",
+        ("tests/test_hf_families.py::test_eos_list_stops_on_any_id",),
+    ),
+    Mutation(
+        "BOS prepended from the config whatever the tokenizer's post-processor does",
+        "specjax/hf.py",
+        "        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)",
+        "        return [self.bos_id] * add_special_tokens"
+        " + list(self.tokenizer.encode(text, add_special_tokens=False).ids)",
+        ("tests/test_hf_families.py::test_tokenizer_parity_with_autotokenizer",),
+    ),
 ]
 
 

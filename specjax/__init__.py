@@ -16,9 +16,10 @@ from specjax.cache import (
 )
 from specjax.checkpoint import Bundle, CheckpointError, load_model
 from specjax.engine import generate
+from specjax.hf import load_hf_checkpoint, load_tokenizer, save_hf_checkpoint
 from specjax.masks import make_left_padded_causal_mask
 from specjax.metrics import GenerationResult
-from specjax.model import Model, ModelConfig, init_model, logits
+from specjax.model import Model, ModelConfig, RopeScaling, init_model, logits
 from specjax.plan import (
     CohortStepPlan,
     PerSeqStepPlan,
@@ -36,7 +37,11 @@ __all__ = [
     "batch_generate",
     "CheckpointError",
     "StreamChunk",
+    "load_hf_checkpoint",
     "load_model",
+    "load_tokenizer",
+    "save_hf_checkpoint",
+    "RopeScaling",
     "stream",
     "CohortStepPlan",
     "DenseKVCache",

@@ -53,7 +53,7 @@ from specjax.engine import (
 )
 from specjax.model.llama import Model
 from specjax.sampling import RowSampling, derive_seed
-from specjax.validate import fail
+from specjax.validate import EOS_WIDTH, check_eos, eos_table, fail
 
 __all__ = ["Completion", "Request", "batch_generate"]
 
@@ -73,7 +73,7 @@ class Request:
     top_k: int | None = None
     top_p: float | None = None
     seed: int | None = None  # default: derived from (the job's seed, id)
-    eos_id: int | None = None
+    eos_id: int | list[int] | None = None  # a list: the row stops on any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +99,7 @@ class _Row:
     top_k: int | None
     top_p: float | None
     seed: int
-    eos: int  # -1: none
+    eos: tuple[int, ...]  # stop ids (empty: none)
     pages: int  # worst-case pages this request can hold (paged caches)
 
 
@@ -145,14 +145,15 @@ def _decode(eng: EngineConfig, params: dict, st: EngineState, target_done: jax.A
     )
 
 
-def _empty_state(eng: EngineConfig, slots: int, width: int) -> EngineState:
-    """Every slot idle (done, owning nothing): the state before the first admit."""
+def _empty_state(eng: EngineConfig, slots: int, width: int, eos_width: int = EOS_WIDTH) -> EngineState:
+    """Every slot idle (done, owning nothing): the state before the first admit (each slot
+    holds ``eos_width`` stop ids)."""
     zeros = lambda: jnp.zeros((slots,), jnp.int32)  # noqa: E731  (distinct buffers: donatable)
     d = eng.depth
     return EngineState(
         seq=jnp.zeros((slots, eng.capacity), jnp.int32), known=zeros(), u=jnp.ones((slots,), jnp.int32),
         cache=eng.new_cache(eng.config, slots), dstate=eng.drafter.empty(eng, slots, width),
-        prompt_len=zeros(), max_len=zeros(), eos=jnp.full((slots,), -1, jnp.int32),
+        prompt_len=zeros(), max_len=zeros(), eos=jnp.full((slots, eos_width), -1, jnp.int32),
         seeds=jnp.zeros((slots,), jnp.uint32),
         sampling=RowSampling(jnp.zeros((slots,), jnp.float32), zeros(), jnp.ones((slots,), jnp.float32)),
         live=jnp.zeros((slots,), bool), done=jnp.ones((slots,), bool),
@@ -198,9 +199,10 @@ class _Job:
     top_k: int | None
     top_p: float | None
     seed: int
-    eos_id: int | None
+    eos_id: int | list[int] | None
     pages: int | None
     bounded: bool  # a stream: max_new_tokens bounds each request (it sized the caches)
+    eos_width: int  # stop ids per row (a stream's requests must fit it)
 
     def row(self, r: Request, index: int, where: str | None = None) -> _Row:
         """Validate one request against the model and the job; errors name the request
@@ -239,17 +241,17 @@ class _Job:
             fail(f"{where}.top_p", top_p, "must lie in (0, 1]")
         if r.seed is not None and (not _is_int(r.seed) or not 0 <= r.seed < 2**32):
             fail(f"{where}.seed", r.seed, "must be an int in [0, 2**32)")
-        eos = self.eos_id if r.eos_id is None else r.eos_id
-        if eos is not None and (not _is_int(eos) or not 0 <= eos < cfg.vocab_size):
-            fail(f"{where}.eos_id", eos, f"must lie in [0, {cfg.vocab_size}) or be None")
+        eos = check_eos(f"{where}.eos_id", self.eos_id if r.eos_id is None else r.eos_id, cfg.vocab_size)
+        if len(eos) > self.eos_width:
+            fail(f"{where}.eos_id", list(eos), f"at most {self.eos_width} stop ids in a streamed job (the job's "
+                  "widest list, at least EOS_WIDTH, sizes every row's stops)")
         w = self.depth + 1
         pages = -(-max(prompt_bucket([prompt]), len(arr) + n_new + 2 * w - 1) // PAGE_SIZE)
         if self.pages is not None and pages > self.pages:
             fail(f"{where}", f"{len(arr)} + {n_new} tokens", f"needs {pages} pages of {PAGE_SIZE} tokens but the "
                   f"pool holds pages={self.pages}")
         seed = derive_seed(self.seed, r.id) if r.seed is None else int(r.seed)
-        return _Row(r.id, [int(t) for t in arr], int(n_new), float(temp), top_k, top_p, seed,
-                    -1 if eos is None else int(eos), pages)
+        return _Row(r.id, [int(t) for t in arr], int(n_new), float(temp), top_k, top_p, seed, eos, pages)
 
 
 # ----------------------------------------------------------------------------- the job
@@ -270,7 +272,7 @@ def batch_generate(
     top_k: int | None = None,
     top_p: float | None = None,
     seed: int = 0,
-    eos_id: int | None = None,
+    eos_id: int | list[int] | None = None,
     ngram_n: int = 3,
     attention_impl: str = "auto",
     max_prompt_len: int | None = None,
@@ -331,7 +333,8 @@ def batch_generate(
     if not _is_int(bound) or bound < 1:
         fail("max_prompt_len", bound, "must be an int >= 1")
     job = _Job(model, max_new_tokens, bound if not listed else cfg.max_seq_len - 1, d, float(temperature), top_k,
-               top_p, seed, eos_id, pages, bounded=not listed)
+               top_p, seed, eos_id, pages, bounded=not listed,
+               eos_width=max(EOS_WIDTH, len(check_eos("eos_id", eos_id, cfg.vocab_size))) if not listed else 1 << 30)
     job.row(Request([0], max_new_tokens=1), -1, where="batch_generate")  # the defaults (temperature, ...)
     rows_iter: Iterator[_Row]
     if listed:  # everything checked before any compile; the list sizes the caches
@@ -340,11 +343,13 @@ def batch_generate(
         width = prompt_bucket([r.prompt for r in checked]) if checked else 8
         longest_new = max((r.max_new_tokens for r in checked), default=1)
         greedy = all(r.temperature == 0 for r in checked)
+        eos_width = max([EOS_WIDTH] + [len(r.eos) for r in checked])
     else:
         rows_iter = _checked(job, requests)
         width = prompt_bucket([[0] * bound])
         longest_new = max_new_tokens
         greedy = False  # unknown requests: per-row sampling (a temperature-0 row stays exactly greedy)
+        eos_width = job.eos_width
     eng = make_engine(model, drafter=drafter, draft_model=draft_model, depth=depth, kv_advance_rule=rule,
                       cache=cache, greedy=greedy, ngram_n=ngram_n, capacity=request_capacity(width, longest_new, d),
                       attention_impl=attention_impl, num_pages=pages)
@@ -354,7 +359,7 @@ def batch_generate(
     refill = refill_rows or max(1, slots // 4)
     pool = pages if pages is not None else slots * -(-eng.capacity // PAGE_SIZE)
     return _run(eng, params, rows_iter, slots, width, refill, sync_every, pool if cache == "paged" else None,
-                stop or (lambda: False))
+                stop or (lambda: False), eos_width)
 
 
 def _checked(job: _Job, requests: Iterable[Any], where: Sequence[str] | None = None) -> Iterator[_Row]:
@@ -370,9 +375,9 @@ def _checked(job: _Job, requests: Iterable[Any], where: Sequence[str] | None = N
 
 
 def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int, width: int, refill: int,
-         sync_every: int, pool: int | None, stop: Callable[[], bool]) -> Iterator[Completion]:
+         sync_every: int, pool: int | None, stop: Callable[[], bool], eos_width: int) -> Iterator[Completion]:
     """The host loop: admit, decode, harvest (one device read per round)."""
-    st = _empty_state(eng, slots, width)
+    st = _empty_state(eng, slots, width, eos_width)
     held: list[_Row | None] = [None] * slots  # the request each slot serves
     queue: collections.deque[_Row] = collections.deque()
     exhausted = False
@@ -398,7 +403,7 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
             idle = np.array([held[s] is None for s in range(slots)])
             for s, r in batch:
                 held[s] = r
-            st = _admit(eng, params, st, jnp.asarray(idle), *_admit_inputs(batch, refill, slots))
+            st = _admit(eng, params, st, jnp.asarray(idle), *_admit_inputs(batch, refill, slots, eos_width))
         busy = sum(r is not None for r in held)
         if busy == 0:
             return
@@ -409,7 +414,7 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
         yield from _harvest(eng, st, held)
 
 
-def _admit_inputs(batch: list[tuple[int, _Row]], refill: int, slots: int):
+def _admit_inputs(batch: list[tuple[int, _Row]], refill: int, slots: int, eos_width: int = EOS_WIDTH):
     """Host arrays for one admit: ``refill`` rows, padding rows pointing at slot ``slots``."""
     width = prompt_bucket([r.prompt for _, r in batch])
     pad = refill - len(batch)
@@ -422,7 +427,8 @@ def _admit_inputs(batch: list[tuple[int, _Row]], refill: int, slots: int):
     return (
         jnp.asarray(rows), jnp.asarray(toks), jnp.asarray(plen),
         jnp.asarray(plen + np.array([r.max_new_tokens for r in req], np.int32)),
-        jnp.asarray(np.array([r.eos for r in req], np.int32)), jnp.asarray(np.array([r.seed for r in req], np.uint32)),
+        jnp.asarray(eos_table([r.eos for r in req], eos_width)),
+        jnp.asarray(np.array([r.seed for r in req], np.uint32)),
         RowSampling.rows([r.temperature for r in req], [r.top_k for r in req], [r.top_p for r in req]),
     )
 
@@ -445,7 +451,7 @@ def _harvest(eng: EngineConfig, st: EngineState, held: list[_Row | None]) -> Ite
         held[s] = None
         toks = seq[s, plen[s] : known[s]].tolist()
         n_steps = int(steps[s])
-        reason = "eos" if r.eos >= 0 and toks and toks[-1] == r.eos else "length"
+        reason = "eos" if toks and toks[-1] in r.eos else "length"
         out.append(Completion(r.id, toks, reason, {
             "num_tokens": len(toks),
             "steps": n_steps,

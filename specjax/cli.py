@@ -135,6 +135,9 @@ class _TextRunner:
 
             if args.draft_model:
                 raise ValueError("--draft-model applies to Hugging Face checkpoints; a bundle carries its own")
+            if args.chat or args.dtype:
+                raise ValueError(f"{'--chat' if args.chat else '--dtype'} applies to Hugging Face checkpoints "
+                                 "(a bundle has no chat template and loads in its own dtype)")
             self.bundle = load_model(args.model)
             self.model, self.draft = self.bundle.model, self.bundle.draft_model
             self.encode = lambda p: self.bundle.tokenizer.encode(p, bos=True)
@@ -143,10 +146,12 @@ class _TextRunner:
         else:
             from specjax.hf import load_hf_checkpoint, load_tokenizer
 
-            self.model = load_hf_checkpoint(args.model)
+            self.model = load_hf_checkpoint(args.model, dtype=args.dtype)
             tok = load_tokenizer(args.model)
-            self.draft = load_hf_checkpoint(args.draft_model) if args.draft_model else None
-            self.encode = lambda p: tok.encode(p, True)
+            self.draft = load_hf_checkpoint(args.draft_model, dtype=args.dtype) if args.draft_model else None
+            if args.chat and tok.chat_template is None:
+                raise ValueError(f"--chat: {args.model} has no chat_template in tokenizer_config.json")
+            self.encode = (lambda p: tok.encode_chat([{"role": "user", "content": p}])) if args.chat else tok.encode
             self.decode = tok.decode
             self.eos = tok.eos_id
 
@@ -370,6 +375,10 @@ def _add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention", choices=["auto", "xla", "pallas"], default="auto",
                    help="attention path: Pallas kernels (interpret mode on CPU) or XLA; auto = Pallas on TPU/GPU, "
                         "XLA on CPU (default: auto)")
+    p.add_argument("--chat", action="store_true",
+                   help="Hugging Face checkpoints: each prompt as a user message through the model's chat template")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="Hugging Face checkpoints: weights and KV caches in this dtype (default: the checkpoint's own)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -32,7 +32,7 @@ from specjax.model.config import ModelConfig
 from specjax.model.llama import Model, ModelCache, forward, forward_hidden, head, init_cache
 from specjax.plan import plan_step
 from specjax.sampling import SAMPLE, RowSampling, position_keys, probs, sample
-from specjax.validate import MAX_DEPTH, validate
+from specjax.validate import MAX_DEPTH, eos_table, validate
 from specjax.verify import greedy_verify, rejection_verify
 
 __all__ = [
@@ -74,7 +74,7 @@ class EngineState:
     dstate: Any  # drafter state (caches, MTP hidden, ...)
     prompt_len: jax.Array  # [B]
     max_len: jax.Array  # [B]: prompt_len + max_new_tokens
-    eos: jax.Array  # [B]: EOS id, -1 for none
+    eos: jax.Array  # [B, E]: the row's stop ids (it stops on any), -1 padded
     seeds: jax.Array  # uint32 [B]
     sampling: RowSampling  # per-row temperature / top_k / top_p [B] (data: never recompiles)
     live: jax.Array  # bool [B]: the slot holds a request, running or finished (idle slots own no pages)
@@ -145,7 +145,7 @@ def _prefill(eng: EngineConfig, params: dict, prompts: jax.Array, prompt_len: ja
     st = EngineState(
         seq=seq, known=prompt_len + 1, u=jnp.ones((b,), jnp.int32), cache=cache, dstate=dstate,
         prompt_len=prompt_len, max_len=max_len, eos=eos, seeds=seeds, sampling=sampling, live=live,
-        done=(first == eos) | (prompt_len + 1 >= max_len) | ~live,
+        done=jnp.any(first[:, None] == eos, axis=1) | (prompt_len + 1 >= max_len) | ~live,
         steps=zeros, emitted=zeros, accepted=zeros, proposed=zeros,
         acc_pos=jnp.zeros((b, d), jnp.int32), prop_pos=jnp.zeros((b, d), jnp.int32),
         trace=jnp.full((b, eng.max_steps), -1, jnp.int32),
@@ -190,7 +190,7 @@ def _step(eng: EngineConfig, params: dict, st: EngineState) -> EngineState:
     padded = jnp.concatenate([drafts, jnp.zeros((b, 1), jnp.int32)], axis=1)
     new_tok = jnp.where(k < a[:, None], padded, nxt[:, None])
     valid = (k <= a[:, None]) & (k < (st.max_len - st.known)[:, None]) & active[:, None]
-    is_eos = valid & (new_tok == st.eos[:, None])
+    is_eos = valid & jnp.any(new_tok[:, :, None] == st.eos[:, None, :], axis=2)
     first_eos = jnp.min(jnp.where(is_eos, k, d + 1), axis=1)
     valid &= k <= first_eos[:, None]
     n_new = jnp.sum(valid, axis=1).astype(jnp.int32)
@@ -227,8 +227,11 @@ _prefill_jit = jax.jit(_fresh_prefill, static_argnums=0)
 
 def prefill(eng: EngineConfig, params: dict, prompts, prompt_len, max_len, eos, seeds,
             sampling: RowSampling | None = None) -> EngineState:
-    """Jitted prefill of ``prompts [B, P]`` (``prompt_len, max_len, eos, seeds [B]``) into new
-    caches of the engine's capacity. ``sampling`` defaults to greedy rows."""
+    """Jitted prefill of ``prompts [B, P]`` (``prompt_len, max_len, seeds [B]``; ``eos [B]`` or
+    ``[B, E]`` stop ids, -1 for none) into new caches of the engine's capacity. ``sampling``
+    defaults to greedy rows."""
+    eos = jnp.asarray(eos, jnp.int32)
+    eos = eos[:, None] if eos.ndim == 1 else eos
     if sampling is None:
         b = np.shape(prompts)[0]
         sampling = RowSampling.rows([0.0] * b, [None] * b, [None] * b)
@@ -289,8 +292,8 @@ def make_engine(model: Model, *, drafter, draft_model, depth, kv_advance_rule, c
 def _setup(model, prompts, max_new_tokens, drafter, draft_model, depth, kv_advance, cache, temperature, top_k, top_p,
            seed, eos_id, ngram_n, attention_impl):
     """Validate (before any compile), build the static engine and the host-side batch."""
-    seeds, news = validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache, temperature, top_k,
-                            top_p, seed, eos_id)
+    seeds, news, stops = validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache, temperature,
+                                  top_k, top_p, seed, eos_id)
     rule = resolve_kv_advance(kv_advance)
     width = prompt_bucket(prompts)
     capacity = request_capacity(width, max(news), 0 if drafter is None else depth)
@@ -307,7 +310,7 @@ def _setup(model, prompts, max_new_tokens, drafter, draft_model, depth, kv_advan
         params["draft"] = draft_model.params
     args = (
         jnp.asarray(toks), jnp.asarray(plen), jnp.asarray(plen + np.array(news, np.int32)),
-        jnp.full((b,), -1 if eos_id is None else eos_id, jnp.int32), jnp.asarray(np.array(seeds, np.uint32)),
+        jnp.asarray(eos_table([stops] * b)), jnp.asarray(np.array(seeds, np.uint32)),
         RowSampling.rows([temperature] * b, [top_k] * b, [top_p] * b),
     )
     return eng, params, args
@@ -327,7 +330,7 @@ def generate(
     top_k: int | None = None,
     top_p: float | None = None,
     seed: int | list[int] = 0,
-    eos_id: int | None = None,
+    eos_id: int | list[int] | None = None,
     ngram_n: int = 3,
     attention_impl: str = "auto",
 ) -> GenerationResult:
@@ -341,6 +344,8 @@ def generate(
     ``seed``: one int (each row's seed is derived from it and the row index, so rows
     differ) or one seed per prompt (used as given: a row with an explicit seed gives the
     same tokens alone or in any batch). ``temperature``, ``top_k`` and ``top_p`` are data.
+    ``eos_id``: one stop id or a list (a row stops at the first of any; Llama-3-Instruct's
+    ``<|end_of_text|>`` and ``<|eot_id|>``).
     Caches hold ``request_capacity(prompt bucket, max(max_new_tokens), depth)`` slots per row,
     whatever the model's ``max_seq_len``. Compiles once per (batch, prompt-width bucket,
     capacity bucket, model, drafter, depth, cache kind, rule, greedy or sampled, attention);

@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints: load (Llama, Qwen2, Mistral) from safetensors, export, tokenizers.
+"""Hugging Face checkpoints: load (Llama, Qwen2, Mistral, Qwen3, Gemma 3) from safetensors, export, tokenizers.
 
 Tensors are read one at a time with the ``safetensors`` flax API from memory-mapped
 files (no pickle, no torch). Anything this loader does not implement exactly is a
@@ -14,13 +14,24 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.model import Model, ModelConfig, fuse_params, unfuse_params
+from specjax.model import Model, ModelConfig, RopeScaling, fuse_params, unfuse_params
 
 __all__ = ["HFTokenizer", "generate_text", "load_hf_checkpoint", "load_tokenizer", "save_hf_checkpoint"]
 
-ARCHS = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+ARCHS = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM")
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# transformers' class defaults where a family's config.json may leave a field out
+_DEFAULTS = {
+    "Gemma3ForCausalLM": {"head_dim": 256, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
+                          "sliding_window": 4096, "query_pre_attn_scalar": 256, "tie_word_embeddings": True,
+                          "sliding_window_pattern": 6, "hidden_activation": "gelu_pytorch_tanh"},
+    "Qwen3ForCausalLM": {"head_dim": 128},
+}
+_ROPE_KEYS = {"rope_type", "type", "rope_theta", "factor", "low_freq_factor", "high_freq_factor",
+              "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "mscale",
+              "mscale_all_dim", "truncate", "partial_rotary_factor"}
+_ACTS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
 def _read_json(path: Path) -> dict:
@@ -40,6 +51,92 @@ def _field(cfg: dict, name: str, path: Path, default=...):
     return default
 
 
+def _scaling(d: dict | None, field: str, raw: dict, path: Path) -> RopeScaling | None:
+    """One RoPE parameter dict (either config format) -> ``RopeScaling`` or ``None`` (no scaling),
+    as transformers standardises it; anything not implemented exactly names the field."""
+    if not d:
+        return None
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}: field {field!r}={d!r} must be a dict")
+    unknown = sorted(set(d) - _ROPE_KEYS)
+    if unknown:
+        raise ValueError(f"{path}: field {field!r} has key {unknown[0]!r}, which is not implemented")
+    if d.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(f"{path}: field {field!r}: partial_rotary_factor={d['partial_rotary_factor']} is not "
+                         "implemented (only 1.0)")
+    kind = d.get("rope_type", d.get("type", "default"))
+    if kind == "default":
+        return None
+    if kind not in ("linear", "llama3", "yarn"):
+        raise ValueError(f"{path}: field {field!r} has rope_type={kind!r}, which is not implemented; implemented: "
+                         "default, linear, llama3, yarn")
+    orig = raw.get("original_max_position_embeddings") or d.get("original_max_position_embeddings") \
+        or raw.get("max_position_embeddings")
+    factor = d.get("factor")
+    if factor is None and kind == "yarn" and orig:  # DeepSeek-style: the context ratio
+        factor = raw.get("max_position_embeddings") / orig
+    try:
+        return RopeScaling(
+            kind=kind, factor=factor, low_freq_factor=d.get("low_freq_factor"),
+            high_freq_factor=d.get("high_freq_factor"), original_max_position=orig if kind != "linear" else None,
+            beta_fast=float(d.get("beta_fast") or 32), beta_slow=float(d.get("beta_slow") or 1),
+            attention_factor=d.get("attention_factor"), mscale=d.get("mscale"), mscale_all_dim=d.get("mscale_all_dim"),
+            truncate=bool(d.get("truncate", True)))
+    except ValueError as e:
+        raise ValueError(f"{path}: field {field!r}={d!r}: {e}") from None
+
+
+def _rope(raw: dict, arch: str, path: Path) -> dict:
+    """``rope_theta``/``rope_scaling`` (and Gemma 3's local pair) from either config format:
+    legacy ``rope_theta`` + ``rope_scaling`` (+ ``rope_local_base_freq``), or transformers 5's
+    ``rope_parameters`` (one dict, or one per layer type)."""
+    params = raw.get("rope_parameters")
+    nested = isinstance(params, dict) and any(isinstance(v, dict) for v in params.values())
+    theta = raw.get("rope_theta")
+    if nested:
+        unknown = sorted(set(params) - {"full_attention", "sliding_attention"})
+        if unknown:
+            raise ValueError(f"{path}: field 'rope_parameters' has layer type {unknown[0]!r}, which is not "
+                             "implemented")
+        full, local = params.get("full_attention") or {}, params.get("sliding_attention") or {}
+    else:
+        full = dict(params or raw.get("rope_scaling") or {})
+        if isinstance(raw.get("rope_scaling"), dict) and params:  # both given: rope_scaling wins, as in transformers
+            full = {**full, **raw["rope_scaling"]}
+        local = {}
+    field = "rope_parameters" if params else "rope_scaling"
+    out = {"rope_theta": float(full.get("rope_theta", theta if theta is not None else
+                                        _DEFAULTS.get(arch, {}).get("rope_theta", 10000.0))),
+           "rope_scaling": _scaling(full, field + (".full_attention" if nested else ""), raw, path)}
+    if arch == "Gemma3ForCausalLM":
+        base = local.get("rope_theta", raw.get("rope_local_base_freq", _DEFAULTS[arch]["rope_local_base_freq"]))
+        out["local_rope_theta"] = float(base)
+        out["local_rope_scaling"] = _scaling(local, field + ".sliding_attention", raw, path)
+    elif local:
+        raise ValueError(f"{path}: field 'rope_parameters' has per-layer-type entries, which {arch} does not use")
+    return out
+
+
+def _layer_pattern(raw: dict, arch: str, n_layers: int, path: Path) -> int:
+    """Gemma 3's local/global pattern as ``global_every`` (layer ``i`` global iff
+    ``i % k == k - 1``): from ``layer_types``, else ``sliding_window_pattern``."""
+    types = raw.get("layer_types")
+    if types is None:
+        k = int(raw.get("sliding_window_pattern") or _DEFAULTS[arch]["sliding_window_pattern"])
+        types = ["sliding_attention" if (i + 1) % k else "full_attention" for i in range(n_layers)]
+    if len(types) != n_layers or set(types) - {"sliding_attention", "full_attention"}:
+        raise ValueError(f"{path}: field 'layer_types'={types!r} must name sliding_attention or full_attention for "
+                         f"each of the {n_layers} layers")
+    full = [i for i, t in enumerate(types) if t == "full_attention"]
+    if not full:
+        return 0
+    k = full[0] + 1
+    if full != [i for i in range(n_layers) if i % k == k - 1]:
+        raise ValueError(f"{path}: field 'layer_types'={types!r} is not periodic (one full-attention layer every "
+                         "k layers, ending each period), which is what is implemented")
+    return k
+
+
 def _config(path: Path) -> tuple[ModelConfig, str, dict]:
     cfg_path = path / "config.json"
     raw = _read_json(cfg_path)
@@ -47,41 +144,45 @@ def _config(path: Path) -> tuple[ModelConfig, str, dict]:
     if len(archs) != 1 or archs[0] not in ARCHS:
         raise ValueError(f"{cfg_path}: field 'architectures'={archs!r} is not supported; supported: {list(ARCHS)}")
     arch = archs[0]
-    if raw.get("rope_scaling") not in (None, {}) and (raw["rope_scaling"].get("rope_type")
-                                                      or raw["rope_scaling"].get("type")) != "default":
-        raise ValueError(f"{cfg_path}: field 'rope_scaling'={raw['rope_scaling']!r} is not implemented "
-                         "(only no scaling is supported)")
-    rope_params = raw.get("rope_parameters")
-    if isinstance(rope_params, dict) and rope_params.get("rope_type", "default") != "default":
-        raise ValueError(f"{cfg_path}: field 'rope_parameters'={rope_params!r} is not implemented")
-    act = raw.get("hidden_act", "silu")
-    if act != "silu":
-        raise ValueError(f"{cfg_path}: field 'hidden_act'={act!r} is not supported (only 'silu')")
-    for flag in ("attention_bias", "mlp_bias"):
-        if arch == "LlamaForCausalLM" and raw.get(flag):
-            raise ValueError(f"{cfg_path}: field {flag!r}=True is not supported")
-    if arch == "Qwen2ForCausalLM" and raw.get("use_sliding_window"):
-        raise ValueError(f"{cfg_path}: field 'use_sliding_window'=True (Qwen2 per-layer windows) is not supported")
-    theta = raw.get("rope_theta")
-    if theta is None and isinstance(rope_params, dict):
-        theta = rope_params.get("rope_theta")
+    raw = {**_DEFAULTS.get(arch, {}), **{k: v for k, v in raw.items() if v is not None}}
+    gemma = arch == "Gemma3ForCausalLM"
+    act_field = "hidden_activation" if gemma else "hidden_act"
+    act = raw.get(act_field, "silu")
+    if act not in _ACTS:
+        raise ValueError(f"{cfg_path}: field {act_field!r}={act!r} is not supported (only {list(_ACTS)})")
+    for flag in ("attention_bias", "mlp_bias", "use_sliding_window", "use_bidirectional_attention",
+                 "final_logit_softcapping", "attn_logit_softcapping"):
+        if raw.get(flag) and not (flag == "attention_bias" and arch == "Qwen2ForCausalLM"):
+            raise ValueError(f"{cfg_path}: field {flag!r}={raw[flag]!r} is not supported")
     heads = _field(raw, "num_attention_heads", cfg_path)
-    sliding = raw.get("sliding_window") if arch == "MistralForCausalLM" else None
+    n_layers = _field(raw, "num_hidden_layers", cfg_path)
+    sliding = raw.get("sliding_window") if arch in ("MistralForCausalLM", "Gemma3ForCausalLM") else None
+    global_every = _layer_pattern(raw, arch, n_layers, cfg_path) if gemma else 0
+    if gemma and global_every == 1:
+        sliding = None  # every layer global
+    d = _field(raw, "hidden_size", cfg_path)
     config = ModelConfig(
         vocab_size=_field(raw, "vocab_size", cfg_path),
-        d_model=_field(raw, "hidden_size", cfg_path),
-        n_layers=_field(raw, "num_hidden_layers", cfg_path),
+        d_model=d,
+        n_layers=n_layers,
         n_heads=heads,
         n_kv_heads=_field(raw, "num_key_value_heads", cfg_path, heads),
         d_ff=_field(raw, "intermediate_size", cfg_path),
         max_seq_len=_field(raw, "max_position_embeddings", cfg_path),
         sliding_window=sliding,
+        global_every=global_every,
         mtp_depth=0,
         head_dim=raw.get("head_dim"),
         tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
         qkv_bias=arch == "Qwen2ForCausalLM",
-        rope_theta=float(theta if theta is not None else 10000.0),
         norm_eps=float(_field(raw, "rms_norm_eps", cfg_path, 1e-6)),
+        qk_norm=arch in ("Qwen3ForCausalLM", "Gemma3ForCausalLM"),
+        norm_offset=1.0 if gemma else 0.0,
+        sandwich_norm=gemma,
+        mlp_act=_ACTS[act],
+        embed_scale=float(d) ** 0.5 if gemma else 1.0,
+        query_pre_attn_scalar=float(raw["query_pre_attn_scalar"]) if gemma else None,
+        **_rope(raw, arch, cfg_path),
     )
     return config, arch, raw
 
@@ -131,14 +232,19 @@ class _Reader:
 
 
 def load_hf_checkpoint(path: str | Path, dtype=None) -> Model:
-    """Load a local Llama / Qwen2 / Mistral checkpoint directory as a specjax ``Model``.
+    """Load a local Llama / Qwen2 / Mistral / Qwen3 / Gemma 3 (text) checkpoint directory as a
+    specjax ``Model``.
 
-    ``dtype``: ``None`` keeps each tensor's stored dtype; else e.g. ``jnp.float32``.
+    ``dtype``: ``None`` keeps each tensor's stored dtype (a bf16 checkpoint stays bf16, and so
+    do the KV caches the engine builds for it); else e.g. ``jnp.bfloat16`` or ``"float32"``.
+    Norms, softmax, RoPE and logits are computed in float32 whatever the dtype.
     """
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"{path}: not a directory")
     cfg, _, _ = _config(path)
+    if isinstance(dtype, str) and dtype not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r} is invalid: must be one of {list(_DTYPES)}, a jnp dtype or None")
     r = _Reader(_tensor_files(path), _DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype)
     d, hd, f = cfg.d_model, cfg.head_dim, cfg.d_ff
     nq, nkv = cfg.n_heads * hd, cfg.n_kv_heads * hd
@@ -151,7 +257,8 @@ def load_hf_checkpoint(path: str | Path, dtype=None) -> Model:
             "wk": r.get(pre + "self_attn.k_proj.weight", (d, nkv), transpose=True),
             "wv": r.get(pre + "self_attn.v_proj.weight", (d, nkv), transpose=True),
             "wo": r.get(pre + "self_attn.o_proj.weight", (nq, d), transpose=True),
-            "mlp_norm": r.get(pre + "post_attention_layernorm.weight", (d,)),
+            "mlp_norm": r.get(pre + ("pre_feedforward_layernorm" if cfg.sandwich_norm
+                                     else "post_attention_layernorm") + ".weight", (d,)),
             "w_gate": r.get(pre + "mlp.gate_proj.weight", (d, f), transpose=True),
             "w_up": r.get(pre + "mlp.up_proj.weight", (d, f), transpose=True),
             "w_down": r.get(pre + "mlp.down_proj.weight", (f, d), transpose=True),
@@ -160,6 +267,12 @@ def load_hf_checkpoint(path: str | Path, dtype=None) -> Model:
             p["bq"] = r.get(pre + "self_attn.q_proj.bias", (nq,))
             p["bk"] = r.get(pre + "self_attn.k_proj.bias", (nkv,))
             p["bv"] = r.get(pre + "self_attn.v_proj.bias", (nkv,))
+        if cfg.qk_norm:
+            p["q_norm"] = r.get(pre + "self_attn.q_norm.weight", (hd,))
+            p["k_norm"] = r.get(pre + "self_attn.k_norm.weight", (hd,))
+        if cfg.sandwich_norm:
+            p["post_attn_norm"] = r.get(pre + "post_attention_layernorm.weight", (d,))
+            p["post_mlp_norm"] = r.get(pre + "post_feedforward_layernorm.weight", (d,))
         layers.append(p)
     params = {
         "embed": r.get("model.embed_tokens.weight", (cfg.vocab_size, d)),
@@ -188,6 +301,11 @@ def save_hf_checkpoint(model: Model, path: str | Path) -> None:
         raise ValueError("interleaved local/global layers have no transformers architecture to export to")
     if cfg.qkv_bias and cfg.sliding_window is not None:
         raise ValueError("q/k/v bias together with a sliding window has no transformers architecture to export to")
+    family = {"qk_norm": False, "norm_offset": 0.0, "sandwich_norm": False, "mlp_act": "silu", "embed_scale": 1.0,
+              "query_pre_attn_scalar": None, "local_rope_theta": None}
+    differ = [f"{k}={getattr(cfg, k)!r}" for k, v in family.items() if getattr(cfg, k) != v]
+    if differ:
+        raise ValueError(f"export writes Llama, Qwen2 or Mistral checkpoints, which cannot express {', '.join(differ)}")
     arch = "Qwen2ForCausalLM" if cfg.qkv_bias else "MistralForCausalLM" if cfg.sliding_window else "LlamaForCausalLM"
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -226,6 +344,14 @@ def save_hf_checkpoint(model: Model, path: str | Path) -> None:
     }
     if cfg.head_dim is not None:
         config["head_dim"] = cfg.head_dim
+    if cfg.rope_scaling is not None:  # the legacy key: transformers 4 and 5 both read it
+        s = cfg.rope_scaling
+        keys = {"factor": s.factor, "low_freq_factor": s.low_freq_factor, "high_freq_factor": s.high_freq_factor,
+                "original_max_position_embeddings": s.original_max_position, "attention_factor": s.attention_factor,
+                "mscale": s.mscale, "mscale_all_dim": s.mscale_all_dim}
+        if s.kind == "yarn":
+            keys.update(beta_fast=s.beta_fast, beta_slow=s.beta_slow, truncate=s.truncate)
+        config["rope_scaling"] = {"rope_type": s.kind, **{k: v for k, v in keys.items() if v is not None}}
     if arch == "MistralForCausalLM":
         config["sliding_window"] = cfg.sliding_window
     (path / "config.json").write_text(json.dumps(config, indent=2))
@@ -233,23 +359,64 @@ def save_hf_checkpoint(model: Model, path: str | Path) -> None:
 
 @dataclasses.dataclass
 class HFTokenizer:
-    """A ``tokenizers`` tokenizer with the BOS/EOS ids of its checkpoint."""
+    """A ``tokenizers`` tokenizer as transformers runs it: special tokens (BOS) exactly as its
+    post-processor adds them, stop ids as ``generation_config.json`` lists them, and the
+    checkpoint's chat template."""
 
     tokenizer: object
-    bos_id: int | None
-    eos_id: int | None
+    bos_id: int | None  # what the config names (the post-processor decides whether it is added)
+    eos_ids: tuple[int, ...]  # generation stops on any of them
+    chat_template: str | None = None
+    special: dict = dataclasses.field(default_factory=dict)  # bos_token, eos_token, ... for templates
 
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
-        return ([self.bos_id] if add_bos and self.bos_id is not None else []) + list(ids)
+    @property
+    def eos_id(self) -> int | list[int] | None:
+        """What ``generate(eos_id=...)`` takes: the one stop id, the list, or ``None``."""
+        ids = list(self.eos_ids)
+        return None if not ids else ids[0] if len(ids) == 1 else ids
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text`` (special tokens written in it are recognised); the
+        post-processor adds BOS where the checkpoint's tokenizer does (Llama 3: yes; Qwen: no)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """Render ``messages`` (``[{"role", "content"}]``) with the checkpoint's jinja2 chat template,
+        as transformers does (a sandboxed environment with ``trim_blocks``/``lstrip_blocks``)."""
+        if self.chat_template is None:
+            raise ValueError("this tokenizer has no chat_template (tokenizer_config.json names none)")
+        try:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+        except ImportError:
+            raise ValueError("chat templates need jinja2: pip install jinja2") from None
+
+        def raise_exception(message):
+            raise ValueError(f"chat template: {message}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
+        env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent)
+        env.globals["raise_exception"] = raise_exception
+        return env.from_string(self.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt, **self.special)
+
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """The chat template rendered and tokenized (the template writes BOS itself, so the
+        post-processor adds nothing, as in transformers)."""
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)
+
+
+def _token_text(v) -> str | None:
+    return v.get("content") if isinstance(v, dict) else v
+
 
 def load_tokenizer(path: str | Path) -> HFTokenizer:
-    """``tokenizer.json`` via the ``tokenizers`` library; BOS/EOS ids from ``config.json``
-    (or ``generation_config.json``)."""
+    """``tokenizer.json`` via the ``tokenizers`` library. BOS as its post-processor adds it;
+    stop ids from ``generation_config.json`` (an int or a list), else ``config.json``; the chat
+    template and special tokens from ``tokenizer_config.json``."""
     from tokenizers import Tokenizer
 
     path = Path(path)
@@ -257,24 +424,36 @@ def load_tokenizer(path: str | Path) -> HFTokenizer:
     if not tok_path.exists():
         raise ValueError(f"{tok_path}: file not found")
     tok = Tokenizer.from_file(str(tok_path))
-    ids: dict[str, int | None] = {"bos_token_id": None, "eos_token_id": None}
+    ids: dict[str, object] = {"bos_token_id": None, "eos_token_id": None}
     for name in ("generation_config.json", "config.json"):
         if (path / name).exists():
             raw = _read_json(path / name)
             for k in ids:
-                v = raw.get(k)
-                if ids[k] is None and v is not None:
-                    ids[k] = v[0] if isinstance(v, list) else int(v)
-    return HFTokenizer(tok, ids["bos_token_id"], ids["eos_token_id"])
+                if ids[k] is None and raw.get(k) is not None:
+                    ids[k] = raw[k]
+    eos = ids["eos_token_id"]
+    eos_ids = tuple(int(i) for i in (eos if isinstance(eos, list) else [] if eos is None else [eos]))
+    bos = ids["bos_token_id"]
+    template, special = None, {}
+    if (path / "tokenizer_config.json").exists():
+        tcfg = _read_json(path / "tokenizer_config.json")
+        template = tcfg.get("chat_template")
+        if isinstance(template, list):  # named templates: the default one
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        special = {k: _token_text(tcfg.get(k)) or "" for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
+    return HFTokenizer(tok, None if bos is None else int(bos[0] if isinstance(bos, list) else bos), eos_ids,
+                       template, special)
 
 
-def generate_text(model: Model, tokenizer: HFTokenizer, prompts: list[str], *, add_bos: bool = True, **kwargs):
-    """Text in, text out: encodes ``prompts``, runs ``specjax.generate`` (EOS from the
-    tokenizer unless given), decodes. Returns ``(texts, GenerationResult)``."""
+def generate_text(model: Model, tokenizer: HFTokenizer, prompts: list[str], *, chat: bool = False, **kwargs):
+    """Text in, text out: encodes ``prompts`` (with ``chat``, each as one user message through
+    the chat template), runs ``specjax.generate`` (stop ids from the tokenizer unless given),
+    decodes. Returns ``(texts, GenerationResult)``."""
     from specjax.engine import generate
 
     if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
         raise ValueError(f"prompts must be a list of strings, got {prompts!r}")
     kwargs.setdefault("eos_id", tokenizer.eos_id)
-    res = generate(model, [tokenizer.encode(p, add_bos) for p in prompts], **kwargs)
+    enc = (lambda p: tokenizer.encode_chat([{"role": "user", "content": p}])) if chat else tokenizer.encode
+    res = generate(model, [enc(p) for p in prompts], **kwargs)
     return [tokenizer.decode(t) for t in res.tokens], res

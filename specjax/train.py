@@ -26,7 +26,7 @@ import optax
 from specjax.attention import attend_visible
 from specjax.corpus import Corpus
 from specjax.model import Model, ModelConfig, init_model, logits
-from specjax.model.llama import _finish_block, _qkv, head, hidden_states, rms_norm
+from specjax.model.llama import _finish_block, _qkv, head, hidden_states, mtp_input
 
 __all__ = [
     "STAGES",
@@ -141,10 +141,8 @@ def mtp_chain_logits(params: dict, config: ModelConfig, hidden: jax.Array, token
     h, out, ks, vs = hidden, [], [], []
     k1 = v1 = None
     for k in range(1, depth + 1):
-        e = params["embed"][tokens[:, k : k + t]]
-        z = jnp.concatenate([rms_norm(h, m["norm_h"], config.norm_eps), rms_norm(e, m["norm_e"], config.norm_eps)], -1)
-        x = z @ m["proj"]
-        q, kk, vv = _qkv(m["block"], x, jnp.broadcast_to(rows + k - 1, (b, t)), config)
+        x = mtp_input(params, config, h, tokens[:, k : k + t])
+        q, kk, vv = _qkv(m["block"], x, jnp.broadcast_to(rows + k - 1, (b, t)), config, None)
         if k == 1:
             k1, v1 = kk, vv
             attn = _chain_attention(q, k1, v1, [], [])

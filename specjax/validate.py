@@ -11,7 +11,9 @@ from specjax.drafter import DRAFTERS
 from specjax.model.llama import Model
 from specjax.sampling import derive_seed
 
-__all__ = ["fail", "validate"]
+__all__ = ["EOS_WIDTH", "check_eos", "eos_table", "fail", "validate"]
+
+EOS_WIDTH = 4  # stop ids a row holds on device (a longer list widens every row: one more compile)
 
 MAX_DEPTH = 8
 
@@ -89,6 +91,26 @@ def validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache,
         fail("seed", seed, f"must be an int in [0, 2**32) or one per prompt ({len(prompts)})")
     if isinstance(seed, int):  # one base seed: each row's own stream, from (seed, row)
         seeds = [derive_seed(seed, i) for i in range(len(prompts))]
-    if eos_id is not None and not 0 <= eos_id < cfg.vocab_size:
-        fail("eos_id", eos_id, f"must lie in [0, {cfg.vocab_size}) or be None")
-    return seeds, [int(n) for n in news]
+    return seeds, [int(n) for n in news], check_eos("eos_id", eos_id, cfg.vocab_size)
+
+
+def check_eos(arg: str, eos: object, vocab_size: int) -> tuple[int, ...]:
+    """``eos``: ``None``, one token id or a list of them (a row stops on any) -> the ids."""
+    if eos is None:
+        return ()
+    ids = [eos] if isinstance(eos, int | np.integer) and not isinstance(eos, bool) else eos
+    if not isinstance(ids, list | tuple) or not all(isinstance(i, int | np.integer) and not isinstance(i, bool)
+                                                    for i in ids):
+        fail(arg, eos, "must be an int token id, a list of them, or None")
+    if not all(0 <= i < vocab_size for i in ids):
+        fail(arg, eos, f"every stop id must lie in [0, {vocab_size})")
+    return tuple(int(i) for i in ids)
+
+
+def eos_table(rows: list[tuple[int, ...]], width: int | None = None) -> np.ndarray:
+    """Per-row stop ids ``int32 [B, E]``, ``-1``-padded; ``E = max(EOS_WIDTH, longest list)``."""
+    width = max([EOS_WIDTH] + [len(r) for r in rows]) if width is None else width
+    out = np.full((len(rows), width), -1, np.int32)
+    for i, ids in enumerate(rows):
+        out[i, : len(ids)] = ids
+    return out

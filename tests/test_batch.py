@@ -85,10 +85,10 @@ def test_admit_returns_the_pages_of_every_idle_slot():
                       cache="paged", capacity=128, num_pages=40)
     params = {"target": MODEL.params}
     st = batch_mod._empty_state(eng, 4, 8)
-    first = [(s, batch_mod._Row(s, [1, 2, 3, 4, 5], 20, 0.0, None, None, 0, -1, 2)) for s in range(4)]
+    first = [(s, batch_mod._Row(s, [1, 2, 3, 4, 5], 20, 0.0, None, None, 0, (), 2)) for s in range(4)]
     st = batch_mod._admit(eng, params, st, np.ones(4, bool), *batch_mod._admit_inputs(first, 4, 4))
     assert int(st.cache.global_kv.num_free) == 40 - 4  # one 16-token page per 8-token prefill
-    one = [(0, batch_mod._Row("new", [1, 2], 20, 0.0, None, None, 0, -1, 2))]
+    one = [(0, batch_mod._Row("new", [1, 2], 20, 0.0, None, None, 0, (), 2))]
     st = batch_mod._admit(eng, params, st, np.ones(4, bool), *batch_mod._admit_inputs(one, 4, 4))
     assert int(st.cache.global_kv.num_free) == 40 - 1
     np.testing.assert_array_equal(np.asarray(st.live), [True, False, False, False])
@@ -103,7 +103,7 @@ def test_a_refilled_slot_holds_exactly_a_fresh_prefill_of_its_request():
     eng = make_engine(MODEL, drafter="mtp", draft_model=None, depth=3, kv_advance_rule=KvAdvance.PER_SEQUENCE,
                       cache="dense", capacity=128)
     params = {"target": MODEL.params}
-    row = lambda rid, prompt, n: batch_mod._Row(rid, prompt, n, 0.0, None, None, 0, -1, 1)  # noqa: E731
+    row = lambda rid, prompt, n: batch_mod._Row(rid, prompt, n, 0.0, None, None, 0, (), 1)  # noqa: E731
     st = batch_mod._empty_state(eng, 2, 8)
     old = [(0, row("a", [3, 1, 4, 1, 5, 9, 2], 30)), (1, row("b", [2, 7, 1, 8], 30))]
     st = batch_mod._admit(eng, params, st, np.ones(2, bool), *batch_mod._admit_inputs(old, 2, 2))

@@ -107,7 +107,7 @@ def _edit_config(d, **changes):
     "change,match",
     [
         (dict(architectures=["GPT2LMHeadModel"]), r"field 'architectures'=\['GPT2LMHeadModel'\] is not supported"),
-        (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), r"field 'rope_scaling'=.*yarn.* is not implemented"),
+        (dict(rope_scaling={"rope_type": "dynamic", "factor": 4.0}), r"rope_type='dynamic', which is not implemented"),
         (dict(hidden_act="gelu"), r"field 'hidden_act'='gelu' is not supported"),
         (dict(hidden_size=48), r"tensor 'model.layers.0.input_layernorm.weight' has shape \(32,\), expected \(48,\)"),
         (dict(num_hidden_layers=3), r"checkpoint tensor 'model.layers.2.input_layernorm.weight' is missing"),

@@ -16,11 +16,13 @@ from specjax.model.llama import (
     mtp_hidden,
     unfuse_params,
 )
+from specjax.model.rope import RopeScaling
 
 __all__ = [
     "Model",
     "ModelCache",
     "ModelConfig",
+    "RopeScaling",
     "forward",
     "forward_hidden",
     "fuse_params",

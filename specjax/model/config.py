@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["ModelConfig"]
+from specjax.model.rope import RopeScaling
+
+__all__ = ["ModelConfig", "RopeScaling"]
+
+MLP_ACTS = ("silu", "gelu_tanh")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,6 +22,15 @@ class ModelConfig:
     attends to the raw K/V of its last ``compress_window`` tokens (back to the start of the
     oldest block not yet compressed) and to one mean-pooled K/V slot per full block of
     ``compress_block`` older tokens. They take precedence over ``sliding_window``.
+
+    RoPE: global layers rotate with ``rope_theta`` and ``rope_scaling``; local layers too,
+    unless ``local_rope_theta`` is set (then with it and ``local_rope_scaling``: Gemma 3).
+    Checkpoint families (``specjax.hf``): ``qk_norm`` (per-head RMSNorm of q and k before
+    RoPE: Qwen3, Gemma 3); ``norm_offset`` (RMSNorm weight applied as ``offset + w``:
+    Gemma's ``1 + w``); ``sandwich_norm`` (RMSNorm after attention and after the MLP, before
+    each residual add: Gemma 3); ``mlp_act`` (``"silu"`` SwiGLU or ``"gelu_tanh"`` GeGLU);
+    ``embed_scale`` (embeddings multiplied by it, in their dtype); ``query_pre_attn_scalar``
+    (attention scale ``s ** -0.5`` instead of ``head_dim ** -0.5``).
     """
 
     vocab_size: int
@@ -38,6 +51,15 @@ class ModelConfig:
     compressed_layers: tuple[int, ...] = ()
     compress_window: int | None = None
     compress_block: int | None = None
+    rope_scaling: RopeScaling | None = None
+    local_rope_theta: float | None = None
+    local_rope_scaling: RopeScaling | None = None
+    qk_norm: bool = False
+    norm_offset: float = 0.0
+    sandwich_norm: bool = False
+    mlp_act: str = "silu"
+    embed_scale: float = 1.0
+    query_pre_attn_scalar: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"):
@@ -67,6 +89,18 @@ class ModelConfig:
                     raise ValueError(f"ModelConfig.{name} must be an int >= 1 with compressed_layers, got {v!r}")
         elif self.compress_window is not None or self.compress_block is not None:
             raise ValueError("compress_window/compress_block are set but compressed_layers is empty")
+        for name in ("rope_scaling", "local_rope_scaling"):  # a JSON dict becomes the (hashable) dataclass
+            v = getattr(self, name)
+            if isinstance(v, dict):
+                object.__setattr__(self, name, RopeScaling(**v))
+            elif v is not None and not isinstance(v, RopeScaling):
+                raise ValueError(f"ModelConfig.{name} must be a RopeScaling, a dict or None, got {v!r}")
+        if self.local_rope_scaling is not None and self.local_rope_theta is None:
+            raise ValueError("local_rope_scaling is set but local_rope_theta is None")
+        if self.mlp_act not in MLP_ACTS:
+            raise ValueError(f"ModelConfig.mlp_act must be one of {list(MLP_ACTS)}, got {self.mlp_act!r}")
+        if self.query_pre_attn_scalar is not None and not self.query_pre_attn_scalar > 0:
+            raise ValueError(f"query_pre_attn_scalar must be > 0 or None, got {self.query_pre_attn_scalar!r}")
         if self.head_dim is None:  # one field, always concrete: no second name for the head size
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
 
@@ -79,6 +113,12 @@ class ModelConfig:
         if self.sliding_window is None or self.is_compressed(layer):
             return False
         return not (self.global_every > 0 and layer % self.global_every == self.global_every - 1)
+
+    def rope_for(self, layer: int | None) -> tuple[float, RopeScaling | None]:
+        """``(theta, scaling)`` of ``layer`` (``None``: the MTP block, rotated like a global layer)."""
+        if layer is not None and self.local_rope_theta is not None and self.is_local(layer):
+            return self.local_rope_theta, self.local_rope_scaling
+        return self.rope_theta, self.rope_scaling
 
     @property
     def local_layers(self) -> tuple[int, ...]:

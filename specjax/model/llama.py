@@ -28,10 +28,11 @@ from specjax.cache import CompressedKVCache, DenseKVCache, PagedKVCache, Rolling
 from specjax.cache.compressed import compressed_attention
 from specjax.masks import visible
 from specjax.model.config import ModelConfig
+from specjax.model.rope import rope, rope_frequencies
 
 __all__ = [
-    "Model", "ModelCache", "forward", "forward_hidden", "fuse_params", "head", "init_cache", "init_model", "logits",
-    "mtp_forward", "mtp_hidden", "unfuse_params",
+    "Model", "ModelCache", "embed", "forward", "forward_hidden", "fuse_params", "head", "init_cache", "init_model",
+    "logits", "mtp_forward", "mtp_hidden", "mtp_input", "rms_norm", "unfuse_params",
 ]
 
 
@@ -48,13 +49,14 @@ def _block_params(key: jax.Array, cfg: ModelConfig, dtype) -> dict:
     d, hd, f = cfg.d_model, cfg.head_dim, cfg.d_ff
     ks = jax.random.split(key, 7)
     std = 0.02
+    unit = lambda n: jnp.full((n,), 1.0 - cfg.norm_offset, dtype)  # noqa: E731  a norm weight acting as 1
     p = {
-        "attn_norm": jnp.ones((d,), dtype),
+        "attn_norm": unit(d),
         "wq": (jax.random.normal(ks[0], (d, cfg.n_heads * hd)) * std).astype(dtype),
         "wk": (jax.random.normal(ks[1], (d, cfg.n_kv_heads * hd)) * std).astype(dtype),
         "wv": (jax.random.normal(ks[2], (d, cfg.n_kv_heads * hd)) * std).astype(dtype),
         "wo": (jax.random.normal(ks[3], (cfg.n_heads * hd, d)) * std / np.sqrt(2 * cfg.n_layers)).astype(dtype),
-        "mlp_norm": jnp.ones((d,), dtype),
+        "mlp_norm": unit(d),
         "w_gate": (jax.random.normal(ks[4], (d, f)) * std).astype(dtype),
         "w_up": (jax.random.normal(ks[5], (d, f)) * std).astype(dtype),
         "w_down": (jax.random.normal(ks[6], (f, d)) * std / np.sqrt(2 * cfg.n_layers)).astype(dtype),
@@ -63,6 +65,10 @@ def _block_params(key: jax.Array, cfg: ModelConfig, dtype) -> dict:
         p["bq"] = jnp.zeros((cfg.n_heads * hd,), dtype)
         p["bk"] = jnp.zeros((cfg.n_kv_heads * hd,), dtype)
         p["bv"] = jnp.zeros((cfg.n_kv_heads * hd,), dtype)
+    if cfg.qk_norm:
+        p["q_norm"], p["k_norm"] = unit(hd), unit(hd)
+    if cfg.sandwich_norm:
+        p["post_attn_norm"], p["post_mlp_norm"] = unit(d), unit(d)
     return _fuse_block(p)
 
 
@@ -115,7 +121,7 @@ def init_model(config: ModelConfig, seed: int = 0, dtype=jnp.float32) -> Model:
     params: dict = {
         "embed": (jax.random.normal(k_emb, (config.vocab_size, config.d_model)) * 0.02).astype(dtype),
         "layers": [_block_params(k, config, dtype) for k in jax.random.split(k_layers, config.n_layers)],
-        "final_norm": jnp.ones((config.d_model,), dtype),
+        "final_norm": jnp.full((config.d_model,), 1.0 - config.norm_offset, dtype),
     }
     if not config.tie_embeddings:
         params["lm_head"] = (jax.random.normal(k_head, (config.d_model, config.vocab_size)) * 0.02).astype(dtype)
@@ -123,8 +129,8 @@ def init_model(config: ModelConfig, seed: int = 0, dtype=jnp.float32) -> Model:
         k_proj, k_block = jax.random.split(k_mtp)
         d = config.d_model
         params["mtp"] = {
-            "norm_h": jnp.ones((d,), dtype),
-            "norm_e": jnp.ones((d,), dtype),
+            "norm_h": jnp.full((d,), 1.0 - config.norm_offset, dtype),
+            "norm_e": jnp.full((d,), 1.0 - config.norm_offset, dtype),
             "proj": (jax.random.normal(k_proj, (2 * d, d)) * 0.02).astype(dtype),
             "block": _block_params(k_block, config, dtype),
         }
@@ -134,52 +140,62 @@ def init_model(config: ModelConfig, seed: int = 0, dtype=jnp.float32) -> Model:
 # ----------------------------------------------------------------------------- pieces
 
 
-def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+def rms_norm(x: jax.Array, w: jax.Array, eps: float, offset: float = 0.0) -> jax.Array:
+    """RMSNorm in float32, weight applied as ``offset + w`` (Gemma stores ``w`` around 0)."""
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return (y * w.astype(jnp.float32)).astype(x.dtype)
+    return (y * (w.astype(jnp.float32) + offset)).astype(x.dtype)
 
 
-def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-    """Rotate-half RoPE. ``x [B, t, H, hd]``, ``positions [B, t]`` (per token, per row)."""
-    hd = x.shape[-1]
-    inv = 1.0 / (theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd))  # [hd/2]
-    ang = positions.astype(jnp.float32)[..., None] * inv  # [B, t, hd/2]
-    cos = jnp.concatenate([jnp.cos(ang)] * 2, axis=-1)[:, :, None]
-    sin = jnp.concatenate([jnp.sin(ang)] * 2, axis=-1)[:, :, None]
-    x32 = x.astype(jnp.float32)
-    half = hd // 2
-    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
-    return (x32 * cos + rotated * sin).astype(x.dtype)
+def _norm(x: jax.Array, w: jax.Array, cfg: ModelConfig) -> jax.Array:
+    return rms_norm(x, w, cfg.norm_eps, cfg.norm_offset)
 
 
-def _qkv(p: dict, x: jax.Array, positions: jax.Array, cfg: ModelConfig):
+def embed(params: dict, cfg: ModelConfig, tokens: jax.Array) -> jax.Array:
+    """Token embeddings ``[..., d]``, times ``embed_scale`` (rounded to their dtype, as Gemma does)."""
+    x = params["embed"][tokens]
+    return x if cfg.embed_scale == 1.0 else x * jnp.asarray(cfg.embed_scale, x.dtype)
+
+
+def _qkv(p: dict, x: jax.Array, positions: jax.Array, cfg: ModelConfig, layer: int | None):
+    """q ``[B, t, Hq, hd]``, k, v ``[B, t, Hkv, hd]`` of block ``p`` (``layer`` picks the RoPE;
+    ``None``: the MTP block). The attention scale's departure from ``hd ** -0.5`` rides on q."""
     b, t, _ = x.shape
-    h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
+    h = _norm(x, p["attn_norm"], cfg)
     qkv = h @ p["wqkv"]  # one matmul for q, k and v
     if cfg.qkv_bias:
         qkv = qkv + p["bqkv"]
-    nq, nkv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    q, k, v = qkv[..., :nq], qkv[..., nq : nq + nkv], qkv[..., nq + nkv :]
-    q = rope(q.reshape(b, t, cfg.n_heads, cfg.head_dim), positions, cfg.rope_theta)
-    k = rope(k.reshape(b, t, cfg.n_kv_heads, cfg.head_dim), positions, cfg.rope_theta)
-    return q, k, v.reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
+    hd = cfg.head_dim
+    nq, nkv = cfg.n_heads * hd, cfg.n_kv_heads * hd
+    q = qkv[..., :nq].reshape(b, t, cfg.n_heads, hd)
+    k = qkv[..., nq : nq + nkv].reshape(b, t, cfg.n_kv_heads, hd)
+    if cfg.qk_norm:
+        q, k = _norm(q, p["q_norm"], cfg), _norm(k, p["k_norm"], cfg)
+    inv_freq, factor = rope_frequencies(hd, *cfg.rope_for(layer))
+    q_scale = 1.0 if cfg.query_pre_attn_scalar is None else (hd / cfg.query_pre_attn_scalar) ** 0.5
+    q = rope(q, positions, inv_freq, factor * q_scale)
+    k = rope(k, positions, inv_freq, factor)
+    return q, k, qkv[..., nq + nkv :].reshape(b, t, cfg.n_kv_heads, hd)
 
 
 def _finish_block(p: dict, x: jax.Array, attn: jax.Array, cfg: ModelConfig) -> jax.Array:
-    """Residual after attention, then the SwiGLU MLP residual."""
+    """Residual after attention, then the gated MLP (SwiGLU or GeGLU) residual; with
+    ``sandwich_norm`` each branch is normed again before its residual add."""
     b, t = x.shape[:2]
-    x = x + attn.reshape(b, t, -1) @ p["wo"]
-    h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
+    a = attn.reshape(b, t, -1) @ p["wo"]
+    x = x + (_norm(a, p["post_attn_norm"], cfg) if cfg.sandwich_norm else a)
+    h = _norm(x, p["mlp_norm"], cfg)
     gate_up = h @ p["w_gate_up"]  # one matmul for gate and up
     gate, up = gate_up[..., : cfg.d_ff], gate_up[..., cfg.d_ff :]
-    return x + (jax.nn.silu(gate) * up) @ p["w_down"]
+    act = jax.nn.silu(gate) if cfg.mlp_act == "silu" else jax.nn.gelu(gate, approximate=True)
+    m = (act * up) @ p["w_down"]
+    return x + (_norm(m, p["post_mlp_norm"], cfg) if cfg.sandwich_norm else m)
 
 
 def head(params: dict, cfg: ModelConfig, x: jax.Array) -> jax.Array:
     """Final norm + output head: pre-norm hidden ``[..., d]`` -> float32 logits ``[..., V]``.
     Callers apply it only to the positions whose logits they use."""
-    h = rms_norm(x, params["final_norm"], cfg.norm_eps)
+    h = _norm(x, params["final_norm"], cfg)
     w = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
     return (h @ w).astype(jnp.float32)
 
@@ -318,13 +334,13 @@ def forward_hidden(
     ``"pallas"`` (already resolved). Returns the last block's hidden state ``[B, t, d]``
     (before the final norm: what ``head`` and MTP consume) and the written cache.
     """
-    x = params["embed"][tokens]
+    x = embed(params, config, tokens)
     g_idx = {layer: i for i, layer in enumerate(config.global_layers)}
     l_idx = {layer: i for i, layer in enumerate(config.local_layers)}
     m_idx = {layer: i for i, layer in enumerate(config.compressed_layers)}
     glob, loc, mem = cache.global_kv, cache.local_kv, cache.memory_kv
     for layer, p in enumerate(params["layers"]):
-        q, k, v = _qkv(p, x, positions, config)
+        q, k, v = _qkv(p, x, positions, config, layer)
         if config.is_compressed(layer):  # XLA path only (no Pallas kernel for this kind yet)
             mem, attn = mem.write_attend(m_idx[layer], q, k, v)
         elif config.is_local(layer) and k.shape[1] > loc.slack:  # a prefill wider than the ring: XLA
@@ -370,9 +386,9 @@ def hidden_states(model: Model, tokens: jax.Array) -> tuple[jax.Array, jax.Array
     tokens = jnp.asarray(tokens, jnp.int32)
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    x = params["embed"][tokens]
+    x = embed(params, cfg, tokens)
     for layer, p in enumerate(params["layers"]):
-        q, k, v = _qkv(p, x, positions, cfg)
+        q, k, v = _qkv(p, x, positions, cfg, layer)
         if cfg.is_compressed(layer):
             attn = compressed_attention(q, k, v, window=cfg.compress_window, block=cfg.compress_block)
         else:
@@ -387,6 +403,13 @@ def logits(model: Model, tokens: jax.Array) -> jax.Array:
 
 
 # ----------------------------------------------------------------------------- MTP
+
+
+def mtp_input(params: dict, config: ModelConfig, hidden: jax.Array, next_tokens: jax.Array) -> jax.Array:
+    """The MTP block's input ``[B, t, d]``: ``concat(RMSNorm(h_i), RMSNorm(emb(t_{i+1}))) @ proj``."""
+    m = params["mtp"]
+    e = embed(params, config, next_tokens)
+    return jnp.concatenate([_norm(hidden, m["norm_h"], config), _norm(e, m["norm_e"], config)], axis=-1) @ m["proj"]
 
 
 def mtp_hidden(
@@ -408,12 +431,8 @@ def mtp_hidden(
     fed back as ``h`` when chaining) and the written cache.
     """
     m = params["mtp"]
-    e = params["embed"][next_tokens]
-    z = jnp.concatenate(
-        [rms_norm(hidden, m["norm_h"], config.norm_eps), rms_norm(e, m["norm_e"], config.norm_eps)], axis=-1
-    )
-    x = z @ m["proj"]
-    q, k, v = _qkv(m["block"], x, positions, config)
+    x = mtp_input(params, config, hidden, next_tokens)
+    q, k, v = _qkv(m["block"], x, positions, config, None)
     if cache is None:
         attn = _causal_attention(q, k, v, None)
     else:
