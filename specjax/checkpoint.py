@@ -187,7 +187,7 @@ def _drop_unretrieved_task_errors(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("Task exception was never retrieved")
 
 
-def _restore(directory: pathlib.Path, config: ModelConfig, dtype: str) -> Model:
+def _restore(directory: pathlib.Path, config: ModelConfig, dtype: str, out_dtype) -> Model:
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: parameter checkpoint directory is missing")
     abstract = jax.eval_shape(lambda: unfuse_params(init_model(config, dtype=jnp.dtype(dtype)).params, config))
@@ -210,14 +210,22 @@ def _restore(directory: pathlib.Path, config: ModelConfig, dtype: str) -> Model:
                 f"{directory}: tensor {jax.tree_util.keystr(kp)} has shape {tuple(x.shape)}, "
                 f"config.json implies {tuple(a.shape)}"
             )
-    return Model(fuse_params(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)), config)
+    return Model(fuse_params(jax.tree.map(lambda x: jnp.asarray(x, out_dtype), params)), config)
 
 
-def load_model(path: str | pathlib.Path | None = None) -> Bundle:
-    """Load a bundle (default: the one shipped in ``checkpoints/default``).
+def load_model(path: str | pathlib.Path | None = None, dtype="float32") -> Bundle:
+    """Load a bundle (default: the one shipped in ``checkpoints/default``) with weights (and so
+    the KV caches the engine builds) in ``dtype``: ``"float32"`` (default), ``"bfloat16"``,
+    ``"float16"`` or ``None`` for the stored dtype.
 
     Raises ``CheckpointError`` naming the file for a missing, truncated or mismatched
     checkpoint."""
+    try:
+        ok = dtype is None or str(jnp.dtype(dtype)) in ("float32", "bfloat16", "float16")
+    except TypeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"dtype={dtype!r} is invalid: must be float32, bfloat16, float16 or None")
     path = pathlib.Path(path if path is not None else DEFAULT_BUNDLE).absolute()
     if not path.is_dir():
         hint = " (the bundled default ships in checkpoints/default of the source tree and inside the wheel)"
@@ -236,19 +244,20 @@ def load_model(path: str | pathlib.Path | None = None) -> Bundle:
         raise CheckpointError(f"{cfg_file}: unsupported bundle version {meta.get('version')!r} (this is {VERSION})")
     if meta.get("tokenizer") != "bytes":
         raise CheckpointError(f"{cfg_file}: tokenizer {meta.get('tokenizer')!r} is not supported (only 'bytes')")
-    dtype = meta.get("dtype", "float32")
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise CheckpointError(f"{cfg_file}: dtype {dtype!r} is not one of float32, bfloat16, float16")
+    meta_dtype = meta.get("dtype", "float32")
+    if meta_dtype not in ("float32", "bfloat16", "float16"):
+        raise CheckpointError(f"{cfg_file}: dtype {meta_dtype!r} is not one of float32, bfloat16, float16")
     target_cfg = _config(meta.get("target"), f"{cfg_file} ['target']")
     if target_cfg.vocab_size != ByteTokenizer.vocab_size:
         raise CheckpointError(
             f"{cfg_file}: target vocab_size {target_cfg.vocab_size} != byte tokenizer's {ByteTokenizer.vocab_size}"
         )
-    model = _restore(path / "target", target_cfg, dtype)
+    out_dtype = jnp.dtype(dtype if dtype is not None else meta_dtype)
+    model = _restore(path / "target", target_cfg, meta_dtype, out_dtype)
     draft = None
     if meta.get("draft") is not None:
         draft_cfg = _config(meta["draft"], f"{cfg_file} ['draft']")
         if draft_cfg.vocab_size != target_cfg.vocab_size:
             raise CheckpointError(f"{cfg_file}: draft vocab_size {draft_cfg.vocab_size} != target's")
-        draft = _restore(path / "draft", draft_cfg, dtype)
+        draft = _restore(path / "draft", draft_cfg, meta_dtype, out_dtype)
     return Bundle(model, draft, ByteTokenizer(), path, meta)

@@ -135,10 +135,11 @@ class _TextRunner:
 
             if args.draft_model:
                 raise ValueError("--draft-model applies to Hugging Face checkpoints; a bundle carries its own")
-            if args.chat or args.dtype:
-                raise ValueError(f"{'--chat' if args.chat else '--dtype'} applies to Hugging Face checkpoints "
-                                 "(a bundle has no chat template and loads in its own dtype)")
-            self.bundle = load_model(args.model)
+            flag = next((f for f, v in (("--chat", args.chat), ("--mtp", args.mtp)) if v), None)
+            if flag:
+                raise ValueError(f"{flag} applies to Hugging Face checkpoints (a bundle carries its own MTP module "
+                                 "and no chat template)")
+            self.bundle = load_model(args.model, dtype=args.dtype or "float32")
             self.model, self.draft = self.bundle.model, self.bundle.draft_model
             self.encode = lambda p: self.bundle.tokenizer.encode(p, bos=True)
             self.decode = self.bundle.tokenizer.decode
@@ -146,7 +147,7 @@ class _TextRunner:
         else:
             from specjax.hf import load_hf_checkpoint, load_tokenizer
 
-            self.model = load_hf_checkpoint(args.model, dtype=args.dtype)
+            self.model = load_hf_checkpoint(args.model, dtype=args.dtype, mtp=args.mtp)
             tok = load_tokenizer(args.model)
             self.draft = load_hf_checkpoint(args.draft_model, dtype=args.dtype) if args.draft_model else None
             if args.chat and tok.chat_template is None:
@@ -348,6 +349,52 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train_mtp(args: argparse.Namespace) -> int:
+    import pathlib
+
+    from specjax.mtp_head import text_corpus, train_mtp
+    from specjax.train import StageConfig
+
+    try:
+        if args.chain < 1:
+            raise ValueError(f"--chain={args.chain} is invalid: must be >= 1")
+        if _is_bundle(args.model):
+            from specjax.checkpoint import load_model
+
+            bundle = load_model(args.model)
+            model, tok = bundle.model, bundle.tokenizer
+            encode, eos, bytes_only = (lambda t: tok.encode(t, bos=True)), tok.eos_id, True
+        else:
+            from specjax.hf import load_hf_checkpoint, load_tokenizer
+
+            if not pathlib.Path(args.model).is_dir():
+                raise ValueError(f"--model {args.model}: not a directory")
+            model = load_hf_checkpoint(args.model, dtype="float32", mtp=None)
+            tok = load_tokenizer(args.model)
+            encode, eos, bytes_only = tok.encode, (tok.eos_ids[0] if tok.eos_ids else None), False
+        seq_len = min(args.seq_len, model.config.max_seq_len)
+        sc = StageConfig(steps=args.steps, batch=args.batch, seq_len=seq_len, lr=args.lr,
+                         warmup=args.warmup if args.warmup is not None else args.steps // 6,
+                         eval_every=min(args.eval_every, args.steps), ckpt_every=args.ckpt_every, seed=args.seed)
+        if seq_len <= args.chain:
+            raise ValueError(f"--seq-len={seq_len} must exceed --chain={args.chain}")
+        corpus = text_corpus(args.data, encode, eos_id=eos, min_tokens=seq_len + 1)
+        _, summary = train_mtp(model, corpus, args.out, sc, chain=args.chain, resume=args.resume,
+                               progress=not args.json, bytes_only=bytes_only, info={"base_model": str(args.model)})
+    except (ValueError, FileNotFoundError) as e:
+        print(f"specjax train-mtp: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    ev = summary.get("final_eval", {})
+    unit = "byte" if bytes_only else "token"
+    print(f"mtp step {summary['step']}  tokens {summary['tokens']:,}  wall {summary['wall_s']:.1f} s  held-out "
+          f"bits/{unit} per chained pass {ev.get(f'bits_per_{unit}')}  accuracy {ev.get('accuracy')}")
+    print(f"wrote {pathlib.Path(args.out) / 'mtp.safetensors'}")
+    return 0
+
+
 def _show_defaults(parser: argparse.ArgumentParser) -> None:
     """Every option with a default says it in ``--help`` (unless its help already names one)."""
     for action in parser._actions:  # argparse keeps no public list of actions
@@ -378,7 +425,11 @@ def _add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat", action="store_true",
                    help="Hugging Face checkpoints: each prompt as a user message through the model's chat template")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                   help="Hugging Face checkpoints: weights and KV caches in this dtype (default: the checkpoint's own)")
+                   help="weights and KV caches in this dtype (default: a Hugging Face checkpoint's own; float32 for a "
+                        "bundle)")
+    p.add_argument("--mtp", default=None, metavar="DIR",
+                   help="Hugging Face checkpoints: the MTP module `specjax train-mtp` wrote to DIR (default: the "
+                        "checkpoint directory's own, if any)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -458,6 +509,25 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-files", type=int, default=None, help="use only the first N corpus files")
     t.add_argument("--json", action="store_true", help="no progress bar; print the summary as JSON")
     t.set_defaults(func=cmd_train)
+
+    m = sub.add_parser("train-mtp", help="train an MTP drafting module for any model (target frozen) on your text")
+    m.add_argument("--model", required=True, help="a local Hugging Face checkpoint directory or a specjax bundle")
+    m.add_argument("--data", nargs="+", required=True, metavar="FILE", help="UTF-8 text files to train on")
+    m.add_argument("--out", required=True, metavar="DIR",
+                   help="writes mtp.safetensors + mtp_config.json here (the checkpoint directory itself: loaded "
+                        "with it; elsewhere: pass --mtp DIR to generate) and the orbax run under DIR/train")
+    m.add_argument("--steps", type=int, default=300)
+    m.add_argument("--batch", type=int, default=16)
+    m.add_argument("--seq-len", type=int, default=256, help="training window (at most the model's max positions)")
+    m.add_argument("--lr", type=float, default=2e-3)
+    m.add_argument("--warmup", type=int, default=None, help="default: steps // 6")
+    m.add_argument("--chain", type=int, default=3, help="chained MTP passes trained (the drafter's depth)")
+    m.add_argument("--eval-every", type=int, default=100)
+    m.add_argument("--ckpt-every", type=int, default=100)
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--resume", action="store_true", help="continue from the last checkpoint under DIR/train")
+    m.add_argument("--json", action="store_true", help="no progress bar; print the summary as JSON")
+    m.set_defaults(func=cmd_train_mtp)
     return parser
 
 

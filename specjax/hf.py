@@ -231,13 +231,15 @@ class _Reader:
         return jnp.asarray(x, self.dtype if self.dtype is not None else x.dtype)
 
 
-def load_hf_checkpoint(path: str | Path, dtype=None) -> Model:
+def load_hf_checkpoint(path: str | Path, dtype=None, mtp: str | Path | None = None) -> Model:
     """Load a local Llama / Qwen2 / Mistral / Qwen3 / Gemma 3 (text) checkpoint directory as a
     specjax ``Model``.
 
     ``dtype``: ``None`` keeps each tensor's stored dtype (a bf16 checkpoint stays bf16, and so
     do the KV caches the engine builds for it); else e.g. ``jnp.bfloat16`` or ``"float32"``.
     Norms, softmax, RoPE and logits are computed in float32 whatever the dtype.
+    ``mtp``: a directory holding an MTP module made by ``specjax train-mtp`` (``mtp.safetensors``
+    + ``mtp_config.json``) to attach; by default the checkpoint directory's own, if it has one.
     """
     path = Path(path)
     if not path.is_dir():
@@ -284,7 +286,12 @@ def load_hf_checkpoint(path: str | Path, dtype=None) -> Model:
     extra = sorted(n for n in r.files if n not in r.used and not n.endswith(_IGNORED_SUFFIXES))
     if extra:
         raise ValueError(f"checkpoint tensor {extra[0]!r} is not used by this architecture ({len(extra)} unused)")
-    return Model(fuse_params(params), cfg)  # HF's separate q/k/v and gate/up -> one matmul each
+    model = Model(fuse_params(params), cfg)  # HF's separate q/k/v and gate/up -> one matmul each
+    from specjax.mtp_head import MTP_WEIGHTS, load_mtp
+
+    if mtp is None and (path / MTP_WEIGHTS).exists():
+        mtp = path
+    return model if mtp is None else load_mtp(model, mtp)
 
 
 def save_hf_checkpoint(model: Model, path: str | Path) -> None:

@@ -106,9 +106,10 @@ def eval_windows(stream: np.ndarray, seq_len: int, count: int | None) -> np.ndar
 # ----------------------------------------------------------------------------- losses
 
 
-def _byte_ce(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Summed cross-entropy (nats), correct count and count over byte labels (``< 256``)."""
-    mask = labels < 256
+def _ce(logits: jax.Array, labels: jax.Array, bytes_only: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Summed cross-entropy (nats), correct count and count over the labels that count: byte
+    labels (``< 256``, not BOS/EOS) for the byte-level bundle, every label for token models."""
+    mask = labels < 256 if bytes_only else labels >= 0
     lp = jax.nn.log_softmax(logits, axis=-1)
     nll = -jnp.take_along_axis(lp, labels[..., None], axis=-1)[..., 0]
     hit = jnp.argmax(logits, axis=-1) == labels
@@ -155,13 +156,13 @@ def mtp_chain_logits(params: dict, config: ModelConfig, hidden: jax.Array, token
     return out
 
 
-def make_loss(stage: str, config: ModelConfig, mtp_depth: int) -> Callable:
+def make_loss(stage: str, config: ModelConfig, mtp_depth: int, bytes_only: bool = True) -> Callable:
     """``loss(trainable, frozen, windows [B, T + 1]) -> (loss, (nll_sum, hits, count))``."""
     if stage in ("target", "draft"):
 
         def loss(trainable, frozen, windows):
             lg = logits(Model(trainable, config), windows[:, :-1])
-            nll, hit, cnt = _byte_ce(lg, windows[:, 1:])
+            nll, hit, cnt = _ce(lg, windows[:, 1:], bytes_only)
             return nll / jnp.maximum(cnt, 1), (nll, hit, cnt)
 
         return loss
@@ -175,7 +176,7 @@ def make_loss(stage: str, config: ModelConfig, mtp_depth: int) -> Callable:
         lgs = mtp_chain_logits(params, config, hidden, windows, mtp_depth)
         total, stats = 0.0, []
         for k, lg in enumerate(lgs, start=1):
-            nll, hit, cnt = _byte_ce(lg, windows[:, k + 1 : k + 1 + t])
+            nll, hit, cnt = _ce(lg, windows[:, k + 1 : k + 1 + t], bytes_only)
             total = total + nll / jnp.maximum(cnt, 1)
             stats.append((nll, hit, cnt))
         nll, hit, cnt = (jnp.stack(s) for s in zip(*stats, strict=True))
@@ -204,11 +205,13 @@ def split_params(stage: str, params: dict) -> tuple[dict, dict]:
 
 
 def evaluate(
-    stage: str, params: dict, config: ModelConfig, windows: np.ndarray, mtp_depth: int = 3, chunk: int = 16
+    stage: str, params: dict, config: ModelConfig, windows: np.ndarray, mtp_depth: int = 3, chunk: int = 16,
+    bytes_only: bool = True,
 ) -> dict:
-    """Held-out bits per byte and next-byte accuracy (per chained position for MTP)."""
+    """Held-out bits per byte and next-byte accuracy (per chained position for MTP); with
+    ``bytes_only=False`` (token models) bits per token over every label."""
     trainable, frozen = split_params(stage, params)
-    fn = _eval_fn(stage, config, mtp_depth)
+    fn = _eval_fn(stage, config, mtp_depth, bytes_only)
     tot = None
     for i in range(0, windows.shape[0], chunk):
         part = jnp.asarray(windows[i : i + chunk])
@@ -217,18 +220,19 @@ def evaluate(
     nll, hit, cnt = (np.asarray(x, np.float64) for x in tot)
     bpb = nll / np.maximum(cnt, 1) / LN2
     acc = hit / np.maximum(cnt, 1)
+    unit, count = ("byte", "bytes") if bytes_only else ("token", "eval_tokens")  # not "tokens": trained ones
     if stage == "mtp":
-        return {"bits_per_byte": [float(x) for x in bpb], "accuracy": [float(x) for x in acc], "bytes": int(cnt[0])}
-    return {"bits_per_byte": float(bpb), "accuracy": float(acc), "bytes": int(cnt)}
+        return {f"bits_per_{unit}": [float(x) for x in bpb], "accuracy": [float(x) for x in acc], count: int(cnt[0])}
+    return {f"bits_per_{unit}": float(bpb), "accuracy": float(acc), count: int(cnt)}
 
 
 _EVAL_CACHE: dict = {}
 
 
-def _eval_fn(stage: str, config: ModelConfig, mtp_depth: int):
-    key = (stage, config, mtp_depth)
+def _eval_fn(stage: str, config: ModelConfig, mtp_depth: int, bytes_only: bool):
+    key = (stage, config, mtp_depth, bytes_only)
     if key not in _EVAL_CACHE:
-        loss = make_loss(stage, config, mtp_depth)
+        loss = make_loss(stage, config, mtp_depth, bytes_only)
         _EVAL_CACHE[key] = jax.jit(lambda tr, fr, w: loss(tr, fr, w)[1])
     return _EVAL_CACHE[key]
 
@@ -273,10 +277,13 @@ def run_stage(
     progress: bool = True,
     log: Callable[[dict], None] | None = None,
     stop_at: int | None = None,
+    bytes_only: bool = True,
 ) -> tuple[Model, dict]:
     """Train one stage; returns the updated model and a summary (steps, tokens, wall
     time, final held-out metrics). Checkpoints go to ``run_dir/<stage>``. ``stop_at``
-    ends the run at that step without a final checkpoint (a simulated kill)."""
+    ends the run at that step without a final checkpoint (a simulated kill).
+    ``bytes_only``: the loss counts byte labels only (the byte-level bundle); ``False`` for
+    token models."""
     from tqdm import tqdm
 
     if stage not in STAGES:
@@ -302,7 +309,7 @@ def run_stage(
             )
     meta["stage_config"] = dataclasses.asdict(sc)
     start = int(state["step"])
-    loss_fn = make_loss(stage, config, mtp_depth)
+    loss_fn = make_loss(stage, config, mtp_depth, bytes_only)
 
     @jax.jit
     def update(state, frozen, windows):
@@ -333,7 +340,8 @@ def run_stage(
             if not math.isfinite(loss_v):
                 raise FloatingPointError(f"{stage}: loss became {loss_v} at step {done}")
         if done % sc.eval_every == 0 or done == sc.steps:
-            last_eval = evaluate(stage, _merge(stage, state["params"], frozen), config, held, mtp_depth)
+            last_eval = evaluate(stage, _merge(stage, state["params"], frozen), config, held, mtp_depth,
+                                 bytes_only=bytes_only)
             rec = {"stage": stage, "step": done, "tokens": done * tokens_per_step, "loss": float(loss),
                    "grad_norm": float(gnorm), "wall_s": wall0 + time.perf_counter() - t_start, **last_eval}
             meta["history"].append(rec)
@@ -355,7 +363,7 @@ def run_stage(
 
 
 def _bpb(ev: dict) -> str:
-    b = ev["bits_per_byte"]
+    b = ev["bits_per_byte"] if "bits_per_byte" in ev else ev["bits_per_token"]
     return f"{b:.3f}" if isinstance(b, float) else "/".join(f"{x:.2f}" for x in b)
 
 

@@ -90,7 +90,7 @@ def _memory_keys(model, tokens):
     pos = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
     out = []
     for layer, p in enumerate(params["layers"]):
-        q, k, v = _qkv(p, x, pos, cfg)
+        q, k, v = _qkv(p, x, pos, cfg, layer)
         if cfg.is_compressed(layer):
             out.append((k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)))
             attn = compressed_attention(q, k, v, window=cfg.compress_window, block=cfg.compress_block)

@@ -212,3 +212,43 @@ def test_cli_chat_and_dtype_flags(capsys):
     assert cli.main(["generate", "--model", str(FIX / "gemma3"), "--dtype", "float32", "def parse",
                      "--max-new-tokens", "12", "--temperature", "0", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["tokens"] == [exp["generated"][0]]
+
+
+def test_bundle_loads_in_bf16():
+    """The bundle in bf16 (weights, KV caches, the MTP module): logits near float32's, and MTP
+    speculative greedy equal to plain greedy in bf16 under both rules."""
+    from specjax import load_model
+    from specjax.bench import bench_prompts
+
+    f32, bf = load_model(), load_model(dtype="bfloat16")
+    assert bf.model.params["mtp"]["proj"].dtype == jnp.bfloat16 and bf.draft_model.params["embed"].dtype == jnp.bfloat16
+    prompts = [bf.tokenizer.encode(p, bos=True)[:48] for p in bench_prompts()[:3]]
+    want, got = np.asarray(logits(f32.model, np.array(prompts))), np.asarray(logits(bf.model, np.array(prompts)))
+    assert np.abs(got - want).max() <= 0.03 * np.abs(want).max()
+    plain = generate(bf.model, prompts, max_new_tokens=24, drafter=None)
+    for rule in ("per_sequence", "cohort"):
+        assert generate(bf.model, prompts, max_new_tokens=24, drafter="mtp", kv_advance=rule).tokens == plain.tokens
+    with pytest.raises(ValueError, match=r"dtype='int8x' is invalid"):
+        load_model(dtype="int8x")
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_mtp_after_train_mtp_matches_transformers(name, tmp_path):
+    """Each family drafts with an MTP module ``train_mtp`` made for it (a short run): greedy
+    tokens stay transformers' under both rules."""
+    from specjax.mtp_head import text_corpus, train_mtp
+    from specjax.train import StageConfig
+
+    lines = ["def parse_args(argv):", "    return parser.parse_args(argv)", "for i in range(10):", "class Engine:"]
+    data = tmp_path / "data.txt"
+    data.write_text("\n".join(lines[i % 4] for i in np.random.default_rng(0).integers(0, 4, 150)))
+    tok = load_tokenizer(FIX / name)
+    corpus = text_corpus([data], tok.encode, eos_id=2, min_tokens=25)
+    sc = StageConfig(steps=4, batch=4, seq_len=24, lr=1e-2, warmup=1, eval_every=4, ckpt_every=4)
+    model, summary = train_mtp(load_hf_checkpoint(FIX / name, dtype="float32"), corpus, tmp_path / "mtp", sc,
+                               progress=False)
+    assert summary["step"] == 4 and model.config.mtp_depth == 1
+    exp = _expected(name)
+    for rule in ("per_sequence", "cohort"):
+        res = generate(model, exp["prompts"], max_new_tokens=12, drafter="mtp", depth=3, kv_advance=rule, eos_id=2)
+        assert res.tokens == exp["generated"]

@@ -32,7 +32,7 @@ from specjax.model.rope import rope, rope_frequencies
 
 __all__ = [
     "Model", "ModelCache", "embed", "forward", "forward_hidden", "fuse_params", "head", "init_cache", "init_model",
-    "logits", "mtp_forward", "mtp_hidden", "mtp_input", "rms_norm", "unfuse_params",
+    "init_mtp_params", "logits", "mtp_forward", "mtp_hidden", "mtp_input", "rms_norm", "unfuse_params",
 ]
 
 
@@ -126,15 +126,21 @@ def init_model(config: ModelConfig, seed: int = 0, dtype=jnp.float32) -> Model:
     if not config.tie_embeddings:
         params["lm_head"] = (jax.random.normal(k_head, (config.d_model, config.vocab_size)) * 0.02).astype(dtype)
     if config.mtp_depth > 0:
-        k_proj, k_block = jax.random.split(k_mtp)
-        d = config.d_model
-        params["mtp"] = {
-            "norm_h": jnp.full((d,), 1.0 - config.norm_offset, dtype),
-            "norm_e": jnp.full((d,), 1.0 - config.norm_offset, dtype),
-            "proj": (jax.random.normal(k_proj, (2 * d, d)) * 0.02).astype(dtype),
-            "block": _block_params(k_block, config, dtype),
-        }
+        params["mtp"] = init_mtp_params(k_mtp, config, dtype)
     return Model(params, config)
+
+
+def init_mtp_params(key: jax.Array, config: ModelConfig, dtype=jnp.float32) -> dict:
+    """A random-initialised MTP module (``params["mtp"]``): two norms, the ``[2d, d]``
+    projection and one block shaped like the model's."""
+    k_proj, k_block = jax.random.split(key)
+    d = config.d_model
+    return {
+        "norm_h": jnp.full((d,), 1.0 - config.norm_offset, dtype),
+        "norm_e": jnp.full((d,), 1.0 - config.norm_offset, dtype),
+        "proj": (jax.random.normal(k_proj, (2 * d, d)) * 0.02).astype(dtype),
+        "block": _block_params(k_block, config, dtype),
+    }
 
 
 # ----------------------------------------------------------------------------- pieces
@@ -144,7 +150,8 @@ def rms_norm(x: jax.Array, w: jax.Array, eps: float, offset: float = 0.0) -> jax
     """RMSNorm in float32, weight applied as ``offset + w`` (Gemma stores ``w`` around 0)."""
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return (y * (w.astype(jnp.float32) + offset)).astype(x.dtype)
+    w32 = w.astype(jnp.float32)
+    return (y * (w32 + offset if offset else w32)).astype(x.dtype)
 
 
 def _norm(x: jax.Array, w: jax.Array, cfg: ModelConfig) -> jax.Array:

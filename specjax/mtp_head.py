@@ -1,0 +1,156 @@
+"""An MTP drafting module for any loaded model: attach, train on the user's text, save, load.
+
+No Hugging Face Llama, Qwen or Gemma ships an MTP head, so ``--drafter mtp`` has nothing to
+run on them. ``train_mtp`` attaches a fresh DeepSeek-V3-style module (``init_mtp_params``),
+freezes the target and trains the module with the bundle's MTP objective (the chained
+``mtp_chain_logits`` loss over ``chain`` passes, ``specjax.train.run_stage``: optax,
+resumable orbax checkpoints, a progress bar). ``save_mtp`` writes ``mtp.safetensors`` and
+``mtp_config.json``; ``load_mtp`` attaches them to the model they were trained for (the
+base config is checked field by field), and ``load_hf_checkpoint`` does so by itself when
+the checkpoint directory holds them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.corpus import Corpus
+from specjax.model import Model, ModelConfig
+from specjax.model.llama import init_mtp_params
+
+__all__ = ["MTP_CONFIG", "MTP_WEIGHTS", "attach_mtp", "load_mtp", "save_mtp", "text_corpus", "train_mtp"]
+
+MTP_WEIGHTS, MTP_CONFIG = "mtp.safetensors", "mtp_config.json"
+FORMAT = "specjax-mtp-1"
+
+
+def attach_mtp(model: Model, seed: int = 0, dtype=jnp.float32) -> Model:
+    """``model`` with a fresh MTP module (``mtp_depth=1``; the drafter chains it)."""
+    cfg = dataclasses.replace(model.config, mtp_depth=1)
+    mtp = init_mtp_params(jax.random.key(seed), cfg, dtype)
+    return Model({**model.params, "mtp": mtp}, cfg)
+
+
+def _base(config: ModelConfig) -> dict:
+    return dataclasses.replace(config, mtp_depth=0).to_dict()
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, np.ndarray]:
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = np.ascontiguousarray(np.asarray(v, np.float32))
+    return out
+
+
+def save_mtp(model: Model, out: str | pathlib.Path, info: dict | None = None) -> pathlib.Path:
+    """Write ``model``'s MTP module to ``out/mtp.safetensors`` (float32) and
+    ``out/mtp_config.json`` (the base model's config, so it is attached only to that model)."""
+    from safetensors.numpy import save_file
+
+    if "mtp" not in model.params:
+        raise ValueError("the model has no MTP module to save (attach_mtp / train_mtp first)")
+    out = pathlib.Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(_flat(model.params["mtp"]), str(out / MTP_WEIGHTS), metadata={"format": FORMAT})
+    meta = {"format": FORMAT, "base_config": _base(model.config), **(info or {})}
+    (out / MTP_CONFIG).write_text(json.dumps(meta, indent=2) + "\n")
+    return out
+
+
+def load_mtp(model: Model, directory: str | pathlib.Path) -> Model:
+    """``model`` with the MTP module saved in ``directory`` (cast to the model's dtype)."""
+    from safetensors import safe_open
+
+    directory = pathlib.Path(directory)
+    cfg_path, w_path = directory / MTP_CONFIG, directory / MTP_WEIGHTS
+    for p in (cfg_path, w_path):
+        if not p.exists():
+            raise ValueError(f"{p}: file not found (train one with `specjax train-mtp`)")
+    meta = json.loads(cfg_path.read_text())
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{cfg_path}: format={meta.get('format')!r} is not {FORMAT!r}")
+    want, have = meta.get("base_config", {}), _base(model.config)
+    differ = sorted(k for k in set(want) | set(have) if json.dumps(want.get(k)) != json.dumps(have.get(k)))
+    if differ:
+        k = differ[0]
+        raise ValueError(f"{cfg_path}: this MTP module was trained for another model ({k}={want.get(k)!r}, this "
+                         f"model has {have.get(k)!r})")
+    cfg = dataclasses.replace(model.config, mtp_depth=1)
+    like = init_mtp_params(jax.random.key(0), cfg, jnp.float32)
+    dtype = model.params["embed"].dtype
+    flat = _flat(like)
+    with safe_open(str(w_path), framework="numpy") as f:
+        names = set(f.keys())
+        if names != set(flat):
+            extra = sorted(names ^ set(flat))
+            raise ValueError(f"{w_path}: tensor {extra[0]!r} does not match this model's MTP module")
+        loaded = {}
+        for name, ref in flat.items():
+            x = f.get_tensor(name)
+            if x.shape != ref.shape:
+                raise ValueError(f"{w_path}: tensor {name!r} has shape {x.shape}, expected {ref.shape}")
+            loaded[name] = jnp.asarray(x, dtype)
+
+    def build(tree: dict, prefix: str = "") -> dict:
+        return {k: build(v, f"{prefix}{k}.") if isinstance(v, dict) else loaded[f"{prefix}{k}"]
+                for k, v in tree.items()}
+
+    return Model({**model.params, "mtp": build(like)}, cfg)
+
+
+def text_corpus(files: Sequence[str | pathlib.Path], encode: Callable[[str], list[int]], *, eos_id: int | None,
+                min_tokens: int, held_out_fraction: float = 0.05) -> Corpus:
+    """Token streams from text ``files`` (each encoded as a document, ``eos_id`` after it); the
+    last ``held_out_fraction`` of the tokens (at least ``min_tokens``) is held out."""
+    parts = []
+    for f in files:
+        p = pathlib.Path(f)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ValueError(f"--data {p}: file not found") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"--data {p}: not UTF-8 text") from None
+        parts.append(np.asarray(encode(text) + ([] if eos_id is None else [eos_id]), np.int32))
+    stream = np.concatenate(parts) if parts else np.zeros((0,), np.int32)
+    held = max(min_tokens, int(len(stream) * held_out_fraction))
+    if len(stream) < held + min_tokens:
+        raise ValueError(f"--data holds {len(stream)} tokens; train-mtp needs at least {held + min_tokens} "
+                         f"(two windows of seq_len + 1 = {min_tokens})")
+    names = tuple(str(f) for f in files)
+    return Corpus(stream[:-held], stream[-held:], names, names, f"{len(names)} text file(s), last {held} tokens "
+                  "held out")
+
+
+def train_mtp(model: Model, corpus: Corpus, out: str | pathlib.Path, sc, *, chain: int = 3, resume: bool = False,
+              progress: bool = True, stop_at: int | None = None, bytes_only: bool = False,
+              info: dict | None = None) -> tuple[Model, dict]:
+    """Train a fresh MTP module for the frozen ``model`` (``sc``: a ``StageConfig``) on
+    ``corpus``; checkpoints under ``out/train`` (``resume`` continues them), the module
+    saved into ``out`` when the run completes. Returns the model with it and a summary."""
+    from specjax.train import run_stage, write_json_line
+
+    out = pathlib.Path(out)
+    target = Model({k: v for k, v in model.params.items() if k != "mtp"}, dataclasses.replace(model.config,
+                                                                                              mtp_depth=0))
+    fresh = attach_mtp(target, seed=sc.seed)
+    log = out / "train" / "log.jsonl"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    trained, summary = run_stage("mtp", fresh, corpus, sc, out / "train", resume=resume, mtp_depth=chain,
+                                 progress=progress, log=lambda r: write_json_line(log, r), stop_at=stop_at,
+                                 bytes_only=bytes_only)
+    summary["corpus"] = corpus.describe()
+    if summary["step"] >= sc.steps:
+        save_mtp(trained, out, {"chain": chain, "summary": summary, **(info or {})})
+        summary["out"] = str(out)
+    return trained, summary
