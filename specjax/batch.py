@@ -202,7 +202,7 @@ class _Job:
     eos_id: int | list[int] | None
     pages: int | None
     bounded: bool  # a stream: max_new_tokens bounds each request (it sized the caches)
-    eos_width: int  # stop ids per row (a stream's requests must fit it)
+    eos_width: int | None  # stop ids per row a stream's requests must fit (None: listed, the list sizes it)
 
     def row(self, r: Request, index: int, where: str | None = None) -> _Row:
         """Validate one request against the model and the job; errors name the request
@@ -242,7 +242,7 @@ class _Job:
         if r.seed is not None and (not _is_int(r.seed) or not 0 <= r.seed < 2**32):
             fail(f"{where}.seed", r.seed, "must be an int in [0, 2**32)")
         eos = check_eos(f"{where}.eos_id", self.eos_id if r.eos_id is None else r.eos_id, cfg.vocab_size)
-        if len(eos) > self.eos_width:
+        if self.eos_width is not None and len(eos) > self.eos_width:
             fail(f"{where}.eos_id", list(eos), f"at most {self.eos_width} stop ids in a streamed job (the job's "
                   "widest list, at least EOS_WIDTH, sizes every row's stops)")
         w = self.depth + 1
@@ -334,7 +334,7 @@ def batch_generate(
         fail("max_prompt_len", bound, "must be an int >= 1")
     job = _Job(model, max_new_tokens, bound if not listed else cfg.max_seq_len - 1, d, float(temperature), top_k,
                top_p, seed, eos_id, pages, bounded=not listed,
-               eos_width=max(EOS_WIDTH, len(check_eos("eos_id", eos_id, cfg.vocab_size))) if not listed else 1 << 30)
+               eos_width=None if listed else max(EOS_WIDTH, len(check_eos("eos_id", eos_id, cfg.vocab_size))))
     job.row(Request([0], max_new_tokens=1), -1, where="batch_generate")  # the defaults (temperature, ...)
     rows_iter: Iterator[_Row]
     if listed:  # everything checked before any compile; the list sizes the caches

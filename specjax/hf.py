@@ -8,6 +8,7 @@ files (no pickle, no torch). Anything this loader does not implement exactly is 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.model import Model, ModelConfig, RopeScaling, fuse_params, unfuse_params
+from specjax.mtp_head import MTP_WEIGHTS, load_mtp
 
 __all__ = ["HFTokenizer", "generate_text", "load_hf_checkpoint", "load_tokenizer", "save_hf_checkpoint"]
 
@@ -92,7 +94,7 @@ def _rope(raw: dict, arch: str, path: Path) -> dict:
     ``rope_parameters`` (one dict, or one per layer type)."""
     params = raw.get("rope_parameters")
     nested = isinstance(params, dict) and any(isinstance(v, dict) for v in params.values())
-    theta = raw.get("rope_theta")
+    theta = raw.get("rope_theta", 10000.0)  # raw already holds the family's defaults (_DEFAULTS)
     if nested:
         unknown = sorted(set(params) - {"full_attention", "sliding_attention"})
         if unknown:
@@ -105,12 +107,10 @@ def _rope(raw: dict, arch: str, path: Path) -> dict:
             full = {**full, **raw["rope_scaling"]}
         local = {}
     field = "rope_parameters" if params else "rope_scaling"
-    out = {"rope_theta": float(full.get("rope_theta", theta if theta is not None else
-                                        _DEFAULTS.get(arch, {}).get("rope_theta", 10000.0))),
+    out = {"rope_theta": float(full.get("rope_theta", theta)),
            "rope_scaling": _scaling(full, field + (".full_attention" if nested else ""), raw, path)}
     if arch == "Gemma3ForCausalLM":
-        base = local.get("rope_theta", raw.get("rope_local_base_freq", _DEFAULTS[arch]["rope_local_base_freq"]))
-        out["local_rope_theta"] = float(base)
+        out["local_rope_theta"] = float(local.get("rope_theta", raw["rope_local_base_freq"]))
         out["local_rope_scaling"] = _scaling(local, field + ".sliding_attention", raw, path)
     elif local:
         raise ValueError(f"{path}: field 'rope_parameters' has per-layer-type entries, which {arch} does not use")
@@ -122,7 +122,7 @@ def _layer_pattern(raw: dict, arch: str, n_layers: int, path: Path) -> int:
     ``i % k == k - 1``): from ``layer_types``, else ``sliding_window_pattern``."""
     types = raw.get("layer_types")
     if types is None:
-        k = int(raw.get("sliding_window_pattern") or _DEFAULTS[arch]["sliding_window_pattern"])
+        k = int(raw["sliding_window_pattern"])
         types = ["sliding_attention" if (i + 1) % k else "full_attention" for i in range(n_layers)]
     if len(types) != n_layers or set(types) - {"sliding_attention", "full_attention"}:
         raise ValueError(f"{path}: field 'layer_types'={types!r} must name sliding_attention or full_attention for "
@@ -287,8 +287,6 @@ def load_hf_checkpoint(path: str | Path, dtype=None, mtp: str | Path | None = No
     if extra:
         raise ValueError(f"checkpoint tensor {extra[0]!r} is not used by this architecture ({len(extra)} unused)")
     model = Model(fuse_params(params), cfg)  # HF's separate q/k/v and gate/up -> one matmul each
-    from specjax.mtp_head import MTP_WEIGHTS, load_mtp
-
     if mtp is None and (path / MTP_WEIGHTS).exists():
         mtp = path
     return model if mtp is None else load_mtp(model, mtp)
@@ -395,25 +393,30 @@ class HFTokenizer:
         as transformers does (a sandboxed environment with ``trim_blocks``/``lstrip_blocks``)."""
         if self.chat_template is None:
             raise ValueError("this tokenizer has no chat_template (tokenizer_config.json names none)")
-        try:
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-        except ImportError:
-            raise ValueError("chat templates need jinja2: pip install jinja2") from None
-
-        def raise_exception(message):
-            raise ValueError(f"chat template: {message}")
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=["jinja2.ext.loopcontrols"])
-        env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent)
-        env.globals["raise_exception"] = raise_exception
-        return env.from_string(self.chat_template).render(
+        return _compiled_template(self.chat_template).render(
             messages=messages, add_generation_prompt=add_generation_prompt, **self.special)
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         """The chat template rendered and tokenized (the template writes BOS itself, so the
         post-processor adds nothing, as in transformers)."""
         return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled_template(source: str):
+    """A chat template compiled once (every prompt of a batch renders the same one)."""
+    try:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError:
+        raise ValueError("chat templates need jinja2: pip install jinja2") from None
+
+    def raise_exception(message):
+        raise ValueError(f"chat template: {message}")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent)
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(source)
 
 
 def _token_text(v) -> str | None:

@@ -42,14 +42,9 @@ def _base(config: ModelConfig) -> dict:
     return dataclasses.replace(config, mtp_depth=0).to_dict()
 
 
-def _flat(tree: dict, prefix: str = "") -> dict[str, np.ndarray]:
-    out = {}
-    for k, v in tree.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = np.ascontiguousarray(np.asarray(v, np.float32))
-    return out
+def _name(path) -> str:
+    """A tensor name from a params key path: ``block.wqkv``."""
+    return ".".join(str(k.key) for k in path)
 
 
 def save_mtp(model: Model, out: str | pathlib.Path, info: dict | None = None) -> pathlib.Path:
@@ -61,7 +56,9 @@ def save_mtp(model: Model, out: str | pathlib.Path, info: dict | None = None) ->
         raise ValueError("the model has no MTP module to save (attach_mtp / train_mtp first)")
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    save_file(_flat(model.params["mtp"]), str(out / MTP_WEIGHTS), metadata={"format": FORMAT})
+    flat = {_name(p): np.ascontiguousarray(np.asarray(x, np.float32))
+            for p, x in jax.tree_util.tree_flatten_with_path(model.params["mtp"])[0]}
+    save_file(flat, str(out / MTP_WEIGHTS), metadata={"format": FORMAT})
     meta = {"format": FORMAT, "base_config": _base(model.config), **(info or {})}
     (out / MTP_CONFIG).write_text(json.dumps(meta, indent=2) + "\n")
     return out
@@ -86,26 +83,22 @@ def load_mtp(model: Model, directory: str | pathlib.Path) -> Model:
         raise ValueError(f"{cfg_path}: this MTP module was trained for another model ({k}={want.get(k)!r}, this "
                          f"model has {have.get(k)!r})")
     cfg = dataclasses.replace(model.config, mtp_depth=1)
-    like = init_mtp_params(jax.random.key(0), cfg, jnp.float32)
+    like = jax.eval_shape(lambda: init_mtp_params(jax.random.key(0), cfg))  # names and shapes only
+    want = {_name(p): s.shape for p, s in jax.tree_util.tree_flatten_with_path(like)[0]}
     dtype = model.params["embed"].dtype
-    flat = _flat(like)
     with safe_open(str(w_path), framework="numpy") as f:
         names = set(f.keys())
-        if names != set(flat):
-            extra = sorted(names ^ set(flat))
+        if names != set(want):
+            extra = sorted(names ^ set(want))
             raise ValueError(f"{w_path}: tensor {extra[0]!r} does not match this model's MTP module")
         loaded = {}
-        for name, ref in flat.items():
+        for name, shape in want.items():
             x = f.get_tensor(name)
-            if x.shape != ref.shape:
-                raise ValueError(f"{w_path}: tensor {name!r} has shape {x.shape}, expected {ref.shape}")
+            if x.shape != shape:
+                raise ValueError(f"{w_path}: tensor {name!r} has shape {x.shape}, expected {shape}")
             loaded[name] = jnp.asarray(x, dtype)
-
-    def build(tree: dict, prefix: str = "") -> dict:
-        return {k: build(v, f"{prefix}{k}.") if isinstance(v, dict) else loaded[f"{prefix}{k}"]
-                for k, v in tree.items()}
-
-    return Model({**model.params, "mtp": build(like)}, cfg)
+    mtp = jax.tree_util.tree_map_with_path(lambda p, _: loaded[_name(p)], like)
+    return Model({**model.params, "mtp": mtp}, cfg)
 
 
 def text_corpus(files: Sequence[str | pathlib.Path], encode: Callable[[str], list[int]], *, eos_id: int | None,

@@ -16,6 +16,8 @@ from specjax import Model, ModelConfig, batch_generate, generate, init_model, lo
 from specjax.hf import _scaling, load_hf_checkpoint, load_tokenizer
 from specjax.model.rope import rope_frequencies
 
+from test_hf import _copy, _edit_config  # the fixture-copy helpers the family tests share
+
 FIX = Path(__file__).parent / "fixtures" / "hf"
 TOKS = Path(__file__).parent / "fixtures" / "tokenizers"
 FAMILIES = ["llama3_scaling", "yarn", "qwen3", "gemma3"]
@@ -27,8 +29,7 @@ def _expected(name):
 
 def _legacy_dir(tmp_path, name):
     """The fixture with its config in the pre-transformers-5 format (``config.legacy.json``)."""
-    d = tmp_path / name
-    shutil.copytree(FIX / name, d)
+    d = _copy(tmp_path, name)
     shutil.copy(d / "config.legacy.json", d / "config.json")
     return d
 
@@ -90,15 +91,6 @@ def test_config_mapping():
     assert specjax.save_hf_checkpoint is specjax.hf.save_hf_checkpoint
 
 
-def _edited(tmp_path, name, **changes):
-    d = tmp_path / name
-    shutil.copytree(FIX / name, d)
-    cfg = json.loads((d / "config.json").read_text())
-    cfg.update(changes)
-    (d / "config.json").write_text(json.dumps(cfg))
-    return d
-
-
 @pytest.mark.parametrize("name,change,match", [
     ("yarn", dict(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}),
      r"rope_type='dynamic', which is not implemented"),
@@ -114,8 +106,10 @@ def _edited(tmp_path, name, **changes):
     ("qwen3", dict(attention_bias=True), r"field 'attention_bias'=True is not supported"),
 ])
 def test_unimplemented_config_fields_are_clear_errors(tmp_path, name, change, match):
+    d = _copy(tmp_path, name)
+    _edit_config(d, **change)
     with pytest.raises(ValueError, match=match):
-        load_hf_checkpoint(_edited(tmp_path, name, **change))
+        load_hf_checkpoint(d)
 
 
 # ------------------------------------------------------------------ stops and tokenizers
