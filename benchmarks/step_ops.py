@@ -2,10 +2,12 @@
 
     python benchmarks/step_ops.py [--json] [--batch 1 32]
 
-Counts the instructions of the compiled step's entry computation, leaving out the free
-ones (parameters, constants, tuples, bitcasts): on CPU each remaining op is one kernel
-launch (a fusion, a dot, a copy, a scatter...), which is what sets a step's cost at
-small batch. ``copy`` ops of whole caches disappear when the step donates its state.
+Counts the instructions one step executes, leaving out the free ones (parameters,
+constants, tuples, bitcasts): on CPU each remaining op is one kernel launch (a fusion, a
+dot, a copy, a scatter...), which is what sets a step's cost at small batch. A loop's
+body counts once per trip (XLA's known trip count: the layer scan runs its body once per
+period of layers); ``while`` itself is not counted. ``copy`` ops of whole caches disappear
+when the step donates its state.
 """
 
 from __future__ import annotations
@@ -24,21 +26,48 @@ from specjax.engine import make_engine, prefill, request_capacity, step
 FREE = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast"}
 
 
+def _computations(hlo_text: str) -> dict[str, list[str]]:
+    """Computation name -> its instruction lines (``ENTRY`` under the key ``"ENTRY"``)."""
+    comps: dict[str, list[str]] = {}
+    name = None
+    for line in hlo_text.splitlines():
+        head = re.match(r"^(ENTRY )?%?([\w.\-]+) .*\{$", line)
+        if head:
+            name = "ENTRY" if head.group(1) else head.group(2)
+            comps[name] = []
+        elif line == "}":
+            name = None
+        elif name is not None:
+            comps[name].append(line)
+    return comps
+
+
 def count_ops(hlo_text: str) -> collections.Counter:
-    entry = hlo_text[hlo_text.index("ENTRY") :]
-    body = entry[: entry.index("\n}\n")]
-    ops: collections.Counter = collections.Counter()
-    for line in body.splitlines()[1:]:
-        m = re.search(r"=\s*\S+\s+([a-z\-]+)\(", line)
-        if m and m.group(1) not in FREE:
-            ops[m.group(1)] += 1
-    return ops
+    """Ops executed by the entry computation, each loop body times its known trip count."""
+    comps = _computations(hlo_text)
+
+    def count(name: str) -> collections.Counter:
+        ops: collections.Counter = collections.Counter()
+        for line in comps[name]:
+            m = re.match(r"\s*(?:ROOT )?%\S+ = .*?\s([a-z][a-z0-9\-]*)\(", line)  # the op after the (tuple) type
+            if not m or m.group(1) in FREE:
+                continue
+            if m.group(1) == "while":
+                body = re.search(r"body=%?([\w.\-]+)", line).group(1)
+                trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', line)
+                for op, n in count(body).items():
+                    ops[op] += n * (int(trips.group(1)) if trips else 1)
+            else:
+                ops[m.group(1)] += 1
+        return ops
+
+    return count("ENTRY")
 
 
 def step_ops(model, drafter: str | None, batch: int, depth: int = 3) -> collections.Counter:
     cap = request_capacity(64, 128, 0 if drafter is None else depth)
     eng = make_engine(model, drafter=drafter, draft_model=None, depth=depth, kv_advance_rule=KvAdvance.PER_SEQUENCE,
-                      cache="dense", temperature=0.0, top_k=None, top_p=None, capacity=cap, attention_impl="xla")
+                      cache="dense", greedy=True, capacity=cap, attention_impl="xla")
     params = {"target": model.params}
     plen = jnp.full((batch,), 40, jnp.int32)
     st = prefill(eng, params, jnp.ones((batch, 64), jnp.int32), plen, plen + 128, jnp.full((batch,), -1, jnp.int32),

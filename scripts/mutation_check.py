@@ -509,6 +509,13 @@ MUTATIONS: list[Mutation] = [
         "    if False:\n",
         ("tests/test_train_mtp.py::test_module_saved_elsewhere_is_passed_with_mtp_flag",),
     ),
+    Mutation(
+        "paged kernel: the host check of a concrete block table is staged into the caller's trace",
+        "pallas_kernels/paged_attention.py",
+        "        with jax.ensure_compile_time_eval():\n",
+        "        if True:\n",
+        ("tests/test_pallas_kernels.py",),
+    ),
 ]
 
 

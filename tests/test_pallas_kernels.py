@@ -194,6 +194,26 @@ def test_kernel_bad_input(kwargs, match):
                          body=args["body"])
 
 
+@pytest.mark.parametrize("body", ["grid", "loop"])
+def test_paged_kernel_under_jit_with_a_concrete_block_table(body):
+    """A concrete block table closed over by a jitted caller is still checked on the host
+    (the check's bounds are evaluated now, not staged into the trace), and the call runs."""
+    import jax
+
+    rng = np.random.default_rng(8)
+    q = jnp.asarray(rng.standard_normal((B, 2, 2, 32)), jnp.float32)
+    kp, vp = (jnp.asarray(rng.standard_normal((12, 2, 8, 32)), jnp.float32) for _ in range(2))
+    bt = np.arange(12, dtype=np.int32).reshape(B, 3)
+    lead, qs = np.zeros(B, np.int32), np.array([0, 5, 10, 22], np.int32)
+    out = jax.jit(lambda q: paged_attention(q, kp, vp, bt, lead, qs, body=body))(q)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(paged_attention_reference(q, kp, vp, bt, lead, qs)),
+                               atol=2e-5)
+    bad = bt.copy()
+    bad[3, 2] = 40
+    with pytest.raises(ValueError, match=r"block_table row 3 has pages \[9, 10, 40\]"):
+        jax.jit(lambda q: paged_attention(q, kp, vp, bad, lead, qs, body=body))(q)
+
+
 def test_paged_bad_block_table():
     q = np.zeros((B, 1, 2, 64), np.float32)
     kp = np.zeros((5, 2, 8, 64), np.float32)
