@@ -26,6 +26,8 @@ from pallas_kernels.ragged_attention import (
     grid_call,
     interpret_arg,
     loop_kernel,
+    one_layer,
+    stacked,
 )
 from specjax.attention import gather_pages
 from specjax.attention import ragged_attention as xla_ragged_attention
@@ -34,9 +36,10 @@ __all__ = ["paged_attention", "paged_attention_reference"]
 
 
 @functools.partial(jax.jit, static_argnames=("window", "scale", "body", "interpret"))
-def _paged_attention(q, k_pages, v_pages, block_table, lead_pad, q_start, *, window, scale, body, interpret):
+def _paged_attention(q, k_pages, v_pages, block_table, lead_pad, q_start, layer, *, window, scale, body, interpret):
+    """``k_pages, v_pages [L, P, Hkv, page, D]`` (every layer's pool), ``layer int32 [1]``."""
     bsz, t_q, hq, d = q.shape
-    _, hkv, page, _ = k_pages.shape
+    _, _, hkv, page, _ = k_pages.shape
     max_pages = block_table.shape[1]
     num_keys = max_pages * page
     groups = hq // hkv
@@ -52,25 +55,26 @@ def _paged_attention(q, k_pages, v_pages, block_table, lead_pad, q_start, *, win
                 pl.BlockSpec((bsz,), lambda b: (0,)),
                 pl.BlockSpec((bsz,), lambda b: (0,)),
                 pl.BlockSpec((bsz, max_pages), lambda b: (0, 0)),
+                pl.BlockSpec((1,), lambda b: (0,)),
                 pl.BlockSpec((None, t_q, hq, d), lambda b: (b, 0, 0, 0)),
-                pl.BlockSpec(k_pages.shape, lambda b: (0, 0, 0, 0)),
-                pl.BlockSpec(v_pages.shape, lambda b: (0, 0, 0, 0)),
+                pl.BlockSpec(k_pages.shape, lambda b: (0, 0, 0, 0, 0)),
+                pl.BlockSpec(v_pages.shape, lambda b: (0, 0, 0, 0, 0)),
             ],
             out_specs=pl.BlockSpec((None, t_q, hq, d), lambda b: (b, 0, 0, 0)),
             out_shape=out_shape,
             interpret=interpret,
-        )(lead_pad, q_start, block_table, q, k_pages, v_pages)
+        )(lead_pad, q_start, block_table, layer, q, k_pages, v_pages)
 
     clamp = functools.partial(
         clamp_block, t_q=t_q, window=window, block=page, num_keys=num_keys, num_blocks=max_pages
     )
 
-    def kv_map(b, j, lead_ref, qs_ref, bt_ref):
-        return jnp.maximum(bt_ref[b, clamp(j, lead_ref[b], qs_ref[b])], 0), 0, 0, 0  # whole page, all heads
+    def kv_map(b, j, lead_ref, qs_ref, bt_ref, layer_ref):  # this layer's whole page, all heads
+        return layer_ref[0], jnp.maximum(bt_ref[b, clamp(j, lead_ref[b], qs_ref[b])], 0), 0, 0, 0
 
-    call = grid_call(static, n_prefetch=3, grid=(bsz, max_pages), kv_spec=pl.BlockSpec((None, hkv, page, d), kv_map),
-                     q=q, interpret=interpret)
-    return call(lead_pad, q_start, block_table, q, k_pages, v_pages)
+    kv_spec = pl.BlockSpec((None, None, hkv, page, d), kv_map)
+    call = grid_call(static, n_prefetch=4, grid=(bsz, max_pages), kv_spec=kv_spec, q=q, interpret=interpret)
+    return call(lead_pad, q_start, block_table, layer, q, k_pages, v_pages)
 
 
 def _check_pages(block_table, lead_pad, q_start, t_q: int, window: int | None, page: int, num_pages: int) -> None:
@@ -102,23 +106,26 @@ def paged_attention(
     scale: float | None = None,
     body: str | None = None,
     interpret: bool | str | None = None,
+    layer: int | jax.Array | None = None,
 ) -> jax.Array:
     """``q [B, t_q, Hq, D]``; ``k_pages, v_pages [num_pages, Hkv, page_size, D]`` (one
-    layer of the pool); ``block_table int32 [B, max_pages]`` (``-1`` = none);
-    ``lead_pad, q_start int32 [B]`` -> ``[B, t_q, Hq, D]``."""
+    layer of the pool, or every layer's ``[L, num_pages, Hkv, page_size, D]`` with ``layer``);
+    ``block_table int32 [B, max_pages]`` (``-1`` = none); ``lead_pad, q_start int32 [B]``
+    -> ``[B, t_q, Hq, D]``."""
     body = default_body() if body is None else body
-    check_static(q, k_pages, v_pages, lead_pad, q_start, body, k_pages.shape[2] if k_pages.ndim == 4 else 1,
+    k_pages, v_pages, layer = stacked(k_pages, v_pages, layer, what="k_pages")
+    check_static(q, one_layer(k_pages), one_layer(v_pages), lead_pad, q_start, body, k_pages.shape[3],
                  what="k_pages")
     if np.ndim(block_table) != 2 or np.shape(block_table)[0] != q.shape[0]:
         raise ValueError(f"block_table must be [B={q.shape[0]}, max_pages], got shape {np.shape(block_table)}")
     if window is not None and window < 1:
         raise ValueError(f"window must be >= 1 or None, got {window}")
-    page, num_pages = k_pages.shape[2], k_pages.shape[0]
+    page, num_pages = k_pages.shape[3], k_pages.shape[1]
     check_dynamic(lead_pad, q_start, q.shape[1], np.shape(block_table)[1] * page)
     _check_pages(block_table, lead_pad, q_start, q.shape[1], window, page, num_pages)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     return _paged_attention(
-        q, k_pages, v_pages, jnp.asarray(block_table), jnp.asarray(lead_pad), jnp.asarray(q_start),
+        q, k_pages, v_pages, jnp.asarray(block_table), jnp.asarray(lead_pad), jnp.asarray(q_start), layer,
         window=window, scale=scale, body=body, interpret=interpret_arg(interpret),
     )
 

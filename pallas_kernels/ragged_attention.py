@@ -45,7 +45,8 @@ from pallas_kernels._online_softmax import (
 from specjax.attention import attention_with_positions, ring_positions
 from specjax.attention import ragged_attention as xla_ragged_attention
 
-__all__ = ["BODIES", "ragged_attention", "ragged_attention_reference", "ring_attention", "ring_attention_reference"]
+__all__ = ["BODIES", "ragged_attention", "ragged_attention_reference", "ring_attention", "ring_attention_reference",
+           "stacked"]
 
 BODIES = ("grid", "loop")
 _TPU_PARAMS = getattr(pltpu, "CompilerParams", None) or getattr(pltpu, "TPUCompilerParams", None)
@@ -62,7 +63,7 @@ def _block_range(lead, qs, *, t_q, window, block, num_keys, ring):
 
 
 def grid_kernel(*refs, n_prefetch, t_q, hkv, groups, block, window, scale, num_keys, ring=None):
-    """Body for grid ``(B, num_blocks)``. Refs: ``lead, q_start[, block_table]`` (scalar
+    """Body for grid ``(B, num_blocks)``. Refs: ``lead, q_start[, block_table], layer`` (scalar
     prefetch), ``q [t_q, Hq, D]``, ``k, v [Hkv, block, D]``, ``o``, scratch ``m, l, acc``."""
     lead_ref, qs_ref = refs[0], refs[1]
     q_ref, k_ref, v_ref, o_ref, m_sc, l_sc, acc_sc = refs[n_prefetch:]
@@ -97,14 +98,15 @@ def grid_kernel(*refs, n_prefetch, t_q, hkv, groups, block, window, scale, num_k
 
 def loop_kernel(lead_ref, qs_ref, *refs, paged, t_q, hkv, groups, block, window, scale, num_keys, ring=None):
     """Body for grid ``(B,)``: loop over this row's live KV blocks only. Refs: ``lead [B]``,
-    ``q_start [B]``, ``[block_table [B, M]]``, ``q``, ``k``, ``v`` (a row ``[Hkv, T, D]`` or
-    the page pool ``[P, Hkv, page, D]``), ``o``."""
+    ``q_start [B]``, ``[block_table [B, M]]``, ``layer [1]``, ``q``, ``k``, ``v`` (every
+    layer's buffer, ``[L, B, Hkv, T, D]`` or the page pool ``[L, P, Hkv, page, D]``: this
+    layer's rows are read in place), ``o``."""
     if paged:
-        bt_ref, q_ref, k_ref, v_ref, o_ref = refs
+        bt_ref, layer_ref, q_ref, k_ref, v_ref, o_ref = refs
     else:
-        q_ref, k_ref, v_ref, o_ref = refs
+        layer_ref, q_ref, k_ref, v_ref, o_ref = refs
     b = pl.program_id(0)
-    lead, qs = lead_ref[b], qs_ref[b]
+    lead, qs, layer = lead_ref[b], qs_ref[b], layer_ref[0]
     first, last = _block_range(lead, qs, t_q=t_q, window=window, block=block, num_keys=num_keys, ring=ring)
     q = q_ref[...]
     d = q.shape[-1]
@@ -114,9 +116,9 @@ def loop_kernel(lead_ref, qs_ref, *refs, paged, t_q, hkv, groups, block, window,
         def body(j, carry, h=h, qg=qg):
             if paged:
                 page = bt_ref[b, j]
-                k, v = k_ref[page, h], v_ref[page, h]
+                k, v = k_ref[layer, page, h], v_ref[layer, page, h]
             else:
-                k, v = k_ref[h, pl.ds(j * block, block), :], v_ref[h, pl.ds(j * block, block), :]
+                k, v = k_ref[layer, b, h, pl.ds(j * block, block), :], v_ref[layer, b, h, pl.ds(j * block, block), :]
             key_pos = key_positions(j, block, qs, t_q, ring)
             return block_update(carry, qg, k, v, key_pos, qs, lead, t_q, window, scale)
 
@@ -221,9 +223,10 @@ def check_dynamic(lead_pad, q_start, t_q: int, num_keys: int) -> None:
 
 
 @functools.partial(jax.jit, static_argnames=("window", "scale", "block_k", "body", "interpret", "ring"))
-def _ragged_attention(q, k, v, lead_pad, q_start, *, window, scale, block_k, body, interpret, ring):
+def _ragged_attention(q, k, v, lead_pad, q_start, layer, *, window, scale, block_k, body, interpret, ring):
+    """``k, v [L, B, Hkv, T, D]`` (every layer's buffer), ``layer int32 [1]``: the one read."""
     bsz, t_q, hq, d = q.shape
-    hkv, num_keys = k.shape[1], k.shape[2]
+    hkv, num_keys = k.shape[2], k.shape[3]
     groups = hq // hkv
     nb = num_keys // block_k
     static = dict(t_q=t_q, hkv=hkv, groups=groups, block=block_k, window=window, scale=scale, num_keys=num_keys,
@@ -232,36 +235,61 @@ def _ragged_attention(q, k, v, lead_pad, q_start, *, window, scale, block_k, bod
     q_start = q_start.astype(jnp.int32)
     out_shape = jax.ShapeDtypeStruct(q.shape, q.dtype)
     if body == "loop":
-        row = pl.BlockSpec((None, hkv, num_keys, d), lambda b: (b, 0, 0, 0))
+        whole = pl.BlockSpec(k.shape, lambda b: (0, 0, 0, 0, 0))  # indexed in the body by (layer, row)
         return pl.pallas_call(
             functools.partial(loop_kernel, paged=False, **static),
             grid=(bsz,),
             in_specs=[
                 pl.BlockSpec((bsz,), lambda b: (0,)),
                 pl.BlockSpec((bsz,), lambda b: (0,)),
+                pl.BlockSpec((1,), lambda b: (0,)),
                 pl.BlockSpec((None, t_q, hq, d), lambda b: (b, 0, 0, 0)),
-                row,
-                row,
+                whole,
+                whole,
             ],
             out_specs=pl.BlockSpec((None, t_q, hq, d), lambda b: (b, 0, 0, 0)),
             out_shape=out_shape,
             interpret=interpret,
-        )(lead_pad, q_start, q, k, v)
+        )(lead_pad, q_start, layer, q, k, v)
 
     if ring:
-        def kv_map(b, j, lead_ref, qs_ref):
-            return b, 0, j, 0
+        def kv_map(b, j, lead_ref, qs_ref, layer_ref):
+            return layer_ref[0], b, 0, j, 0
     else:
         clamp = functools.partial(
             clamp_block, t_q=t_q, window=window, block=block_k, num_keys=num_keys, num_blocks=nb
         )
 
-        def kv_map(b, j, lead_ref, qs_ref):
-            return b, 0, clamp(j, lead_ref[b], qs_ref[b]), 0
+        def kv_map(b, j, lead_ref, qs_ref, layer_ref):
+            return layer_ref[0], b, 0, clamp(j, lead_ref[b], qs_ref[b]), 0
 
-    call = grid_call(static, n_prefetch=2, grid=(bsz, nb), kv_spec=pl.BlockSpec((None, hkv, block_k, d), kv_map),
-                     q=q, interpret=interpret)
-    return call(lead_pad, q_start, q, k, v)
+    kv_spec = pl.BlockSpec((None, None, hkv, block_k, d), kv_map)
+    call = grid_call(static, n_prefetch=3, grid=(bsz, nb), kv_spec=kv_spec, q=q, interpret=interpret)
+    return call(lead_pad, q_start, layer, q, k, v)
+
+
+def stacked(k: jax.Array, v: jax.Array, layer, what: str = "k") -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(k, v, layer int32 [1])`` with ``k, v`` stacked per layer (rank 5): one layer's buffer
+    (rank 4, ``layer`` None) gains a unit layer axis; a stacked one needs ``layer``, a
+    Python int in range or a traced int32 scalar (a traced index cannot be checked: keep it
+    in range)."""
+    if np.ndim(k) == 4 and layer is None:
+        return k[None], v[None], jnp.zeros((1,), jnp.int32)
+    if np.ndim(k) != 5:
+        raise ValueError(f"{what} must be one layer [.., Hkv, T, D] (rank 4) or a per-layer stack (rank 5) with "
+                         f"layer=, got shape {np.shape(k)} and layer={layer!r}")
+    if layer is None:
+        raise ValueError(f"{what} is a per-layer stack of {k.shape[0]} layers: pass layer= (which one to read)")
+    if isinstance(layer, int | np.integer) and not 0 <= layer < k.shape[0]:
+        raise ValueError(f"layer={layer} is out of range for {what} stacking {k.shape[0]} layers")
+    if np.ndim(layer) != 0:
+        raise ValueError(f"layer must be a scalar, got shape {np.shape(layer)}")
+    return k, v, jnp.reshape(jnp.asarray(layer, jnp.int32), (1,))
+
+
+def one_layer(x: jax.Array) -> jax.ShapeDtypeStruct:
+    """Shape and dtype of one layer of a per-layer stack (for the checks; no slice is taken)."""
+    return jax.ShapeDtypeStruct(x.shape[1:], x.dtype)
 
 
 def _validate_dense(q, k, v, lead_pad, q_start, window, block_k, body):
@@ -287,19 +315,22 @@ def ragged_attention(
     block_k: int = 128,
     body: str | None = None,
     interpret: bool | str | None = None,
+    layer: int | jax.Array | None = None,
 ) -> jax.Array:
-    """Ragged masked attention. ``q [B, t_q, Hq, D]``, ``k, v [B, Hkv, T, D]``,
+    """Ragged masked attention. ``q [B, t_q, Hq, D]``, ``k, v [B, Hkv, T, D]`` (or every
+    layer's ``[L, B, Hkv, T, D]`` with ``layer``: read in place, no slice copy),
     ``lead_pad, q_start int32 [B]`` -> ``[B, t_q, Hq, D]``.
 
     ``block_k`` must divide ``T``; ``body``: ``"grid"`` (TPU) or ``"loop"`` (GPU),
     default by backend; ``interpret``: ``None`` = on CPU only, ``"tpu"`` = the TPU interpreter.
     """
     body = default_body() if body is None else body
-    num_keys = _validate_dense(q, k, v, lead_pad, q_start, window, block_k, body)
+    k, v, layer = stacked(k, v, layer)
+    num_keys = _validate_dense(q, one_layer(k), one_layer(v), lead_pad, q_start, window, block_k, body)
     check_dynamic(lead_pad, q_start, q.shape[1], num_keys)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     return _ragged_attention(
-        q, k, v, jnp.asarray(lead_pad), jnp.asarray(q_start), window=window, scale=scale, block_k=block_k,
+        q, k, v, jnp.asarray(lead_pad), jnp.asarray(q_start), layer, window=window, scale=scale, block_k=block_k,
         body=body, interpret=interpret_arg(interpret), ring=False,
     )
 
@@ -316,25 +347,27 @@ def ring_attention(
     block_k: int | None = None,
     body: str | None = None,
     interpret: bool | str | None = None,
+    layer: int | jax.Array | None = None,
 ) -> jax.Array:
     """Sliding-window attention over a per-row ring (``specjax.cache.RollingKVCache``).
 
-    ``k, v [B, Hkv, S, D]``: position ``p`` of
+    ``k, v [B, Hkv, S, D]`` (or ``[L, B, Hkv, S, D]`` with ``layer``): position ``p`` of
     row ``b`` lives in slot ``p % S``; queries sit at absolute ``lengths[b] + [0, t_q)``
     and were just written, so ``S >= window + t_q - 1`` keeps every visible key alive.
     ``block_k`` (default: ``S``) must divide ``S``.
     """
     body = default_body() if body is None else body
-    size = k.shape[2] if k.ndim >= 4 else 0
+    k, v, layer = stacked(k, v, layer)
+    size = k.shape[3]
     block_k = size if block_k is None else block_k
-    _validate_dense(q, k, v, lead_pad, lengths, window, block_k, body)
+    _validate_dense(q, one_layer(k), one_layer(v), lead_pad, lengths, window, block_k, body)
     if window is None:
         raise ValueError("window must be an int >= 1 for a ring")
     if size < window + q.shape[1] - 1:
         raise ValueError(f"ring of {size} slots cannot hold window={window} plus t_q={q.shape[1]} new keys")
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     return _ragged_attention(
-        q, k, v, jnp.asarray(lead_pad), jnp.asarray(lengths), window=window, scale=scale, block_k=block_k,
+        q, k, v, jnp.asarray(lead_pad), jnp.asarray(lengths), layer, window=window, scale=scale, block_k=block_k,
         body=body, interpret=interpret_arg(interpret), ring=True,
     )
 

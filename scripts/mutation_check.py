@@ -516,6 +516,49 @@ MUTATIONS: list[Mutation] = [
         "        if True:\n",
         ("tests/test_pallas_kernels.py",),
     ),
+    # --- the layer scan: stacked params and per-layer cache stacks (#14 item 5) ---
+    Mutation(
+        "layer scan: a layer in a later period reads the params of the wrong layer",
+        "specjax/model/llama.py",
+        "layer_fn(x, carry, j, p * period + j, p * per[kinds[j]] + offset[j])",
+        "layer_fn(x, carry, j, p + j, p * per[kinds[j]] + offset[j])",
+        ("tests/test_model.py",),
+    ),
+    Mutation(
+        "layer scan: every period writes and reads the first period's cache layers",
+        "specjax/model/llama.py",
+        "layer_fn(x, carry, j, p * period + j, p * per[kinds[j]] + offset[j])",
+        "layer_fn(x, carry, j, p * period + j, offset[j])",
+        ("tests/test_model.py",),
+    ),
+    Mutation(
+        "stacked caches: every layer's write lands in layer 0 of the stack",
+        "specjax/cache/base.py",
+        "return buf.at[(layer, *idx)].set(",
+        "return buf.at[(0, *idx)].set(",
+        ("tests/test_model.py",),
+    ),
+    Mutation(
+        "Pallas grid kernel: the dense/ring K/V block is read from layer 0 of the stack",
+        "pallas_kernels/ragged_attention.py",
+        "            return layer_ref[0], b, 0, clamp(j, lead_ref[b], qs_ref[b]), 0",
+        "            return 0, b, 0, clamp(j, lead_ref[b], qs_ref[b]), 0",
+        ("tests/test_pallas_kernels.py",),
+    ),
+    Mutation(
+        "Pallas loop kernel: pages are read from layer 0 of the pool stack",
+        "pallas_kernels/ragged_attention.py",
+        "k, v = k_ref[layer, page, h], v_ref[layer, page, h]",
+        "k, v = k_ref[0, page, h], v_ref[0, page, h]",
+        ("tests/test_pallas_kernels.py",),
+    ),
+    Mutation(
+        "CLI: --layer-loop scan leaves the model's layers listed (unrolled)",
+        "specjax/cli.py",
+        "        self.model = with_layer_loop(self.model, args.layer_loop)\n",
+        "",
+        ("tests/test_bundle.py::test_cli_generate_json_and_stream",),
+    ),
 ]
 
 

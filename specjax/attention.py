@@ -141,18 +141,21 @@ def ragged_attention(
 
 
 def gather_pages(
-    k_pages: jax.Array, v_pages: jax.Array, block_table: jax.Array, first_page: jax.Array | int = 0
+    k_pages: jax.Array, v_pages: jax.Array, block_table: jax.Array, first_page: jax.Array | int = 0,
+    layer: jax.Array | int | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """One layer's pool ``[num_pages, Hkv, page_size, D]`` read through ``block_table [B, M]``
-    (the row's logical pages ``first_page .. first_page + M - 1``): contiguous
-    ``k, v [B, Hkv, M * page_size, D]`` and ``key_pos [B, M * page_size]`` (``-1`` where the
-    row owns no page; those slots read page 0 and must stay masked)."""
+    """One layer's pool ``[num_pages, Hkv, page_size, D]`` (or every layer's
+    ``[L, num_pages, ...]`` and ``layer``: one gather reads that layer's pages only) read through
+    ``block_table [B, M]`` (the row's logical pages ``first_page .. first_page + M - 1``):
+    contiguous ``k, v [B, Hkv, M * page_size, D]`` and ``key_pos [B, M * page_size]`` (``-1``
+    where the row owns no page; those slots read page 0 and must stay masked)."""
     bt = jnp.asarray(block_table, jnp.int32)
     safe = jnp.where(bt >= 0, bt, 0)
     b, mp = bt.shape
-    _, hkv, ps, d = k_pages.shape
-    k = k_pages[safe].transpose(0, 2, 1, 3, 4).reshape(b, hkv, mp * ps, d)
-    v = v_pages[safe].transpose(0, 2, 1, 3, 4).reshape(b, hkv, mp * ps, d)
+    hkv, ps, d = k_pages.shape[-3:]
+    take = (lambda x: x[safe]) if layer is None else (lambda x: x[layer, safe])  # noqa: E731  [B, M, Hkv, ps, D]
+    k = take(k_pages).transpose(0, 2, 1, 3, 4).reshape(b, hkv, mp * ps, d)
+    v = take(v_pages).transpose(0, 2, 1, 3, 4).reshape(b, hkv, mp * ps, d)
     pos = first_page * ps + jnp.arange(mp * ps, dtype=jnp.int32).reshape(mp, ps)[None]
     key_pos = jnp.where((bt >= 0)[:, :, None], pos, -1).reshape(b, mp * ps)
     return k, v, key_pos

@@ -152,7 +152,7 @@ def _empty_state(eng: EngineConfig, slots: int, width: int, eos_width: int = EOS
     d = eng.depth
     return EngineState(
         seq=jnp.zeros((slots, eng.capacity), jnp.int32), known=zeros(), u=jnp.ones((slots,), jnp.int32),
-        cache=eng.new_cache(eng.config, slots), dstate=eng.drafter.empty(eng, slots, width),
+        cache=eng.new_cache(eng.config, slots, eng.layer_loop), dstate=eng.drafter.empty(eng, slots, width),
         prompt_len=zeros(), max_len=zeros(), eos=jnp.full((slots, eos_width), -1, jnp.int32),
         seeds=jnp.zeros((slots,), jnp.uint32),
         sampling=RowSampling(jnp.zeros((slots,), jnp.float32), zeros(), jnp.ones((slots,), jnp.float32)),

@@ -155,6 +155,10 @@ class _TextRunner:
             self.encode = (lambda p: tok.encode_chat([{"role": "user", "content": p}])) if args.chat else tok.encode
             self.decode = tok.decode
             self.eos = tok.eos_id
+        from specjax.model import with_layer_loop
+
+        self.model = with_layer_loop(self.model, args.layer_loop)
+        self.draft = None if self.draft is None else with_layer_loop(self.draft, args.layer_loop)
 
 
 def _drafter(args: argparse.Namespace, run: _TextRunner) -> str | None:
@@ -211,7 +215,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     n_tok = sum(len(t) for t in res.tokens)
     summary = {"tok_per_step": m["tok_per_step"], "mean_accepted_length": m["mean_accepted_length"],
                "tok_per_s_incl_compile": n_tok / dt, "drafter": m["drafter"], "kv_advance": m["kv_advance"],
-               "depth": m["depth"], "new_tokens": n_tok, "seconds": dt}
+               "depth": m["depth"], "layer_loop": m["layer_loop"], "new_tokens": n_tok, "seconds": dt}
     if "tok_per_s" in m:  # generate measures compile and run apart (stream does not)
         summary.update(tok_per_s=m["tok_per_s"], seconds_compile=m["seconds_compile"], seconds_run=m["seconds_run"])
     if args.json:
@@ -422,6 +426,9 @@ def _add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention", choices=["auto", "xla", "pallas"], default="auto",
                    help="attention path: Pallas kernels (interpret mode on CPU) or XLA; auto = Pallas on TPU/GPU, "
                         "XLA on CPU (default: auto)")
+    p.add_argument("--layer-loop", choices=["unrolled", "scan"], default="unrolled",
+                   help="scan: the layers as one lax.scan (compile time flat in depth); unrolled: every layer "
+                        "compiled (faster decode on CPU)")
     p.add_argument("--chat", action="store_true",
                    help="Hugging Face checkpoints: each prompt as a user message through the model's chat template")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,

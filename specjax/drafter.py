@@ -118,7 +118,7 @@ class DraftModelDrafter:
     name: str = "draft_model"
 
     def empty(self, eng, batch, width):
-        return eng.new_cache(eng.draft_config, batch)
+        return eng.new_cache(eng.draft_config, batch, eng.draft_layer_loop)
 
     def rows_view(self, eng, dstate, rows, width):
         return dstate.rows_view(rows, width)

@@ -29,7 +29,7 @@ from specjax.cache.base import resolve_attention_impl
 from specjax.drafter import DraftModelDrafter, MtpDrafter, NgramDrafter, NoDrafter
 from specjax.metrics import GenerationResult, metrics, tokens
 from specjax.model.config import ModelConfig
-from specjax.model.llama import Model, ModelCache, forward, forward_hidden, head, init_cache
+from specjax.model.llama import Model, ModelCache, forward, forward_hidden, head, init_cache, layer_loop
 from specjax.plan import plan_step
 from specjax.sampling import SAMPLE, RowSampling, position_keys, probs, sample
 from specjax.validate import MAX_DEPTH, eos_table, validate
@@ -106,17 +106,20 @@ class EngineConfig:
     dtype: Any = jnp.float32
     attention_impl: str = "xla"  # resolved: "xla" | "pallas"
     num_pages: int | None = None  # paged pool size (None: every row's full capacity)
+    layer_loop: str = "unrolled"  # the target params' layout: "unrolled" | "scan" (stacked caches)
+    draft_layer_loop: str = "unrolled"  # the draft model's
 
     @property
     def window(self) -> int:
         return self.depth + 1
 
-    def new_cache(self, cfg: ModelConfig, batch: int) -> ModelCache:
-        """Empty caches for ``cfg``. Rolling and compressed caches reach a window plus chained
-        draft writes (``2w + 2``) past the committed length; the prefill, however wide, is
-        bounded per row (``bound_write``), so it does not size their rings."""
+    def new_cache(self, cfg: ModelConfig, batch: int, loop: str = "unrolled") -> ModelCache:
+        """Empty caches for ``cfg`` run by layer loop ``loop`` (stacked for ``"scan"``). Rolling and
+        compressed caches reach a window plus chained draft writes (``2w + 2``) past the committed
+        length; the prefill, however wide, is bounded per row (``bound_write``), so it does not
+        size their rings."""
         return init_cache(cfg, batch, self.capacity, kind=self.cache_kind, slack=2 * self.window + 2,
-                          page_size=PAGE_SIZE, num_pages=self.num_pages, dtype=self.dtype)
+                          page_size=PAGE_SIZE, num_pages=self.num_pages, dtype=self.dtype, stacked=loop == "scan")
 
 
 _TRACES = {"generate": 0}
@@ -157,7 +160,8 @@ def _prefill(eng: EngineConfig, params: dict, prompts: jax.Array, prompt_len: ja
 def _fresh_prefill(eng: EngineConfig, params: dict, prompts, prompt_len, max_len, eos, seeds, sampling) -> EngineState:
     """``_prefill`` into new caches of the engine's full capacity (one static batch)."""
     b, p = prompts.shape
-    return _prefill(eng, params, prompts, prompt_len, max_len, eos, seeds, sampling, eng.new_cache(eng.config, b),
+    return _prefill(eng, params, prompts, prompt_len, max_len, eos, seeds, sampling,
+                    eng.new_cache(eng.config, b, eng.layer_loop),
                     eng.drafter.empty(eng, b, p), jnp.ones((b,), bool))
 
 
@@ -286,6 +290,8 @@ def make_engine(model: Model, *, drafter, draft_model, depth, kv_advance_rule, c
         dtype=model.params["embed"].dtype,
         attention_impl=resolve_attention_impl(attention_impl),
         num_pages=num_pages,
+        layer_loop=layer_loop(model.params),
+        draft_layer_loop="unrolled" if draft_model is None else layer_loop(draft_model.params),
     )
 
 

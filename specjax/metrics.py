@@ -70,4 +70,5 @@ def metrics(st, eng: Any, compiles: int) -> dict:
         "depth": eng.depth,
         "kv_advance": eng.kv_rule.value,
         "cache": eng.cache_kind,
+        "layer_loop": eng.layer_loop,
     }

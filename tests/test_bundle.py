@@ -156,6 +156,11 @@ def test_cli_generate_json_and_stream(tiny, capsys):
     assert main(["generate", "--model", str(tiny), "def f(", "--max-new-tokens", "6", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert len(out["tokens"][0]) == 6 and out["summary"]["drafter"] == "mtp"
+    assert out["summary"]["layer_loop"] == "unrolled"
+    assert main(["generate", "--model", str(tiny), "def f(", "--max-new-tokens", "6", "--json",
+                 "--layer-loop", "scan"]) == 0
+    scan = json.loads(capsys.readouterr().out)
+    assert scan["summary"]["layer_loop"] == "scan" and scan["tokens"] == out["tokens"]
     assert main(["generate", "--model", str(tiny), "def f(", "--max-new-tokens", "6", "--stream",
                  "--drafter", "ngram", "--kv-advance", "cohort"]) == 0
     text = capsys.readouterr().out

@@ -5,19 +5,22 @@ The Pallas path runs in interpret mode here (CPU); it must give the very tokens 
 XLA path for every cache kind (dense, paged, rolling), both rules and every drafter.
 """
 
+import re
+
 import numpy as np
 import pytest
 
 import specjax.engine as engine_mod
 from specjax import generate, stream
 from specjax.engine import make_engine, request_capacity
-from specjax.model import ModelConfig
+from specjax.model import ModelConfig, with_layer_loop
 
 from engine_models import noisy, sharp
 
 SMALL = ModelConfig(vocab_size=31, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=64,
                     tie_embeddings=False)
-SMALL_SLIDING = ModelConfig(vocab_size=31, d_model=32, n_layers=2, n_heads=4, n_kv_heads=1, d_ff=64, max_seq_len=64,
+# local, global, local, global: under the layer scan two periods run over the ring and the global cache
+SMALL_SLIDING = ModelConfig(vocab_size=31, d_model=32, n_layers=4, n_heads=4, n_kv_heads=1, d_ff=64, max_seq_len=64,
                             tie_embeddings=False, sliding_window=5, global_every=2)
 MODELS = {"global": sharp(SMALL, seed=3), "sliding": sharp(SMALL_SLIDING, seed=4)}
 DRAFTS = {k: noisy(m, 0.3, seed=9) for k, m in MODELS.items()}
@@ -29,7 +32,9 @@ def _prompts(n, seed, lo=2, hi=9):
 
 
 def _run(kind, cache, drafter, rule, impl, prompts, max_new=10):
-    model = MODELS[kind]
+    """The Pallas path runs the target as the layer scan (the kernels read a traced layer of
+    the stacked caches in place; a draft model stays unrolled); the XLA path unrolled."""
+    model = with_layer_loop(MODELS[kind], "scan" if impl == "pallas" else "unrolled")
     return generate(model, prompts, max_new_tokens=max_new, drafter=drafter, depth=3, kv_advance=rule, cache=cache,
                     draft_model=DRAFTS[kind] if drafter == "draft_model" else None, attention_impl=impl, ngram_n=2)
 
@@ -42,7 +47,7 @@ KINDS = [("global", "dense"), ("global", "paged"), ("sliding", "dense")]
 @pytest.mark.parametrize("kind,cache", KINDS)
 def test_pallas_and_xla_attention_give_identical_tokens(kind, cache, drafter):
     """The whole engine with ``attention_impl="pallas"`` (every cache kind's kernel, interpret
-    mode) is token-identical to the XLA path, under both rules."""
+    mode, inside the layer scan) is token-identical to the XLA path, under both rules."""
     prompts = _prompts(3, 17)
     for rule in ("per_sequence", "cohort"):
         xla = _run(kind, cache, drafter, rule, "xla", prompts)
@@ -178,3 +183,47 @@ def test_step_donates_its_state():
     st2 = step(eng, {"target": model.params}, st)
     assert k0.is_deleted() and not st2.cache.global_kv.k[0].is_deleted()
 
+
+
+def _copied_shapes(hlo: str) -> set[str]:
+    """Result shapes (``f32[2,2,64,16]``) of every ``copy`` in a compiled module, loop bodies included."""
+    return set(re.findall(r"= (\w+\[[\d,]*\])(?:\{[^}]*\})? copy\(", hlo))
+
+
+@pytest.mark.parametrize("kind,cache", KINDS)
+def test_the_layer_scan_writes_the_caches_in_place(kind, cache):
+    """The layer scan carries every layer's cache stack and scatters into it: no step copies a
+    whole stack (a copy would cost the cache's capacity on every step)."""
+    import jax.numpy as jnp
+
+    model = with_layer_loop(MODELS[kind], "scan")
+    eng = make_engine(model, drafter="mtp", draft_model=None, depth=3, cache=cache, capacity=128,
+                      kv_advance_rule=engine_mod.KvAdvance.PER_SEQUENCE)
+    assert eng.layer_loop == "scan"
+    params = {"target": model.params}
+    st = engine_mod.prefill(eng, params, np.ones((2, 8), np.int32), np.array([3, 8], np.int32),
+                            np.array([40, 40], np.int32), np.full(2, -1, np.int32), np.zeros(2, np.uint32))
+    stacks = [x for part in st.cache.parts for x in (part.k, part.v)]
+    assert all(x.ndim == 5 for x in stacks)
+    shapes = {f"{jnp.dtype(x.dtype).name.replace('float', 'f')}[{','.join(map(str, x.shape))}]" for x in stacks}
+    hlo = engine_mod.step.lower(eng, params, st).compile().as_text()
+    assert " while(" in hlo
+    assert not shapes & _copied_shapes(hlo), (shapes, _copied_shapes(hlo))
+
+
+@pytest.mark.parametrize("cache", ["dense", "paged"])
+def test_scan_layout_gives_the_unrolled_tokens(cache):
+    """Target and draft model both stacked (the layer scan, stacked caches): ``generate`` and a
+    refilling ``batch_generate`` (rows_view/put_rows on the stacks) give the unrolled tokens."""
+    from specjax import batch_generate
+
+    prompts = _prompts(5, 23)
+    model, draft = MODELS["sliding"], DRAFTS["sliding"]
+    scan, draft_scan = with_layer_loop(model, "scan"), with_layer_loop(draft, "scan")
+    kw = dict(max_new_tokens=9, drafter="draft_model", depth=3, cache=cache)
+    want = generate(model, prompts, draft_model=draft, **kw)
+    got = generate(scan, prompts, draft_model=draft_scan, **kw)
+    assert got.tokens == want.tokens
+    assert got.metrics["row_accepted_trace"] == want.metrics["row_accepted_trace"]
+    done = {c.id: c.tokens for c in batch_generate(scan, prompts, slots=2, draft_model=draft_scan, **kw)}
+    assert [done[i] for i in range(len(prompts))] == want.tokens

@@ -6,7 +6,16 @@ import numpy as np
 import pytest
 
 from specjax.cache import DenseKVCache
-from specjax.model import ModelConfig, forward, hidden_states, init_cache, init_model, logits, mtp_forward
+from specjax.model import (
+    ModelConfig,
+    forward,
+    hidden_states,
+    init_cache,
+    init_model,
+    logits,
+    mtp_forward,
+    with_layer_loop,
+)
 
 W = 4  # verify window
 PROMPTS = np.array([5, 9, 2], np.int32)
@@ -19,6 +28,9 @@ CONFIGS = {
                          sliding_window=5, tie_embeddings=False),
     "interleaved": ModelConfig(vocab_size=61, d_model=32, n_layers=3, n_heads=2, n_kv_heads=2, d_ff=48,
                                max_seq_len=64, sliding_window=4, global_every=2, qkv_bias=True),
+    # local, global, local, global, local: under the layer scan two periods scan, the fifth unrolls
+    "deep": ModelConfig(vocab_size=61, d_model=32, n_layers=5, n_heads=2, n_kv_heads=1, d_ff=48, max_seq_len=64,
+                        sliding_window=4, global_every=2, qkv_bias=True),
 }
 
 _forward = jax.jit(forward, static_argnums=1)
@@ -48,15 +60,20 @@ def _verify_steps(model, seq, full, cache, rng):
     return cache
 
 
-@pytest.mark.parametrize("name,kind", [("global", "dense"), ("global", "paged"), ("local", "dense"),
-                                       ("interleaved", "paged")])
-def test_cached_ragged_forward_matches_full_prefix(name, kind):
+@pytest.mark.parametrize("name,kind,loop", [("global", "dense", "unrolled"), ("global", "paged", "unrolled"),
+                                            ("local", "dense", "unrolled"), ("interleaved", "paged", "unrolled"),
+                                            ("global", "dense", "scan"), ("global", "paged", "scan"),
+                                            ("deep", "dense", "scan"), ("deep", "paged", "scan")])
+def test_cached_ragged_forward_matches_full_prefix(name, kind, loop):
+    """The cached forward (under ``loop``: stacked params and caches for the scan) against the
+    full prefix of the listed params (the unrolled loop)."""
     cfg = CONFIGS[name]
     model = _bias(init_model(cfg, seed=1))
     rng = np.random.default_rng(0)
     seq = rng.integers(0, cfg.vocab_size, (B, SEQ)).astype(np.int32)
     full = np.asarray(logits(model, seq))
-    cache = init_cache(cfg, B, SEQ, kind=kind, slack=T_PROMPT + 1, page_size=4)
+    model = with_layer_loop(model, loop)
+    cache = init_cache(cfg, B, SEQ, kind=kind, slack=T_PROMPT + 1, page_size=4, stacked=loop == "scan")
     # prefill: prompts of different lengths in one call, right-padded
     tok = np.where(np.arange(T_PROMPT)[None] < PROMPTS[:, None], seq[:, :T_PROMPT], 0)
     pos = np.broadcast_to(np.arange(T_PROMPT, dtype=np.int32), (B, T_PROMPT))
@@ -145,3 +162,70 @@ def test_a_bounded_prefill_wider_than_the_ring(name):
     for b in range(B):
         np.testing.assert_allclose(np.asarray(out)[b, : prompts[b]], full[b, : prompts[b]], atol=1e-5)
     _verify_steps(model, seq, full, cache.advance(prompts), rng)
+
+
+def _per_layer_loop(model, tokens):
+    """Oracle for the layer scan: a Python loop over layers with static indices."""
+    from specjax.model.llama import _causal_attention, _finish_block, _qkv, embed, head, layer_params
+
+    cfg, params = model.config, model.params
+    pos = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+    x = embed(params, cfg, tokens)
+    for i in range(cfg.n_layers):
+        p = layer_params(params, i)
+        q, k, v = _qkv(p, x, pos, cfg, i)
+        x = _finish_block(p, x, _causal_attention(q, k, v, cfg.sliding_window if cfg.is_local(i) else None), cfg)
+    return head(params, cfg, x)
+
+
+def _depth(name, n_layers):
+    return ModelConfig(**{**CONFIGS[name].to_dict(), "n_layers": n_layers})
+
+
+@pytest.mark.parametrize("name", ["global", "deep"])
+def test_layer_scan_matches_a_per_layer_loop(name):
+    """Every layer in the scan reads its own params and RoPE: the uncached forward of the
+    stacked params equals a loop over layers with static indices (the cached forward is held
+    to the uncached one above), and the layouts convert back and forth exactly."""
+    model = _bias(init_model(_depth(name, 7), seed=4))
+    tokens = np.random.default_rng(5).integers(0, 61, (2, 12)).astype(np.int32)
+    want = np.asarray(_per_layer_loop(model, tokens))
+    scan = with_layer_loop(model, "scan")
+    assert isinstance(scan.params["layers"], dict) and scan.params["layers"]["wqkv"].shape[0] == 7
+    np.testing.assert_allclose(np.asarray(logits(scan, tokens)), want, atol=1e-5)
+    back = with_layer_loop(scan, "unrolled")
+    for a, b in zip(jax.tree.leaves(back.params), jax.tree.leaves(model.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _scans(jaxpr) -> list[int]:
+    """Lengths of the top-level ``scan``s of a jaxpr."""
+    return [e.params["length"] for e in jaxpr.eqns if e.primitive.name == "scan"]
+
+
+@pytest.mark.parametrize("name,period", [("global", 1), ("deep", 2)])
+def test_the_scan_program_does_not_grow_with_depth(name, period):
+    """Stacked params run the layers as one ``lax.scan`` over periods of layers: 4x the depth,
+    the same program; listed params trace every layer (the program grows)."""
+    sizes: dict = {"scan": [], "unrolled": []}
+    for n_layers in (2 * period + 1, 8 * period + 1):
+        cfg = _depth(name, n_layers)
+        tokens = jnp.zeros((2, 8), jnp.int32)
+        for loop, scans in (("scan", [n_layers // period]), ("unrolled", [])):
+            model = with_layer_loop(init_model(cfg), loop)
+            assert _scans(jax.make_jaxpr(logits)(model, tokens).jaxpr) == scans
+            step = jax.make_jaxpr(lambda p, t, c, cfg=cfg: forward(p, cfg, t, jnp.zeros((2, 1), jnp.int32), c))
+            cache = init_cache(cfg, 2, 16, stacked=loop == "scan")
+            assert _scans(step(model.params, tokens[:, :1], cache).jaxpr) == scans
+            sizes[loop].append(len(jax.jit(logits).lower(model, tokens).as_text()))
+    assert sizes["scan"][1] < 1.1 * sizes["scan"][0], sizes
+    assert sizes["unrolled"][1] > 2 * sizes["unrolled"][0], sizes  # what the scan saves
+
+
+def test_layouts_must_match():
+    model = with_layer_loop(init_model(CONFIGS["global"]), "scan")
+    tok = jnp.zeros((1, 2), jnp.int32)
+    with pytest.raises(ValueError, match=r"laid out for layer_loop='scan' but the cache is not stacked"):
+        forward(model.params, model.config, tok, tok, init_cache(model.config, 1, 8))
+    with pytest.raises(ValueError, match=r"layer_loop='loop' is invalid: must be one of \['unrolled', 'scan'\]"):
+        with_layer_loop(model, "loop")

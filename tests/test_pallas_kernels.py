@@ -174,6 +174,55 @@ def test_cache_attend_pallas_matches_xla(kind):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
 
 
+@pytest.mark.parametrize("body", ["grid", "loop"])
+@pytest.mark.parametrize("kind", ["dense", "ring", "paged"])
+def test_stacked_layers_read_the_traced_layer(kind, body):
+    """Every layer's buffer ``[L, ...]`` and a layer index traced under ``jit`` (as in the
+    model's layer scan) read exactly that layer: the result equals the one-layer call."""
+    import jax
+
+    rng = np.random.default_rng(11)
+    layers, t_q, hq, hkv, d = 3, 4, 4, 2, 32
+    q = jnp.asarray(rng.standard_normal((B, t_q, hq, d)), jnp.float32)
+    lead = np.array([0, 2, 0, 5], np.int32)
+    if kind == "paged":
+        page, max_pages = 8, 4
+        kp, vp = (jnp.asarray(rng.standard_normal((layers, B * max_pages, hkv, page, d)), jnp.float32)
+                  for _ in range(2))
+        bt = rng.permutation(B * max_pages).reshape(B, max_pages).astype(np.int32)
+        qs = np.array([3, 20, 28, 9], np.int32)
+        fn = lambda k, v, layer: paged_attention(q, k, v, bt, lead, qs, body=body, layer=layer)  # noqa: E731
+        one = lambda i: paged_attention(q, kp[i], vp[i], bt, lead, qs, body=body)  # noqa: E731
+    else:
+        size = 32
+        kp, vp = (jnp.asarray(rng.standard_normal((layers, B, hkv, size, d)), jnp.float32) for _ in range(2))
+        if kind == "ring":
+            qs = np.array([3, 40, 70, 9], np.int32)
+            fn = lambda k, v, layer: ring_attention(q, k, v, lead, qs, window=12, body=body, layer=layer)  # noqa: E731
+            one = lambda i: ring_attention(q, kp[i], vp[i], lead, qs, window=12, body=body)  # noqa: E731
+        else:
+            qs = np.array([3, 20, 28, 9], np.int32)
+            fn = lambda k, v, layer: ragged_attention(q, k, v, lead, qs, block_k=8, body=body, layer=layer)  # noqa: E731
+            one = lambda i: ragged_attention(q, kp[i], vp[i], lead, qs, block_k=8, body=body)  # noqa: E731
+    jitted = jax.jit(fn)
+    outs = [np.asarray(jitted(kp, vp, jnp.int32(i))) for i in range(layers)]
+    for i in range(layers):
+        np.testing.assert_allclose(outs[i], np.asarray(one(i)), atol=2e-5)
+    assert not np.allclose(outs[0], outs[1])  # the layers differ: reading the wrong one would show
+
+
+def test_stacked_bad_layer():
+    q = np.zeros((B, 4, 4, 64), np.float32)
+    k = np.zeros((3, B, 2, 64, 64), np.float32)
+    lead = qs = np.zeros(B, np.int32)
+    with pytest.raises(ValueError, match=r"per-layer stack of 3 layers: pass layer="):
+        ragged_attention(q, k, k, lead, qs, block_k=16)
+    with pytest.raises(ValueError, match=r"layer=3 is out of range for k stacking 3 layers"):
+        ragged_attention(q, k, k, lead, qs, block_k=16, layer=3)
+    with pytest.raises(ValueError, match=r"k must be one layer .* or a per-layer stack \(rank 5\)"):
+        ragged_attention(q, k[0, 0], k[0, 0], lead, qs, block_k=16)
+
+
 @pytest.mark.parametrize(
     "kwargs,match",
     [

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -53,9 +54,10 @@ def front_pad_kv_cache(cache: DenseKVCache) -> DenseKVCache:
     rows = jnp.arange(cache.batch)[:, None]
     # x[rows, :, src] is [B, capacity, Hkv, D]: back to head-major [B, Hkv, capacity, D]
     move = lambda x: x[rows, :, src].transpose(0, 2, 1, 3)  # noqa: E731
+    each = lambda buf: tuple(move(x) for x in buf) if isinstance(buf, tuple) else jax.vmap(move)(buf)  # noqa: E731
     return cache.replace(
-        k=tuple(move(x) for x in cache.k),
-        v=tuple(move(x) for x in cache.v),
+        k=each(cache.k),
+        v=each(cache.v),
         lengths=jnp.full_like(cache.lengths, end),
         start=new_start,
     )

@@ -47,9 +47,64 @@ def as_rows(x: jax.Array | int, batch: int) -> jax.Array:
     return jnp.broadcast_to(jnp.asarray(x, jnp.int32), (batch,))
 
 
-def replace_layer(buffers: tuple, layer: int, new: jax.Array) -> tuple:
-    """Per-layer buffers with layer ``layer`` swapped for ``new``."""
-    return (*buffers[:layer], new, *buffers[layer + 1 :])
+# Per-layer buffers come in two layouts (one per layer loop of ``specjax.model``): a tuple of
+# one buffer per layer (the unrolled loop: a layer's attention reads its own buffer, a write
+# updates it in place) or one stack ``[L, ...]`` (the layer scan: ``layer`` may be traced; a
+# write scatters into the stack in place, the XLA path slices only the key blocks it reads,
+# the Pallas kernels read the layer in place). The helpers below take either.
+Layers = tuple | jax.Array
+
+
+def layer_buffers(layers: int, shape: tuple, dtype, stacked: bool) -> Layers:
+    """Zeroed per-layer buffers of ``shape``: a ``[layers, *shape]`` stack or a tuple."""
+    if stacked:
+        return jnp.zeros((layers, *shape), dtype)
+    return tuple(jnp.zeros(shape, dtype) for _ in range(layers))
+
+
+def layer_spec(buf: Layers) -> jax.ShapeDtypeStruct:
+    """Shape and dtype of one layer's buffer (no slice is taken)."""
+    return jax.ShapeDtypeStruct(buf[0].shape, buf[0].dtype) if isinstance(buf, tuple) else \
+        jax.ShapeDtypeStruct(buf.shape[1:], buf.dtype)
+
+
+def is_stacked(buf: Layers) -> bool:
+    return not isinstance(buf, tuple)
+
+
+def set_rows(buf: Layers, layer: int | jax.Array, idx: tuple, value: jax.Array) -> Layers:
+    """``buf[layer][idx] = value`` (out-of-range indices dropped), in place in either layout."""
+    if isinstance(buf, tuple):
+        new = buf[layer].at[idx].set(value.astype(buf[layer].dtype), mode="drop")
+        return (*buf[:layer], new, *buf[layer + 1 :])
+    return buf.at[(layer, *idx)].set(value.astype(buf.dtype), mode="drop")
+
+
+def set_all_layers(big: Layers, idx: tuple, small: Layers) -> Layers:
+    """``big[l][idx] = small[l]`` for every layer (out-of-range indices dropped)."""
+    if isinstance(big, tuple):
+        return tuple(b.at[idx].set(s, mode="drop") for b, s in zip(big, small, strict=True))
+    return big.at[(slice(None), *idx)].set(small, mode="drop")
+
+
+def layer_block(buf: Layers, layer: int | jax.Array, start: jax.Array | int, size: int, axis: int) -> jax.Array:
+    """Layer ``layer``'s buffer restricted to ``[start, start + size)`` along ``axis`` (an axis
+    of one layer's buffer): the buffer itself when that is all of it (tuple layout), else one
+    dynamic slice (of the stack: never a copy of the whole layer)."""
+    if isinstance(buf, tuple):
+        x = buf[layer]
+        return x if size == x.shape[axis] else jax.lax.dynamic_slice_in_dim(x, start, size, axis)
+    idx = [jnp.int32(0)] * buf.ndim
+    idx[0], idx[axis + 1] = jnp.asarray(layer, jnp.int32), jnp.asarray(start, jnp.int32)
+    sizes = list(buf.shape)
+    sizes[0], sizes[axis + 1] = 1, size
+    return jax.lax.dynamic_slice(buf, idx, sizes)[0]
+
+
+def kernel_operand(buf: Layers, layer: int | jax.Array) -> tuple[jax.Array, int | jax.Array | None]:
+    """``(k, layer)`` for a Pallas kernel: one layer's buffer (``layer=None``) or the whole
+    stack and the layer to read in place."""
+    return (buf[layer], None) if isinstance(buf, tuple) else (buf, layer)
 
 
 def resolve_attention_impl(impl: str) -> str:

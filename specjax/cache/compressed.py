@@ -54,7 +54,18 @@ import jax.numpy as jnp
 
 from specjax._pytree import pytree_dataclass, static_field
 from specjax.attention import attend_visible, ring_positions
-from specjax.cache.base import CAPACITY_EXCEEDED, ROLLBACK_INVALID, UNBOUNDED, as_rows, replace_layer
+from specjax.cache.base import (
+    CAPACITY_EXCEEDED,
+    ROLLBACK_INVALID,
+    UNBOUNDED,
+    Layers,
+    as_rows,
+    is_stacked,
+    layer_buffers,
+    layer_spec,
+    set_all_layers,
+    set_rows,
+)
 
 __all__ = ["CompressedKVCache", "compressed_attention", "memory_cut", "pool_blocks"]
 
@@ -89,10 +100,10 @@ def compressed_attention(
 
 @pytree_dataclass
 class CompressedKVCache:
-    k: tuple[jax.Array, ...]  # per layer [B, Hkv, size, D]: raw ring, relative position p in slot p % size
-    v: tuple[jax.Array, ...]
-    mem_k: tuple[jax.Array, ...]  # per layer [B, Hkv, slots, D]: slot c = mean of block c's keys
-    mem_v: tuple[jax.Array, ...]
+    k: Layers  # per layer [B, Hkv, size, D]: raw ring, relative position p in slot p % size (tuple or stack)
+    v: Layers
+    mem_k: Layers  # per layer [B, Hkv, slots, D]: slot c = mean of block c's keys
+    mem_v: Layers
     lengths: jax.Array  # int32 [B]: committed length (absolute; next write offset)
     start: jax.Array  # int32 [B]: lead pad; blocks count from here (relative positions)
     compressed: jax.Array  # int32 [B]: memory slots that count (the rest are scratch)
@@ -114,6 +125,7 @@ class CompressedKVCache:
         kv_heads: int,
         head_dim: int,
         dtype: jnp.dtype = jnp.float32,
+        stacked: bool = False,
     ) -> CompressedKVCache:
         """Empty memory for rows of up to ``capacity`` tokens (``ceil(capacity / block)`` slots)."""
         if min(window, block, slack, capacity) < 1:
@@ -122,21 +134,21 @@ class CompressedKVCache:
         size = window + block + 2 * slack
         slots = -(-capacity // block)
         zeros = lambda: jnp.zeros((batch,), jnp.int32)  # noqa: E731  (distinct buffers: donatable)
-        buf = lambda n: tuple(jnp.zeros((batch, kv_heads, n, head_dim), dtype) for _ in range(layers))  # noqa: E731
+        buf = lambda n: layer_buffers(layers, (batch, kv_heads, n, head_dim), dtype, stacked)  # noqa: E731
         return cls(buf(size), buf(size), buf(slots), buf(slots), zeros(), zeros(), zeros(),
                    jnp.full((batch,), UNBOUNDED, jnp.int32), zeros(), window, block, slack)
 
     @property
     def batch(self) -> int:
-        return self.k[0].shape[0]
+        return layer_spec(self.k).shape[0]
 
     @property
     def size(self) -> int:
-        return self.k[0].shape[2]
+        return layer_spec(self.k).shape[2]
 
     @property
     def slots(self) -> int:
-        return self.mem_k[0].shape[2]
+        return layer_spec(self.mem_k).shape[2]
 
     def bound_write(self, n: jax.Array | int) -> CompressedKVCache:
         """The next write's tokens past ``n [B]`` per row are padding: not written, never pooled
@@ -144,7 +156,7 @@ class CompressedKVCache:
         up to it: the prefill of right-padded prompts."""
         return self.replace(write_end=self.lengths + as_rows(n, self.batch))
 
-    def write(self, layer: int, k_new: jax.Array, v_new: jax.Array) -> CompressedKVCache:
+    def write(self, layer: int | jax.Array, k_new: jax.Array, v_new: jax.Array) -> CompressedKVCache:
         """Write ``k_new, v_new [B, t, Hkv, D]`` at ``lengths + [0, t)``: pool every block the write
         completes (scratch until committed), keep the row's last ``size`` real positions in the ring."""
         b, t = k_new.shape[:2]
@@ -161,18 +173,17 @@ class CompressedKVCache:
         q = rel[:, None] + jnp.arange(t, dtype=jnp.int32)[None]  # [B, t]
         slot = jnp.where((q < end[:, None]) & (q >= end[:, None] - self.size), q % self.size, self.size)
 
-        def update(ring, mem, new):
-            new = new.astype(ring.dtype)
-            both = jnp.concatenate([ring, new.transpose(0, 2, 1, 3)], axis=2)  # [B, Hkv, size + t, D]
+        def update(ring, mem, new):  # both layouts are written in place (cache.base.set_rows)
+            new = new.astype(layer_spec(ring).dtype)
+            both = jnp.concatenate([ring[layer], new.transpose(0, 2, 1, 3)], axis=2)  # [B, Hkv, size + t, D]
             blocks = jnp.take_along_axis(both, src, axis=2)  # [B, Hkv, n * block, D]
-            mem = mem.at[rows, :, dest].set(pool_blocks(blocks, self.block).transpose(0, 2, 1, 3), mode="drop")
-            return ring.at[rows, :, slot].set(new, mode="drop"), mem
+            pooled = pool_blocks(blocks, self.block).transpose(0, 2, 1, 3)
+            return set_rows(ring, layer, (rows, slice(None), slot), new), \
+                set_rows(mem, layer, (rows, slice(None), dest), pooled)
 
-        k, mem_k = update(self.k[layer], self.mem_k[layer], k_new)
-        v, mem_v = update(self.v[layer], self.mem_v[layer], v_new)
-        return self.replace(k=replace_layer(self.k, layer, k), v=replace_layer(self.v, layer, v),
-                            mem_k=replace_layer(self.mem_k, layer, mem_k),
-                            mem_v=replace_layer(self.mem_v, layer, mem_v))
+        k, mem_k = update(self.k, self.mem_k, k_new)
+        v, mem_v = update(self.v, self.mem_v, v_new)
+        return self.replace(k=k, v=v, mem_k=mem_k, mem_v=mem_v)
 
     def visibility(self, t_q: int) -> jax.Array:
         """Boolean ``[B, t_q, slots + size + t_q]``: queries at ``lengths + [0, t_q)`` over
@@ -188,12 +199,12 @@ class CompressedKVCache:
         return jnp.concatenate([ok_mem, ok_old, ok_new], axis=2)
 
     def write_attend(
-        self, layer: int, q: jax.Array, k_new: jax.Array, v_new: jax.Array, *, scale: float | None = None
+        self, layer: int | jax.Array, q: jax.Array, k_new: jax.Array, v_new: jax.Array, *, scale: float | None = None
     ) -> tuple[CompressedKVCache, jax.Array]:
         """``write`` then compressed-memory attention of ``q [B, t, Hq, D]`` at ``lengths + [0, t)``
         over the new memory, the ring as it was and the new K/V: ``(cache, [B, t, Hq, D])``."""
         out = self.write(layer, k_new, v_new)
-        hm = lambda x: x.astype(self.k[layer].dtype).transpose(0, 2, 1, 3)  # noqa: E731  [B, Hkv, t, D]
+        hm = lambda x: x.astype(layer_spec(self.k).dtype).transpose(0, 2, 1, 3)  # noqa: E731  [B, Hkv, t, D]
         k = jnp.concatenate([out.mem_k[layer], self.k[layer], hm(k_new)], axis=2)
         v = jnp.concatenate([out.mem_v[layer], self.v[layer], hm(v_new)], axis=2)
         return out, attend_visible(q, k, v, self.visibility(q.shape[1]), scale)
@@ -227,13 +238,14 @@ class CompressedKVCache:
 
     def rows_view(self, rows: jax.Array, width: int) -> CompressedKVCache:
         """Empty memory for ``rows [R]`` (a refill's prefill of ``width`` tokens, bounded per row)."""
+        one = layer_spec(self.k)
         return CompressedKVCache.create(len(self.k), rows.shape[0], self.slots * self.block, self.window, self.block,
-                                        self.slack, self.k[0].shape[1], self.k[0].shape[3], self.k[0].dtype)
+                                        self.slack, one.shape[1], one.shape[3], one.dtype, is_stacked(self.k))
 
     def put_rows(self, rows: jax.Array, sub: CompressedKVCache) -> CompressedKVCache:
         """Rows ``rows [R]`` replaced by ``sub``'s (index ``batch``: a padding row, dropped)."""
         put = lambda big, small: big.at[rows].set(small, mode="drop")  # noqa: E731
-        each = lambda big, small: tuple(put(b, s) for b, s in zip(big, small, strict=True))  # noqa: E731
+        each = lambda big, small: set_all_layers(big, (rows,), small)  # noqa: E731
         return self.replace(k=each(self.k, sub.k), v=each(self.v, sub.v), mem_k=each(self.mem_k, sub.mem_k),
                             mem_v=each(self.mem_v, sub.mem_v), lengths=put(self.lengths, sub.lengths),
                             start=put(self.start, sub.start), compressed=put(self.compressed, sub.compressed),

@@ -1,8 +1,8 @@
 """Dense KV cache with per-row lengths and lead pads.
 
-``k, v``: one buffer per layer, ``[B, kv_heads, capacity, head_dim]`` each (head-major;
-separate buffers so a layer's attention reads its buffer in place and a write updates
-it in place: a slice of one stacked buffer would be copied). Row ``b``'s live entries are
+``k, v``: per layer ``[B, kv_heads, capacity, head_dim]`` (head-major), a tuple of one
+buffer per layer or one stack ``[L, B, ...]`` for the layer scan (``cache.base``: ``layer``
+may then be traced). Row ``b``'s live entries are
 slots ``[start[b], lengths[b])``. A write of ``t`` tokens puts them at slots
 ``lengths[b] .. lengths[b] + t - 1`` of *that* row (one scatter of ``B * t``
 entries); the length moves only on ``advance``/``apply_plan``. Rejected slots are
@@ -19,11 +19,18 @@ from specjax.attention import live_attention
 from specjax.cache.base import (
     CAPACITY_EXCEEDED,
     ROLLBACK_INVALID,
+    Layers,
     as_rows,
+    is_stacked,
     kernel_block,
+    kernel_operand,
     key_block,
+    layer_block,
+    layer_buffers,
+    layer_spec,
     positions,
-    replace_layer,
+    set_all_layers,
+    set_rows,
 )
 
 __all__ = ["DenseKVCache"]
@@ -31,8 +38,8 @@ __all__ = ["DenseKVCache"]
 
 @pytree_dataclass
 class DenseKVCache:
-    k: tuple[jax.Array, ...]  # per layer [B, Hkv, capacity, D]
-    v: tuple[jax.Array, ...]  # per layer [B, Hkv, capacity, D]
+    k: Layers  # per layer [B, Hkv, capacity, D]: a tuple, or a stack [L, B, Hkv, capacity, D]
+    v: Layers
     lengths: jax.Array  # int32 [B]: next free slot (committed length incl. lead pad)
     start: jax.Array  # int32 [B]: lead pad; slots before it are never attended
     status: jax.Array  # int32 [B]: sticky status bits (cache.base)
@@ -46,21 +53,22 @@ class DenseKVCache:
         kv_heads: int,
         head_dim: int,
         dtype: jnp.dtype = jnp.float32,
+        stacked: bool = False,
     ) -> DenseKVCache:
         shape = (batch, kv_heads, capacity, head_dim)
         zeros = lambda: jnp.zeros((batch,), jnp.int32)  # noqa: E731  (distinct buffers: donatable)
-        kv = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(layers))  # noqa: E731
+        kv = lambda: layer_buffers(layers, shape, dtype, stacked)  # noqa: E731
         return cls(kv(), kv(), zeros(), zeros(), zeros())
 
     @property
     def batch(self) -> int:
-        return self.k[0].shape[0]
+        return layer_spec(self.k).shape[0]
 
     @property
     def capacity(self) -> int:
-        return self.k[0].shape[2]
+        return layer_spec(self.k).shape[2]
 
-    def write(self, layer: int, k_new: jax.Array, v_new: jax.Array) -> DenseKVCache:
+    def write(self, layer: int | jax.Array, k_new: jax.Array, v_new: jax.Array) -> DenseKVCache:
         """Write ``k_new, v_new [B, t, Hkv, D]`` at each row's own offset ``lengths[b]``.
 
         A row that would pass ``capacity`` is not written and gets ``CAPACITY_EXCEEDED``.
@@ -70,11 +78,9 @@ class DenseKVCache:
         pos = positions(self.lengths, t)
         pos = jnp.where(fits[:, None], pos, self.capacity)  # explicit out-of-range: dropped
         rows = jnp.broadcast_to(jnp.arange(self.batch, dtype=jnp.int32)[:, None], pos.shape)
-        # (rows, :, pos): the indexed view is [B, t, Hkv, D], exactly k_new's shape
-        k = self.k[layer].at[rows, :, pos].set(k_new.astype(self.k[layer].dtype), mode="drop")
-        v = self.v[layer].at[rows, :, pos].set(v_new.astype(self.v[layer].dtype), mode="drop")
-        status = self.status | jnp.where(fits, 0, CAPACITY_EXCEEDED)
-        return self.replace(k=replace_layer(self.k, layer, k), v=replace_layer(self.v, layer, v), status=status)
+        idx = (rows, slice(None), pos)  # (rows, :, pos): the indexed view is [B, t, Hkv, D], exactly k_new's shape
+        return self.replace(k=set_rows(self.k, layer, idx, k_new), v=set_rows(self.v, layer, idx, v_new),
+                            status=self.status | jnp.where(fits, 0, CAPACITY_EXCEEDED))
 
     def advance(self, n: jax.Array | int) -> DenseKVCache:
         """``lengths += n`` per row; a row that would pass capacity stays and is flagged."""
@@ -102,25 +108,22 @@ class DenseKVCache:
     def rows_view(self, rows: jax.Array, width: int) -> DenseKVCache:
         """An empty cache of ``width`` slots for ``rows [R]`` (a refill's prefill writes
         there); ``put_rows`` copies it into those rows' first ``width`` slots."""
-        return DenseKVCache.create(len(self.k), rows.shape[0], width, self.k[0].shape[1], self.k[0].shape[3],
-                                   self.k[0].dtype)
+        one = layer_spec(self.k)
+        return DenseKVCache.create(len(self.k), rows.shape[0], width, one.shape[1], one.shape[3], one.dtype,
+                                   is_stacked(self.k))
 
     def put_rows(self, rows: jax.Array, sub: DenseKVCache) -> DenseKVCache:
         """Rows ``rows [R]`` replaced by ``sub``'s (index ``batch``: a padding row, dropped).
         Slots past ``sub``'s capacity keep stale data, unread: they lie past the new length."""
-        width = sub.capacity
         put = lambda big, small: big.at[rows].set(small, mode="drop")  # noqa: E731
-
-        def kv(big, small):
-            return tuple(b.at[rows, :, :width].set(s, mode="drop") for b, s in zip(big, small, strict=True))
-
+        kv = lambda big, small: set_all_layers(big, (rows, slice(None), slice(0, sub.capacity)), small)  # noqa: E731
         return self.replace(k=kv(self.k, sub.k), v=kv(self.v, sub.v), lengths=put(self.lengths, sub.lengths),
                             start=put(self.start, sub.start), status=put(self.status, sub.status))
 
     def attend(
         self,
         q: jax.Array,
-        layer: int,
+        layer: int | jax.Array,
         *,
         window: int | None = None,
         scale: float | None = None,
@@ -134,16 +137,13 @@ class DenseKVCache:
             # lazy import: pallas_kernels imports specjax (the reference), never the reverse at import time
             from pallas_kernels.ragged_attention import ragged_attention as pallas_ragged_attention
 
-            return pallas_ragged_attention(q, self.k[layer], self.v[layer], self.start, self.lengths, window=window,
-                                           scale=scale, block_k=kernel_block(self.capacity))
+            (k, at), (v, _) = kernel_operand(self.k, layer), kernel_operand(self.v, layer)
+            return pallas_ragged_attention(q, k, v, self.start, self.lengths, window=window, scale=scale,
+                                           block_k=kernel_block(self.capacity), layer=at)
         block = key_block(self.capacity)
-        k_l, v_l = self.k[layer], self.v[layer]
 
-        def read(j):
-            if block == self.capacity:  # one block: the buffer itself, no slice copy
-                return k_l, v_l, jnp.arange(block, dtype=jnp.int32)[None]
-            k = jax.lax.dynamic_slice_in_dim(k_l, j * block, block, axis=2)
-            v = jax.lax.dynamic_slice_in_dim(v_l, j * block, block, axis=2)
+        def read(j):  # key block j of this layer (one block: a tuple layer's buffer itself, no slice copy)
+            k, v = (layer_block(x, layer, j * block, block, axis=2) for x in (self.k, self.v))
             return k, v, (j * block + jnp.arange(block, dtype=jnp.int32))[None]
 
         return live_attention(q, read, positions(self.lengths, t_q), self.start, block=block,

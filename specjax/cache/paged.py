@@ -22,10 +22,14 @@ from specjax.cache.base import (
     CAPACITY_EXCEEDED,
     OUT_OF_PAGES,
     ROLLBACK_INVALID,
+    Layers,
     as_rows,
+    kernel_operand,
     key_block,
+    layer_buffers,
+    layer_spec,
     positions,
-    replace_layer,
+    set_rows,
 )
 
 __all__ = ["PagedKVCache", "gather_pages"]
@@ -37,8 +41,8 @@ def _ceil_div(a: jax.Array, b: int) -> jax.Array:
 
 @pytree_dataclass
 class PagedKVCache:
-    k: tuple[jax.Array, ...]  # per layer [num_pages, Hkv, page_size, D]
-    v: tuple[jax.Array, ...]
+    k: Layers  # per layer [num_pages, Hkv, page_size, D]: a tuple or a stack [L, ...]
+    v: Layers
     block_table: jax.Array  # int32 [B, max_pages]
     pages_held: jax.Array  # int32 [B]: block_table[b, :pages_held[b]] are owned pages
     lengths: jax.Array  # int32 [B]
@@ -60,6 +64,7 @@ class PagedKVCache:
         kv_heads: int,
         head_dim: int,
         dtype: jnp.dtype = jnp.float32,
+        stacked: bool = False,
     ) -> PagedKVCache:
         for name, val in (("num_pages", num_pages), ("page_size", page_size), ("max_pages_per_seq", max_pages_per_seq)):
             if val < 1:
@@ -67,8 +72,8 @@ class PagedKVCache:
         shape = (num_pages, kv_heads, page_size, head_dim)
         zeros = lambda: jnp.zeros((batch,), jnp.int32)  # noqa: E731  (distinct buffers: donatable)
         return cls(
-            k=tuple(jnp.zeros(shape, dtype) for _ in range(layers)),
-            v=tuple(jnp.zeros(shape, dtype) for _ in range(layers)),
+            k=layer_buffers(layers, shape, dtype, stacked),
+            v=layer_buffers(layers, shape, dtype, stacked),
             block_table=jnp.full((batch, max_pages_per_seq), -1, jnp.int32),
             pages_held=zeros(),
             lengths=zeros(),
@@ -83,11 +88,11 @@ class PagedKVCache:
 
     @property
     def page_size(self) -> int:
-        return self.k[0].shape[2]
+        return layer_spec(self.k).shape[2]
 
     @property
     def num_pages(self) -> int:
-        return self.k[0].shape[0]
+        return layer_spec(self.k).shape[0]
 
     @property
     def max_pages(self) -> int:
@@ -123,7 +128,7 @@ class PagedKVCache:
             status=status,
         )
 
-    def write(self, layer: int, k_new: jax.Array, v_new: jax.Array) -> PagedKVCache:
+    def write(self, layer: int | jax.Array, k_new: jax.Array, v_new: jax.Array) -> PagedKVCache:
         """Write ``[B, t, Hkv, D]`` at ``lengths[b] + [0, t)`` through the block table.
 
         Rows without owned pages for the whole write are not written and are flagged.
@@ -135,9 +140,8 @@ class PagedKVCache:
         page = jnp.take_along_axis(self.block_table, logical, axis=1)
         page = jnp.where(fits[:, None], page, self.num_pages)  # explicit out-of-range: dropped
         slot = pos % self.page_size
-        k = self.k[layer].at[page, :, slot].set(k_new.astype(self.k[layer].dtype), mode="drop")
-        v = self.v[layer].at[page, :, slot].set(v_new.astype(self.v[layer].dtype), mode="drop")
-        return self.replace(k=replace_layer(self.k, layer, k), v=replace_layer(self.v, layer, v),
+        idx = (page, slice(None), slot)
+        return self.replace(k=set_rows(self.k, layer, idx, k_new), v=set_rows(self.v, layer, idx, v_new),
                             status=self.status | jnp.where(fits, 0, CAPACITY_EXCEEDED))
 
     def advance(self, n: jax.Array | int) -> PagedKVCache:
@@ -206,15 +210,19 @@ class PagedKVCache:
             status=put(self.status, sub.status),
         )
 
-    def gather(self, layer: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    def gather(self, layer: int | jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Per-row contiguous ``k, v [B, Hkv, max_pages * page_size, D]`` and ``key_pos``
         (``-1`` where the row owns no page)."""
-        return gather_pages(self.k[layer], self.v[layer], self.block_table)
+        return self._gather(layer, self.block_table)
+
+    def _gather(self, layer: int | jax.Array, block_table: jax.Array, first_page: jax.Array | int = 0):
+        (k, at), (v, _) = kernel_operand(self.k, layer), kernel_operand(self.v, layer)
+        return gather_pages(k, v, block_table, first_page=first_page, layer=at)
 
     def attend(
         self,
         q: jax.Array,
-        layer: int,
+        layer: int | jax.Array,
         *,
         window: int | None = None,
         scale: float | None = None,
@@ -229,15 +237,16 @@ class PagedKVCache:
         if impl == "pallas":
             from pallas_kernels.paged_attention import paged_attention  # lazy: pallas_kernels imports specjax
 
-            return paged_attention(q, self.k[layer], self.v[layer], self.block_table, zeros, self.lengths,
-                                   window=window, scale=scale)
+            (k, at), (v, _) = kernel_operand(self.k, layer), kernel_operand(self.v, layer)
+            return paged_attention(q, k, v, self.block_table, zeros, self.lengths, window=window, scale=scale,
+                                   layer=at)
         ps, mp = self.page_size, self.max_pages
         block = key_block(mp * ps)
         ppb = block // ps if block % ps == 0 and mp % (block // ps) == 0 else mp  # pages per key block
 
         def read(j):  # key block j: logical pages j * ppb .. (j + 1) * ppb - 1 of every row
             bt = jax.lax.dynamic_slice_in_dim(self.block_table, j * ppb, ppb, axis=1)  # [B, ppb]
-            return gather_pages(self.k[layer], self.v[layer], bt, first_page=j * ppb)
+            return self._gather(layer, bt, first_page=j * ppb)
 
         return live_attention(q, read, positions(self.lengths, t_q), zeros, block=ppb * ps, num_blocks=mp // ppb,
                               window=window, scale=scale)

@@ -21,15 +21,27 @@ import jax.numpy as jnp
 
 from specjax._pytree import pytree_dataclass, static_field
 from specjax.attention import attention_with_positions, ring_positions
-from specjax.cache.base import ROLLBACK_INVALID, UNBOUNDED, as_rows, positions, replace_layer
+from specjax.cache.base import (
+    ROLLBACK_INVALID,
+    UNBOUNDED,
+    Layers,
+    as_rows,
+    is_stacked,
+    kernel_operand,
+    layer_buffers,
+    layer_spec,
+    positions,
+    set_all_layers,
+    set_rows,
+)
 
 __all__ = ["RollingKVCache"]
 
 
 @pytree_dataclass
 class RollingKVCache:
-    k: tuple[jax.Array, ...]  # per layer [B, Hkv, window + slack, D] (head-major)
-    v: tuple[jax.Array, ...]
+    k: Layers  # per layer [B, Hkv, window + slack, D] (head-major): a tuple or a stack [L, ...]
+    v: Layers
     lengths: jax.Array  # int32 [B]: absolute position of the next token
     start: jax.Array  # int32 [B]: lead pad (absolute); earlier positions never attended
     status: jax.Array  # int32 [B]
@@ -47,17 +59,18 @@ class RollingKVCache:
         kv_heads: int,
         head_dim: int,
         dtype: jnp.dtype = jnp.float32,
+        stacked: bool = False,
     ) -> RollingKVCache:
         if window < 1 or slack < 1:
             raise ValueError(f"window and slack must be >= 1, got window={window}, slack={slack}")
         shape = (batch, kv_heads, window + slack, head_dim)
         zeros = lambda: jnp.zeros((batch,), jnp.int32)  # noqa: E731  (distinct buffers: donatable)
-        kv = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(layers))  # noqa: E731
+        kv = lambda: layer_buffers(layers, shape, dtype, stacked)  # noqa: E731
         return cls(kv(), kv(), zeros(), zeros(), zeros(), jnp.full((batch,), UNBOUNDED, jnp.int32), window, slack)
 
     @property
     def batch(self) -> int:
-        return self.k[0].shape[0]
+        return layer_spec(self.k).shape[0]
 
     @property
     def size(self) -> int:
@@ -68,7 +81,7 @@ class RollingKVCache:
         next ``advance``). A write wider than ``slack`` needs it (the right-padded prefill)."""
         return self.replace(write_end=self.lengths + as_rows(n, self.batch))
 
-    def write(self, layer: int, k_new: jax.Array, v_new: jax.Array) -> RollingKVCache:
+    def write(self, layer: int | jax.Array, k_new: jax.Array, v_new: jax.Array) -> RollingKVCache:
         """Write ``[B, t, Hkv, D]`` at absolute positions ``lengths[b] + [0, t)``; ``t <= slack``
         (wider: ``write_attend``, since ``attend`` reads only the ring)."""
         t = k_new.shape[1]
@@ -77,24 +90,23 @@ class RollingKVCache:
                              "(a wider write goes through write_attend)")
         return self._put(layer, k_new, v_new)
 
-    def _put(self, layer: int, k_new: jax.Array, v_new: jax.Array) -> RollingKVCache:
+    def _put(self, layer: int | jax.Array, k_new: jax.Array, v_new: jax.Array) -> RollingKVCache:
         """The ring keeps each row's real positions in ``[end - size, end)``, one slot each."""
         t = k_new.shape[1]
         pos = positions(self.lengths, t)
         end = jnp.minimum(self.lengths + t, self.write_end)[:, None]
         slots = jnp.where((pos < end) & (pos >= end - self.size), pos % self.size, self.size)  # else dropped
         rows = jnp.broadcast_to(jnp.arange(self.batch, dtype=jnp.int32)[:, None], slots.shape)
-        k = self.k[layer].at[rows, :, slots].set(k_new.astype(self.k[layer].dtype), mode="drop")
-        v = self.v[layer].at[rows, :, slots].set(v_new.astype(self.v[layer].dtype), mode="drop")
-        return self.replace(k=replace_layer(self.k, layer, k), v=replace_layer(self.v, layer, v))
+        idx = (rows, slice(None), slots)
+        return self.replace(k=set_rows(self.k, layer, idx, k_new), v=set_rows(self.v, layer, idx, v_new))
 
     def write_attend(
-        self, layer: int, q: jax.Array, k_new: jax.Array, v_new: jax.Array, *, scale: float | None = None
+        self, layer: int | jax.Array, q: jax.Array, k_new: jax.Array, v_new: jax.Array, *, scale: float | None = None
     ) -> tuple[RollingKVCache, jax.Array]:
         """Write ``k_new, v_new [B, t, Hkv, D]`` (any ``t``) and attend ``q [B, t, Hq, D]`` over
         the ring as it was plus the new K/V (XLA): ``(cache, [B, t, Hq, D])``."""
         t = q.shape[1]
-        hm = lambda x: x.astype(self.k[layer].dtype).transpose(0, 2, 1, 3)  # noqa: E731  [B, Hkv, t, D]
+        hm = lambda x: x.astype(layer_spec(self.k).dtype).transpose(0, 2, 1, 3)  # noqa: E731  [B, Hkv, t, D]
         k = jnp.concatenate([self.k[layer], hm(k_new)], axis=2)
         v = jnp.concatenate([self.v[layer], hm(v_new)], axis=2)
         new_pos = positions(self.lengths, t)
@@ -121,13 +133,14 @@ class RollingKVCache:
 
     def rows_view(self, rows: jax.Array, width: int) -> RollingKVCache:
         """An empty ring for ``rows [R]`` (a refill's prefill of ``width`` tokens, bounded per row)."""
-        return RollingKVCache.create(len(self.k), rows.shape[0], self.window, self.slack, self.k[0].shape[1],
-                                     self.k[0].shape[3], self.k[0].dtype)
+        one = layer_spec(self.k)
+        return RollingKVCache.create(len(self.k), rows.shape[0], self.window, self.slack, one.shape[1], one.shape[3],
+                                     one.dtype, is_stacked(self.k))
 
     def put_rows(self, rows: jax.Array, sub: RollingKVCache) -> RollingKVCache:
         """Rows ``rows [R]`` replaced by ``sub``'s whole rings (padding rows dropped)."""
         put = lambda big, small: big.at[rows].set(small, mode="drop")  # noqa: E731
-        kv = lambda big, small: tuple(put(b, s) for b, s in zip(big, small, strict=True))  # noqa: E731
+        kv = lambda big, small: set_all_layers(big, (rows,), small)  # noqa: E731
         return self.replace(k=kv(self.k, sub.k), v=kv(self.v, sub.v), lengths=put(self.lengths, sub.lengths),
                             start=put(self.start, sub.start), status=put(self.status, sub.status),
                             write_end=put(self.write_end, sub.write_end))
@@ -140,7 +153,7 @@ class RollingKVCache:
     def attend(
         self,
         q: jax.Array,
-        layer: int,
+        layer: int | jax.Array,
         *,
         window: int | None = None,
         scale: float | None = None,
@@ -154,8 +167,8 @@ class RollingKVCache:
         if impl == "pallas":
             from pallas_kernels.ragged_attention import ring_attention  # lazy: pallas_kernels imports specjax
 
-            return ring_attention(q, self.k[layer], self.v[layer], self.start, self.lengths, window=self.window,
-                                  scale=scale)
+            (k, at), (v, _) = kernel_operand(self.k, layer), kernel_operand(self.v, layer)
+            return ring_attention(q, k, v, self.start, self.lengths, window=self.window, scale=scale, layer=at)
         return attention_with_positions(
             q, self.k[layer], self.v[layer], positions(self.lengths, t_q), self.key_positions(t_q), self.start,
             window=self.window, scale=scale,

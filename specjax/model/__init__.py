@@ -2,6 +2,7 @@
 
 from specjax.model.config import ModelConfig
 from specjax.model.llama import (
+    LAYER_LOOPS,
     Model,
     ModelCache,
     forward,
@@ -11,14 +12,18 @@ from specjax.model.llama import (
     hidden_states,
     init_cache,
     init_model,
+    layer_loop,
+    layer_params,
     logits,
     mtp_forward,
     mtp_hidden,
     unfuse_params,
+    with_layer_loop,
 )
 from specjax.model.rope import RopeScaling
 
 __all__ = [
+    "LAYER_LOOPS",
     "Model",
     "ModelCache",
     "ModelConfig",
@@ -30,8 +35,11 @@ __all__ = [
     "hidden_states",
     "init_cache",
     "init_model",
+    "layer_loop",
+    "layer_params",
     "logits",
     "mtp_forward",
     "mtp_hidden",
     "unfuse_params",
+    "with_layer_loop",
 ]

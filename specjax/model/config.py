@@ -114,6 +114,10 @@ class ModelConfig:
             return False
         return not (self.global_every > 0 and layer % self.global_every == self.global_every - 1)
 
+    def layer_kind(self, layer: int) -> str:
+        """``"compressed"``, ``"local"`` or ``"global"``: which cache (and attention) ``layer`` uses."""
+        return "compressed" if self.is_compressed(layer) else "local" if self.is_local(layer) else "global"
+
     def rope_for(self, layer: int | None) -> tuple[float, RopeScaling | None]:
         """``(theta, scaling)`` of ``layer`` (``None``: the MTP block, rotated like a global layer)."""
         if layer is not None and self.local_rope_theta is not None and self.is_local(layer):

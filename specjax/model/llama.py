@@ -25,14 +25,16 @@ import numpy as np
 from specjax._pytree import pytree_dataclass, static_field
 from specjax.attention import attend_visible
 from specjax.cache import CompressedKVCache, DenseKVCache, PagedKVCache, RollingKVCache
+from specjax.cache.base import is_stacked
 from specjax.cache.compressed import compressed_attention
 from specjax.masks import visible
 from specjax.model.config import ModelConfig
 from specjax.model.rope import rope, rope_frequencies
 
 __all__ = [
-    "Model", "ModelCache", "embed", "forward", "forward_hidden", "fuse_params", "head", "init_cache", "init_model",
-    "init_mtp_params", "logits", "mtp_forward", "mtp_hidden", "mtp_input", "rms_norm", "unfuse_params",
+    "LAYER_LOOPS", "Model", "ModelCache", "embed", "forward", "forward_hidden", "fuse_params", "head", "init_cache",
+    "init_model", "init_mtp_params", "layer_loop", "layer_params", "logits", "mtp_forward", "mtp_hidden", "mtp_input",
+    "rms_norm", "unfuse_params", "with_layer_loop",
 ]
 
 
@@ -41,6 +43,13 @@ __all__ = [
 
 @pytree_dataclass
 class Model:
+    """``params``: ``embed``, ``final_norm`` (``lm_head``), ``layers`` and optionally ``mtp``.
+
+    ``layers`` comes in two layouts, which pick the layer loop (``layer_loop``): a list of
+    per-layer dicts (``"unrolled"``: a Python loop, every layer compiled; what loaders give)
+    or one dict of ``[L, ...]`` stacks (``"scan"``: one ``lax.scan``, compile time flat in
+    depth). ``with_layer_loop`` converts."""
+
     params: dict
     config: ModelConfig = static_field()
 
@@ -96,21 +105,56 @@ def _unfuse_block(p: dict, cfg: ModelConfig) -> dict:
     return out
 
 
+def layer_loop(params: dict) -> str:
+    """``"scan"`` when ``params["layers"]`` is stacked, ``"unrolled"`` when it is a list."""
+    return "unrolled" if isinstance(params["layers"], list | tuple) else "scan"
+
+
+def layer_params(params: dict, layer: int | jax.Array) -> dict:
+    """Layer ``layer``'s params in either layout (a traced index into the stacks inside the scan)."""
+    if layer_loop(params) == "unrolled":
+        return params["layers"][layer]
+    return jax.tree.map(lambda a: a[layer], params["layers"])
+
+
+def _num_layers(params: dict) -> int:
+    if layer_loop(params) == "unrolled":
+        return len(params["layers"])
+    return jax.tree.leaves(params["layers"])[0].shape[0]
+
+
+def with_layer_loop(model: Model, loop: str) -> Model:
+    """``model`` with its layers laid out for ``loop`` (``LAYER_LOOPS``): ``"scan"`` stacks
+    them (one ``lax.scan``: compile time flat in depth), ``"unrolled"`` splits them into a list
+    (every layer compiled: on XLA:CPU the faster decode, README "Compile time vs depth"). Run
+    once, outside any generate call: the conversion copies every layer's weights."""
+    if loop not in LAYER_LOOPS:
+        raise ValueError(f"layer_loop={loop!r} is invalid: must be one of {list(LAYER_LOOPS)}")
+    p = model.params
+    if layer_loop(p) == loop:
+        return model
+    n = _num_layers(p)
+    layers = [layer_params(p, i) for i in range(n)]
+    return model.replace(params=dict(p, layers=jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
+                                     if loop == "scan" else layers))
+
+
 def _map_blocks(params: dict, fn) -> dict:
     out = dict(params)
-    out["layers"] = [fn(p) for p in params["layers"]]
+    out["layers"] = [fn(layer_params(params, i)) for i in range(_num_layers(params))]
     if "mtp" in params:
         out["mtp"] = dict(params["mtp"], block=fn(params["mtp"]["block"]))
     return out
 
 
 def fuse_params(params: dict) -> dict:
-    """Separate ``wq, wk, wv (bq, bk, bv), w_gate, w_up`` -> the fused ``wqkv (bqkv), w_gate_up``."""
+    """Separate ``wq, wk, wv (bq, bk, bv), w_gate, w_up`` -> the fused ``wqkv (bqkv), w_gate_up``
+    (a list of layers: the unrolled layout)."""
     return _map_blocks(params, _fuse_block)
 
 
 def unfuse_params(params: dict, config: ModelConfig) -> dict:
-    """The inverse of ``fuse_params`` (what bundles and HF checkpoints store)."""
+    """The inverse of ``fuse_params`` (what bundles and HF checkpoints store), from either layout."""
     return _map_blocks(params, lambda p: _unfuse_block(p, config))
 
 
@@ -293,6 +337,7 @@ def init_cache(
     page_size: int = 16,
     num_pages: int | None = None,
     dtype=jnp.float32,
+    stacked: bool = False,
 ) -> ModelCache:
     """Empty per-row caches for ``batch`` rows of up to ``capacity`` tokens.
 
@@ -300,6 +345,8 @@ def init_cache(
     rolling cache and compressed-memory layers the compressed cache; their slack is ``reach``
     (default ``slack``): how far a write reaches past the committed length (a wider write, the
     prefill, is bounded per row by ``bound_write`` and attends through ``write_attend``).
+    ``stacked``: each kind's layers in one ``[L, ...]`` buffer, for params laid out for the
+    layer scan (``with_layer_loop(model, "scan")``); else a tuple of per-layer buffers.
     """
     if kind not in ("dense", "paged"):
         raise ValueError(f"cache kind must be 'dense' or 'paged', got {kind!r}")
@@ -308,20 +355,58 @@ def init_cache(
     glob = None
     if n_g:
         if kind == "dense":
-            glob = DenseKVCache.create(n_g, batch, capacity, hkv, hd, dtype)
+            glob = DenseKVCache.create(n_g, batch, capacity, hkv, hd, dtype, stacked)
         else:
             max_pages = -(-capacity // page_size)
             pages = batch * max_pages if num_pages is None else num_pages
-            glob = PagedKVCache.create(n_g, batch, pages, page_size, max_pages, hkv, hd, dtype)
+            glob = PagedKVCache.create(n_g, batch, pages, page_size, max_pages, hkv, hd, dtype, stacked)
     reach = slack if reach is None else reach
-    loc = RollingKVCache.create(n_l, batch, config.sliding_window, reach, hkv, hd, dtype) if n_l else None
+    loc = RollingKVCache.create(n_l, batch, config.sliding_window, reach, hkv, hd, dtype, stacked) if n_l else None
     n_m = len(config.compressed_layers)
     mem = CompressedKVCache.create(n_m, batch, capacity, config.compress_window, config.compress_block,
-                                   reach, hkv, hd, dtype) if n_m else None
+                                   reach, hkv, hd, dtype, stacked) if n_m else None
     return ModelCache(glob, loc, mem)
 
 
 # ----------------------------------------------------------------------------- forward
+
+
+LAYER_LOOPS = ("unrolled", "scan")
+
+
+def _layer_period(config: ModelConfig) -> int:
+    """The smallest ``P`` with every layer of the same kind (global, local, compressed) as layer
+    ``i % P``: the scan's body runs one period of ``P`` layers (1 for a uniform stack, Gemma 3's
+    6, ``global_every`` for interleaved models)."""
+    kinds = [config.layer_kind(i) for i in range(config.n_layers)]
+    return next(p for p in range(1, config.n_layers + 1) if all(k == kinds[i % p] for i, k in enumerate(kinds)))
+
+
+def _run_layers(config: ModelConfig, x: jax.Array, carry, layer_fn, loop: str):
+    """Run every layer: ``layer_fn(x, carry, kind_layer, layer, kind_index) -> (x, carry)``.
+
+    ``kind_layer`` is a static layer index of the same kind (it picks the kind and the RoPE);
+    ``layer`` (the params' index) and ``kind_index`` (the layer's index among its kind's cache
+    layers) are traced inside the scan. With ``loop="scan"`` whole periods run as one
+    ``lax.scan`` (compile time does not grow with depth); the remainder, models with fewer
+    than two periods and ``loop="unrolled"`` run a Python loop with static indices."""
+    period = _layer_period(config)
+    kinds = [config.layer_kind(i) for i in range(config.n_layers)]
+    per = {k: kinds[:period].count(k) for k in set(kinds)}  # layers of each kind in one period
+    offset = [kinds[:j].count(kinds[j]) for j in range(period)]  # index among its kind within the period
+    n_scan = config.n_layers // period if loop == "scan" and config.n_layers >= 2 * period else 0
+
+    def body(state, p):
+        x, carry = state
+        for j in range(period):
+            x, carry = layer_fn(x, carry, j, p * period + j, p * per[kinds[j]] + offset[j])
+        return (x, carry), None
+
+    if n_scan:
+        (x, carry), _ = jax.lax.scan(body, (x, carry), jnp.arange(n_scan, dtype=jnp.int32))
+    for i in range(n_scan * period, config.n_layers):
+        x, carry = layer_fn(x, carry, i, i, kinds[:i].count(kinds[i]))
+    return x, carry
 
 
 def forward_hidden(
@@ -340,26 +425,34 @@ def forward_hidden(
     on local layers); everything else is masked per row. ``attention_impl``: ``"xla"`` or
     ``"pallas"`` (already resolved). Returns the last block's hidden state ``[B, t, d]``
     (before the final norm: what ``head`` and MTP consume) and the written cache.
+    Stacked params (``with_layer_loop(model, "scan")``) run as a ``lax.scan`` carrying the
+    caches, which must then be stacked too (``init_cache(..., stacked=True)``) and are written
+    in place; listed params run a Python loop over per-layer cache buffers.
     """
-    x = embed(params, config, tokens)
-    g_idx = {layer: i for i, layer in enumerate(config.global_layers)}
-    l_idx = {layer: i for i, layer in enumerate(config.local_layers)}
-    m_idx = {layer: i for i, layer in enumerate(config.compressed_layers)}
-    glob, loc, mem = cache.global_kv, cache.local_kv, cache.memory_kv
-    for layer, p in enumerate(params["layers"]):
-        q, k, v = _qkv(p, x, positions, config, layer)
-        if config.is_compressed(layer):  # XLA path only (no Pallas kernel for this kind yet)
-            mem, attn = mem.write_attend(m_idx[layer], q, k, v)
-        elif config.is_local(layer) and k.shape[1] > loc.slack:  # a prefill wider than the ring: XLA
-            loc, attn = loc.write_attend(l_idx[layer], q, k, v)
-        elif config.is_local(layer):
-            loc = loc.write(l_idx[layer], k, v)
-            attn = loc.attend(q, l_idx[layer], impl=attention_impl)
+    loop = layer_loop(params)
+    if any(is_stacked(c.k) != (loop == "scan") for c in cache.parts):
+        raise ValueError(f"the params' layers are laid out for layer_loop={loop!r} but the cache is "
+                         f"{'not ' if loop == 'scan' else ''}stacked: init_cache(..., stacked={loop == 'scan'})")
+
+    def layer_fn(x, caches, kind_layer, layer, idx):
+        glob, loc, mem = caches
+        p = layer_params(params, layer)
+        q, k, v = _qkv(p, x, positions, config, kind_layer)
+        if config.is_compressed(kind_layer):  # XLA path only (no Pallas kernel for this kind yet)
+            mem, attn = mem.write_attend(idx, q, k, v)
+        elif config.is_local(kind_layer) and k.shape[1] > loc.slack:  # a prefill wider than the ring: XLA
+            loc, attn = loc.write_attend(idx, q, k, v)
+        elif config.is_local(kind_layer):
+            loc = loc.write(idx, k, v)
+            attn = loc.attend(q, idx, impl=attention_impl)
         else:
-            glob = glob.write(g_idx[layer], k, v)
-            attn = glob.attend(q, g_idx[layer], impl=attention_impl)
-        x = _finish_block(p, x, attn, config)
-    return x, ModelCache(glob, loc, mem)
+            glob = glob.write(idx, k, v)
+            attn = glob.attend(q, idx, impl=attention_impl)
+        return _finish_block(p, x, attn, config), (glob, loc, mem)
+
+    caches = (cache.global_kv, cache.local_kv, cache.memory_kv)
+    x, caches = _run_layers(config, embed(params, config, tokens), caches, layer_fn, loop)
+    return x, ModelCache(*caches)
 
 
 def forward(
@@ -393,14 +486,17 @@ def hidden_states(model: Model, tokens: jax.Array) -> tuple[jax.Array, jax.Array
     tokens = jnp.asarray(tokens, jnp.int32)
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    x = embed(params, cfg, tokens)
-    for layer, p in enumerate(params["layers"]):
-        q, k, v = _qkv(p, x, positions, cfg, layer)
-        if cfg.is_compressed(layer):
+
+    def layer_fn(x, carry, kind_layer, layer, _):
+        p = layer_params(params, layer)
+        q, k, v = _qkv(p, x, positions, cfg, kind_layer)
+        if cfg.is_compressed(kind_layer):
             attn = compressed_attention(q, k, v, window=cfg.compress_window, block=cfg.compress_block)
         else:
-            attn = _causal_attention(q, k, v, cfg.sliding_window if cfg.is_local(layer) else None)
-        x = _finish_block(p, x, attn, cfg)
+            attn = _causal_attention(q, k, v, cfg.sliding_window if cfg.is_local(kind_layer) else None)
+        return _finish_block(p, x, attn, cfg), carry
+
+    x, _ = _run_layers(cfg, embed(params, cfg, tokens), (), layer_fn, layer_loop(params))
     return head(params, cfg, x), x
 
 
