@@ -559,6 +559,28 @@ MUTATIONS: list[Mutation] = [
         "",
         ("tests/test_bundle.py::test_cli_generate_json_and_stream",),
     ),
+    # --- load-adaptive depth: the simulator's policies (#16 item 2) ---
+    Mutation(
+        "depth policy: the acceptance estimate is never updated",
+        "specjax/depth_policy.py",
+        "    return jnp.where(seen, (1.0 - rate) * est + rate * hit, est + relax * (prior - est))\n",
+        "    return est\n",
+        ("tests/test_depth_policy.py",),
+    ),
+    Mutation(
+        "depth policy: goodput ignores the step cost",
+        "specjax/depth_policy.py",
+        "tokens / table.at(jnp.maximum(jnp.sum(live), 1))",
+        "tokens",
+        ("tests/test_depth_policy.py",),
+    ),
+    Mutation(
+        "depth policy: rows with no chance of acceptance keep drafting",
+        "specjax/depth_policy.py",
+        "    base = _leading(reach(est) >= min_gain)  # [B]\n",
+        "    base = jnp.full(live.shape, est.shape[1])\n",
+        ("tests/test_depth_policy.py",),
+    ),
 ]
 
 

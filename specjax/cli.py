@@ -75,12 +75,67 @@ def _plot_dir_error(path: str | None) -> str | None:
     return None if os.path.isdir(folder) else f"--plot {path}: folder {folder} does not exist"
 
 
+def _cost_table(spec: str, windows: str):
+    """``--cost``: ``roofline:FLOOR,PER_TOKEN`` (seconds = max(FLOOR, PER_TOKEN * rows * window) at
+    ``--windows``) or a JSON file (``specjax.depth_policy.CostTable.load``)."""
+    from specjax.depth_policy import CostTable
+
+    try:
+        wins = tuple(int(w) for w in windows.split(","))
+    except ValueError:
+        raise ValueError(f"--windows {windows!r}: expected comma-separated ints, e.g. 1,2,4") from None
+    if spec.startswith("roofline:"):
+        try:
+            floor, per_token = (float(x) for x in spec[len("roofline:"):].split(","))
+        except ValueError:
+            raise ValueError(f"--cost {spec!r}: expected roofline:FLOOR,PER_TOKEN, e.g. roofline:1,0.02") from None
+        return CostTable.roofline(floor, per_token, wins)
+    return CostTable.load(spec)
+
+
+def _simulate_policies(args: argparse.Namespace, acc) -> int:
+    """``specjax simulate --cost ...``: depth policies side by side in simulated tokens per second."""
+    from specjax.sim import compare_policies, simulate_policy
+
+    try:
+        table = _cost_table(args.cost, args.windows)
+        if args.policy == "compare":
+            rows = compare_policies(args.batch, args.steps, acc, table, seed=args.seed)
+        else:
+            policy = "goodput" if args.policy == "auto" else args.policy
+            rows = [simulate_policy(args.batch, args.steps, acc, table, policy, seed=args.seed).to_dict()]
+    except ValueError as e:
+        print(f"specjax simulate: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"config": {"batch": args.batch, "steps": args.steps, "cost": args.cost,
+                                     "windows": list(table.windows), "acceptance": type(acc).__name__},
+                          "rows": rows}))
+        return 0
+    print(f"batch {args.batch}, {args.steps} steps, {type(acc).__name__}, cost {args.cost}, windows "
+          f"{list(table.windows)}")
+    print(f"{'policy':<9} | {'tok/s':>9} | {'tok/step':>8} | {'vs plain':>8} | {'vs best fixed':>13} | window share")
+    for r in rows:
+        vs_plain = f"{r['vs_plain']:.3f}x" if r.get("vs_plain") else "-"
+        vs_best = f"{r['vs_best_fixed']:.3f}x" if "vs_best_fixed" in r else "-"
+        share = " ".join(f"{w}:{x:.2f}" for w, x in zip(r["windows"], r["window_share"], strict=True))
+        print(f"{r['policy']:<9} | {r['tok_per_s']:>9.3f} | {r['tok_per_step']:>8.3f} | {vs_plain:>8} | "
+              f"{vs_best:>13} | {share}")
+    return 0
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     bad = _plot_dir_error(args.plot)
     if bad:
         print(f"specjax simulate: error: {bad}", file=sys.stderr)
         return 2
     acc = _acceptance(args)
+    if args.cost is not None:
+        return _simulate_policies(args, acc)
+    if args.policy != "compare":
+        print("specjax simulate: error: --policy needs --cost (the step-cost table the policy trades against)",
+              file=sys.stderr)
+        return 2
     config = {
         "batch": args.batch,
         "depth": args.depth,
@@ -454,6 +509,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--plot", metavar="FILE", default=None,
                    help="write a PNG of tok/step vs batch size (1..256) for both rules")
+    s.add_argument("--cost", metavar="SPEC", default=None,
+                   help="simulate depth policies in tokens per second against a step-cost table: "
+                        "roofline:FLOOR,PER_TOKEN (seconds = max(FLOOR, PER_TOKEN * rows * window)) or a JSON "
+                        "file {windows, batches, seconds}")
+    s.add_argument("--windows", default="1,2,4", help="verify windows of a roofline --cost (1 = plain decoding)")
+    s.add_argument("--policy", choices=["compare", "fixed", "ema", "goodput", "auto"], default="compare",
+                   help="with --cost: every fixed window, ema and goodput side by side (compare), or one policy "
+                        "(auto = goodput)")
     s.set_defaults(func=cmd_simulate)
 
     g = sub.add_parser("generate", help="generate text with speculative decoding (default: the bundled model)")

@@ -18,16 +18,20 @@ import numpy as np
 
 from specjax._pytree import pytree_dataclass
 from specjax.advance import KvAdvance, parse_kv_advance
+from specjax.depth_policy import POLICIES, CostTable, choose, init_estimates, update_estimates
 from specjax.plan import accepted_from_prefix, plan_step
 
 __all__ = [
     "Bernoulli",
     "BetaRows",
+    "PolicyResult",
     "PositionDecay",
     "SimResult",
     "Trace",
+    "compare_policies",
     "simulate",
     "simulate_alone",
+    "simulate_policy",
 ]
 
 
@@ -264,3 +268,127 @@ def simulate_alone(
     b, d, s, acc = _validate(batch, depth, steps, acceptance, seed)
     outs = _run_alone_jit(acc, jnp.uint32(seed), jnp.arange(b, dtype=jnp.int32), depth=d, steps=s)
     return _result("alone", d, s, outs)
+
+
+# ----------------------------------------------------------------------------- depth policies
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyResult:
+    """What ``simulate_policy`` measured: ``tok_per_s`` (emitted tokens per simulated second,
+    from the cost table) is the headline."""
+
+    policy: str
+    batch: int
+    steps: int
+    tok_per_s: float
+    tok_per_step: float  # emitted tokens per row per step
+    seconds: float  # simulated time of all steps
+    accept_rate: float
+    windows: tuple[int, ...]  # the table's windows
+    window_share: tuple[float, ...]  # fraction of steps run at each window
+    mean_drafts: float  # drafts per row per step
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: CostTable, *, policy: str, steps: int,
+                rule: KvAdvance, rate: float, threshold: float, min_gain: float, prior: float,
+                relax: float) -> dict[str, jax.Array]:
+    """The plan steps of ``_run`` with the window and each row's drafts chosen per step by ``policy``."""
+    depth = max(max(table.windows) - 1, 1)
+    stream_keys, row_keys = _row_keys(seed, row_ids)
+    if not isinstance(acceptance, Trace):
+        probs = jax.vmap(lambda k: acceptance.probs(k, depth))(row_keys)  # [B, depth]
+    windows = jnp.asarray(table.windows, jnp.int32)
+    branches = [lambda u, a, w=w: plan_step(u, a, w, rule) for w in table.windows]
+    live = jnp.ones(row_ids.shape, bool)
+    cost = table.at(row_ids.shape[0])  # [NW]: every simulated row steps every step
+
+    def body(carry, step):
+        u, est = carry
+        idx, drafts = choose(est, live, table, policy, min_window=jnp.max(u), threshold=threshold,
+                             min_gain=min_gain)
+        drafts = jnp.minimum(drafts, windows[idx] - u)  # room left after the re-fed tokens
+        if isinstance(acceptance, Trace):
+            prefix = acceptance.prefix[step, row_ids].astype(jnp.int32)
+        else:
+            keys = jax.vmap(lambda k: jax.random.fold_in(k, step))(stream_keys)
+            prefix = jax.vmap(_iid_prefix)(keys, probs)
+        a = accepted_from_prefix(prefix, drafts)
+        plan = jax.lax.switch(idx, branches, u, a)
+        est = update_estimates(est, drafts, a, rate, prior, relax)
+        out = {"emitted": plan.emitted, "drafts": drafts, "accepted": a, "seconds": cost[idx], "window": idx}
+        return (plan.next_uncached, est), out
+
+    init = (jnp.ones(row_ids.shape, jnp.int32), init_estimates(row_ids.shape[0], depth, prior))
+    _, outs = jax.lax.scan(body, init, jnp.arange(steps, dtype=jnp.int32))
+    return outs
+
+
+_run_policy_jit = jax.jit(_run_policy, static_argnames=("policy", "steps", "rule", "rate", "threshold", "min_gain",
+                                                         "prior", "relax"))
+
+
+def simulate_policy(
+    batch: int,
+    steps: int,
+    acceptance: Acceptance | float,
+    cost: CostTable,
+    policy: str = "goodput",
+    rule: KvAdvance | str = "per_sequence",
+    seed: int = 0,
+    *,
+    rate: float = 0.1,
+    threshold: float = 0.5,
+    min_gain: float = 0.05,
+    prior: float = 0.5,
+    relax: float = 0.01,
+) -> PolicyResult:
+    """Simulate ``steps`` steps of ``batch`` rows whose window (one of ``cost.windows``) and
+    per-row draft counts ``policy`` picks each step (``specjax.depth_policy``), each step
+    costing ``cost`` seconds at ``batch`` active rows. The same row draws as ``simulate``.
+    Estimates start at ``prior``, move by ``rate`` on every revealed position and drift back
+    to ``prior`` by ``relax`` on the others."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {list(POLICIES)}, got {policy!r}")
+    if not isinstance(cost, CostTable):
+        raise ValueError(f"cost must be a CostTable, got {type(cost).__name__}")
+    for name, v, lo, hi in (("rate", rate, 0.0, 1.0), ("threshold", threshold, 0.0, 1.0),
+                            ("min_gain", min_gain, 0.0, 1.0), ("prior", prior, 0.0, 1.0), ("relax", relax, 0.0, 1.0)):
+        if not lo <= float(v) <= hi:
+            raise ValueError(f"{name} must lie in [{lo}, {hi}], got {v!r}")
+    b, _, s, acc = _validate(batch, max(max(cost.windows) - 1, 1), steps, acceptance, seed)
+    r = parse_kv_advance(rule, what="rule")
+    o = jax.device_get(_run_policy_jit(acc, jnp.uint32(seed), jnp.arange(b, dtype=jnp.int32), cost, policy=policy,
+                                       steps=s, rule=r, rate=float(rate), threshold=float(threshold),
+                                       min_gain=float(min_gain), prior=float(prior), relax=float(relax)))
+    emitted, drafts, accepted = (np.asarray(o[k], np.int64) for k in ("emitted", "drafts", "accepted"))
+    seconds = float(np.sum(o["seconds"], dtype=np.float64))
+    share = np.bincount(np.asarray(o["window"]), minlength=len(cost.windows)) / s
+    return PolicyResult(policy=policy, batch=b, steps=s, tok_per_s=float(emitted.sum()) / seconds,
+                        tok_per_step=float(emitted.mean()), seconds=seconds,
+                        accept_rate=float(accepted.sum() / drafts.sum()) if drafts.sum() else 0.0,
+                        windows=cost.windows, window_share=tuple(float(x) for x in share),
+                        mean_drafts=float(drafts.mean()))
+
+
+def compare_policies(batch: int, steps: int, acceptance: Acceptance | float, cost: CostTable, seed: int = 0,
+                     **kwargs: Any) -> list[dict[str, Any]]:
+    """Every fixed window of ``cost`` (window 1: plain decoding) and the ``"ema"`` and
+    ``"goodput"`` policies over all of them, same rows and costs: one dict per row with
+    ``tok_per_s`` and its ratios to plain and to the best fixed window."""
+    rows = []
+    for i, w in enumerate(cost.windows):
+        one = CostTable(cost.batches, cost.seconds[:, i : i + 1], (w,))
+        res = simulate_policy(batch, steps, acceptance, one, "fixed", seed=seed, **kwargs)
+        rows.append({**res.to_dict(), "policy": "plain" if w == 1 else f"depth {w - 1}"})
+    for policy in ("ema", "goodput"):
+        rows.append(simulate_policy(batch, steps, acceptance, cost, policy, seed=seed, **kwargs).to_dict())
+    plain = next((r["tok_per_s"] for r in rows if r["policy"] == "plain"), None)
+    best = max(r["tok_per_s"] for r in rows[: len(cost.windows)])
+    for r in rows:
+        r["vs_plain"] = r["tok_per_s"] / plain if plain else None
+        r["vs_best_fixed"] = r["tok_per_s"] / best
+    return rows

@@ -1,0 +1,125 @@
+"""Load-adaptive depth in the simulator: estimates, cost tables, the policies' choices and
+the crossover they must track (``specjax.depth_policy``, ``specjax.sim.simulate_policy``)."""
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specjax import cli
+from specjax.depth_policy import CostTable, choose, expected_tokens, update_estimates
+from specjax.sim import BetaRows, compare_policies, simulate_policy
+
+WINDOWS = (1, 2, 4)
+ROOFLINE = CostTable.roofline(1.0, 0.02, WINDOWS)  # memory-bound until rows * window passes 50
+
+
+def _np_update(est, proposed, accepted, rate, prior, relax):
+    out = est.copy()
+    for i in range(est.shape[0]):
+        for j in range(est.shape[1]):
+            if j < min(accepted[i] + 1, proposed[i]):
+                out[i, j] = (1 - rate) * est[i, j] + rate * (1.0 if j < accepted[i] else 0.0)
+            else:
+                out[i, j] = est[i, j] + relax * (prior - est[i, j])
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 5), st.integers(0, 2**31 - 1))
+def test_update_estimates_matches_numpy(b, d, seed):
+    rng = np.random.default_rng(seed)
+    est = rng.uniform(0, 1, (b, d)).astype(np.float32)
+    proposed = rng.integers(0, d + 1, b)
+    accepted = np.array([rng.integers(0, p + 1) for p in proposed])
+    got = update_estimates(jnp.asarray(est), jnp.asarray(proposed, jnp.int32), jnp.asarray(accepted, jnp.int32),
+                           0.2, 0.5, 0.05)
+    np.testing.assert_allclose(np.asarray(got), _np_update(est, proposed, accepted, 0.2, 0.5, 0.05), atol=1e-6)
+
+
+def test_expected_tokens():
+    est = jnp.array([[0.5, 0.5, 0.5], [1.0, 0.0, 1.0]])
+    np.testing.assert_allclose(np.asarray(expected_tokens(est, jnp.array([3, 3]))), [1.875, 2.0])
+    np.testing.assert_allclose(np.asarray(expected_tokens(est, jnp.array([1, 0]))), [1.5, 1.0])
+
+
+def test_cost_table_interpolates_and_validates(tmp_path):
+    t = CostTable.create((1, 4), [1, 3], [[1.0, 2.0], [3.0, 8.0]])
+    np.testing.assert_allclose(np.asarray(t.at(2)), [2.0, 5.0])
+    np.testing.assert_allclose(np.asarray(t.at(9)), [3.0, 8.0])  # clamped past the last measured batch
+    path = tmp_path / "cost.json"
+    path.write_text(json.dumps({"windows": [1, 4], "batches": [1, 3], "seconds": [[1, 2], [3, 8]]}))
+    np.testing.assert_allclose(np.asarray(CostTable.load(path).seconds), np.asarray(t.seconds))
+    with pytest.raises(ValueError, match=r"windows must be distinct ascending ints >= 1"):
+        CostTable.create((4, 1), [1], [[1.0, 1.0]])
+    with pytest.raises(ValueError, match=r"seconds must be positive with shape \[batches=2, windows=2\]"):
+        CostTable.create((1, 4), [1, 3], [[1.0, 2.0]])
+    with pytest.raises(ValueError, match=r"cost table .*nope.json"):
+        CostTable.load(tmp_path / "nope.json")
+
+
+def test_goodput_picks_plain_when_drafting_is_a_loss_and_the_widest_when_it_is_free():
+    est = jnp.full((8, 3), 0.6)
+    live = jnp.ones(8, bool)
+    free = CostTable.create(WINDOWS, [1, 64], [[1.0, 1.0, 1.0]] * 2)
+    linear = CostTable.create(WINDOWS, [1, 64], [[1.0, 2.0, 4.0]] * 2)  # cost grows with every token
+    idx, drafts = choose(est, live, free, "goodput")
+    assert WINDOWS[int(idx)] == 4 and (np.asarray(drafts) == 3).all()
+    idx, drafts = choose(est, live, linear, "goodput")
+    assert WINDOWS[int(idx)] == 1 and (np.asarray(drafts) == 0).all()
+    idx, _ = choose(est, live, linear, "goodput", min_window=2)  # a cohort batch re-feeding 2 tokens
+    assert WINDOWS[int(idx)] == 2
+
+
+def test_rows_with_zero_acceptance_stop_drafting():
+    est = jnp.array([[0.9, 0.9, 0.9], [0.0, 0.5, 0.5], [0.9, 0.01, 0.9]])
+    free = CostTable.create(WINDOWS, [1, 64], [[1.0, 1.0, 1.0]] * 2)
+    idx, drafts = choose(est, jnp.ones(3, bool), free, "goodput")
+    assert WINDOWS[int(idx)] == 4 and np.asarray(drafts).tolist() == [3, 0, 1]
+
+
+def test_ema_takes_the_smallest_window_holding_the_longest_row():
+    est = jnp.array([[0.9, 0.2, 0.9], [0.6, 0.1, 0.1], [0.9, 0.9, 0.9]])
+    idx, drafts = choose(est, jnp.array([True, True, False]), ROOFLINE, "ema", threshold=0.5)
+    assert WINDOWS[int(idx)] == 2 and np.asarray(drafts).tolist() == [1, 1, 1]  # row 2 is not live
+
+
+@pytest.mark.parametrize("batch", [1, 8, 32, 64])
+def test_goodput_tracks_the_crossover(batch):
+    """Heterogeneous rows (Beta(2, 2) and low-acceptance Beta(0.5, 2)) under a roofline cost:
+    the goodput policy stays within 5% of the best fixed window (plain included) at every
+    batch size, drafts wide at B=1 when rows accept half their drafts, and not at all at B=64."""
+    for acc in (BetaRows(2.0, 2.0), BetaRows(0.5, 2.0)):
+        rows = {r["policy"]: r for r in compare_policies(batch, 300, acc, ROOFLINE)}
+        auto = rows["goodput"]
+        assert auto["vs_best_fixed"] >= 0.95, (acc, rows)
+        assert auto["vs_plain"] >= 0.95, (acc, rows)
+        if batch == 1 and acc.alpha == 2.0:  # a row accepting half its drafts: draft as deep as allowed
+            assert auto["window_share"][-1] > 0.9
+        if batch == 64:  # compute-bound: every draft costs more than it brings
+            assert auto["window_share"][0] > 0.9
+
+
+def test_simulate_policy_validates():
+    with pytest.raises(ValueError, match=r"policy must be one of \['fixed', 'ema', 'goodput'\], got 'best'"):
+        simulate_policy(4, 10, 0.5, ROOFLINE, "best")
+    with pytest.raises(ValueError, match=r"rate must lie in \[0.0, 1.0\], got 2"):
+        simulate_policy(4, 10, 0.5, ROOFLINE, rate=2)
+    with pytest.raises(ValueError, match=r"cost must be a CostTable"):
+        simulate_policy(4, 10, 0.5, {"windows": [1]})
+
+
+def test_cli_simulate_policies(capsys):
+    assert cli.main(["simulate", "--batch", "64", "--steps", "50", "--cost", "roofline:1,0.02", "--json"]) == 0
+    rows = {r["policy"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert set(rows) == {"plain", "depth 1", "depth 3", "ema", "goodput"}
+    assert rows["goodput"]["window_share"][0] > 0.9
+    assert cli.main(["simulate", "--batch", "4", "--steps", "20", "--policy", "auto", "--cost", "roofline:1,0"]) == 0
+    assert "goodput" in capsys.readouterr().out
+    assert cli.main(["simulate", "--policy", "ema"]) == 2
+    assert "--policy needs --cost" in capsys.readouterr().err
+    assert cli.main(["simulate", "--cost", "roofline:x", "--steps", "5"]) == 2
+    assert "expected roofline:FLOOR,PER_TOKEN" in capsys.readouterr().err
