@@ -20,12 +20,11 @@ and, so that the scan is seen to cost nothing at run time, the run time of the s
 from __future__ import annotations
 
 import argparse
-import json
-import pathlib
 import time
 
 import jax
 import numpy as np
+from _report import emit
 
 from specjax import engine
 from specjax.engine import generate
@@ -74,11 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         unrolled = next(b for b in rows if b["loop"] == "unrolled" and b["n_layers"] == r["n_layers"])
         r["ratio_vs_first"] = {k: round(r[k] / base[k], 2) for k in r if k.endswith("_s") and base[k]}
         r["ratio_vs_unrolled"] = {k: round(r[k] / unrolled[k], 2) for k in r if k.endswith("_s") and unrolled[k]}
-    result = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "rows": rows}
-    if args.out:
-        pathlib.Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    if args.json:
-        print(json.dumps(result))
+    if emit(rows, args.out, args.json):
         return 0
     keys = [k for k in rows[0] if k.endswith("_s")]
     print("seconds (ratio to the same layer loop at the smallest depth; ratio to unrolled at this depth)")

@@ -11,11 +11,9 @@ Seconds are the best of ``--repeats`` runs after a compile run.
 from __future__ import annotations
 
 import argparse
-import json
-import pathlib
 
-import jax
 import numpy as np
+from _report import emit
 
 from specjax import load_model
 from specjax.engine import generate
@@ -44,11 +42,7 @@ def main(argv: list[str] | None = None) -> int:
                                              .metrics["seconds_run"] for _ in range(args.repeats)), 4)
             row["scan_vs_unrolled"] = round(row["scan_s"] / row["unrolled_s"], 2)
             rows.append(row)
-    result = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "rows": rows}
-    if args.out:
-        pathlib.Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    if args.json:
-        print(json.dumps(result))
+    if emit(rows, args.out, args.json):
         return 0
     print("| step | B | unrolled s | scan s | scan / unrolled |\n|---|---|---|---|---|")
     for r in rows:

@@ -154,21 +154,30 @@ def _row_keys(seed: jax.Array, row_ids: jax.Array) -> tuple[jax.Array, jax.Array
     )
 
 
+def _prefix_draws(acceptance: Any, seed: jax.Array, row_ids: jax.Array, depth: int):
+    """``step -> prefix [B]``: each row's accepted-prefix length at ``step``, from the trace or
+    from the row's own stream keyed by ``(seed, row id, step)``."""
+    if isinstance(acceptance, Trace):
+        return lambda step: acceptance.prefix[step, row_ids].astype(jnp.int32)
+    stream_keys, row_keys = _row_keys(seed, row_ids)
+    probs = jax.vmap(lambda k: acceptance.probs(k, depth))(row_keys)  # [B, depth]
+
+    def draw(step):
+        keys = jax.vmap(lambda k: jax.random.fold_in(k, step))(stream_keys)
+        return jax.vmap(_iid_prefix)(keys, probs)
+
+    return draw
+
+
 def _run(
     acceptance: Any, seed: jax.Array, row_ids: jax.Array, *, depth: int, steps: int, rule: KvAdvance
 ) -> dict[str, jax.Array]:
     """Scan ``steps`` plan steps over rows ``row_ids [B]``; returns per-step arrays."""
     window = depth + 1
-    stream_keys, row_keys = _row_keys(seed, row_ids)
-    if not isinstance(acceptance, Trace):
-        probs = jax.vmap(lambda k: acceptance.probs(k, depth))(row_keys)  # [B, depth]
+    draw = _prefix_draws(acceptance, seed, row_ids, depth)
 
     def body(u: jax.Array, step: jax.Array):
-        if isinstance(acceptance, Trace):
-            prefix = acceptance.prefix[step, row_ids].astype(jnp.int32)
-        else:
-            keys = jax.vmap(lambda k: jax.random.fold_in(k, step))(stream_keys)
-            prefix = jax.vmap(_iid_prefix)(keys, probs)
+        prefix = draw(step)
         plan = plan_step(u, accepted_from_prefix(prefix, window - u), window, rule)
         out = {"emitted": plan.emitted, "proposed": plan.proposed, "accepted": plan.accepted, "u": u}
         return plan.next_uncached, out
@@ -298,9 +307,7 @@ def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: Cos
                 relax: float) -> dict[str, jax.Array]:
     """The plan steps of ``_run`` with the window and each row's drafts chosen per step by ``policy``."""
     depth = max(max(table.windows) - 1, 1)
-    stream_keys, row_keys = _row_keys(seed, row_ids)
-    if not isinstance(acceptance, Trace):
-        probs = jax.vmap(lambda k: acceptance.probs(k, depth))(row_keys)  # [B, depth]
+    draw = _prefix_draws(acceptance, seed, row_ids, depth)
     windows = jnp.asarray(table.windows, jnp.int32)
     branches = [lambda u, a, w=w: plan_step(u, a, w, rule) for w in table.windows]
     live = jnp.ones(row_ids.shape, bool)
@@ -311,12 +318,7 @@ def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: Cos
         idx, drafts = choose(est, live, table, policy, min_window=jnp.max(u), threshold=threshold,
                              min_gain=min_gain)
         drafts = jnp.minimum(drafts, windows[idx] - u)  # room left after the re-fed tokens
-        if isinstance(acceptance, Trace):
-            prefix = acceptance.prefix[step, row_ids].astype(jnp.int32)
-        else:
-            keys = jax.vmap(lambda k: jax.random.fold_in(k, step))(stream_keys)
-            prefix = jax.vmap(_iid_prefix)(keys, probs)
-        a = accepted_from_prefix(prefix, drafts)
+        a = accepted_from_prefix(draw(step), drafts)
         plan = jax.lax.switch(idx, branches, u, a)
         est = update_estimates(est, drafts, a, rate, prior, relax)
         out = {"emitted": plan.emitted, "drafts": drafts, "accepted": a, "seconds": cost[idx], "window": idx}

@@ -101,10 +101,12 @@ def layer_block(buf: Layers, layer: int | jax.Array, start: jax.Array | int, siz
     return jax.lax.dynamic_slice(buf, idx, sizes)[0]
 
 
-def kernel_operand(buf: Layers, layer: int | jax.Array) -> tuple[jax.Array, int | jax.Array | None]:
-    """``(k, layer)`` for a Pallas kernel: one layer's buffer (``layer=None``) or the whole
-    stack and the layer to read in place."""
-    return (buf[layer], None) if isinstance(buf, tuple) else (buf, layer)
+def kernel_operands(
+    k: Layers, v: Layers, layer: int | jax.Array
+) -> tuple[jax.Array, jax.Array, int | jax.Array | None]:
+    """``(k, v, layer)`` for a Pallas kernel: one layer's buffers (``layer=None``) or the whole
+    stacks and the layer to read in place."""
+    return (k[layer], v[layer], None) if isinstance(k, tuple) else (k, v, layer)
 
 
 def resolve_attention_impl(impl: str) -> str:

@@ -23,7 +23,7 @@ from specjax.cache.base import (
     as_rows,
     is_stacked,
     kernel_block,
-    kernel_operand,
+    kernel_operands,
     key_block,
     layer_block,
     layer_buffers,
@@ -137,7 +137,7 @@ class DenseKVCache:
             # lazy import: pallas_kernels imports specjax (the reference), never the reverse at import time
             from pallas_kernels.ragged_attention import ragged_attention as pallas_ragged_attention
 
-            (k, at), (v, _) = kernel_operand(self.k, layer), kernel_operand(self.v, layer)
+            k, v, at = kernel_operands(self.k, self.v, layer)
             return pallas_ragged_attention(q, k, v, self.start, self.lengths, window=window, scale=scale,
                                            block_k=kernel_block(self.capacity), layer=at)
         block = key_block(self.capacity)

@@ -24,7 +24,7 @@ from specjax.cache.base import (
     ROLLBACK_INVALID,
     Layers,
     as_rows,
-    kernel_operand,
+    kernel_operands,
     key_block,
     layer_buffers,
     layer_spec,
@@ -216,7 +216,7 @@ class PagedKVCache:
         return self._gather(layer, self.block_table)
 
     def _gather(self, layer: int | jax.Array, block_table: jax.Array, first_page: jax.Array | int = 0):
-        (k, at), (v, _) = kernel_operand(self.k, layer), kernel_operand(self.v, layer)
+        k, v, at = kernel_operands(self.k, self.v, layer)
         return gather_pages(k, v, block_table, first_page=first_page, layer=at)
 
     def attend(
@@ -237,7 +237,7 @@ class PagedKVCache:
         if impl == "pallas":
             from pallas_kernels.paged_attention import paged_attention  # lazy: pallas_kernels imports specjax
 
-            (k, at), (v, _) = kernel_operand(self.k, layer), kernel_operand(self.v, layer)
+            k, v, at = kernel_operands(self.k, self.v, layer)
             return paged_attention(q, k, v, self.block_table, zeros, self.lengths, window=window, scale=scale,
                                    layer=at)
         ps, mp = self.page_size, self.max_pages

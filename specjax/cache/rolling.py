@@ -27,7 +27,7 @@ from specjax.cache.base import (
     Layers,
     as_rows,
     is_stacked,
-    kernel_operand,
+    kernel_operands,
     layer_buffers,
     layer_spec,
     positions,
@@ -167,7 +167,7 @@ class RollingKVCache:
         if impl == "pallas":
             from pallas_kernels.ragged_attention import ring_attention  # lazy: pallas_kernels imports specjax
 
-            (k, at), (v, _) = kernel_operand(self.k, layer), kernel_operand(self.v, layer)
+            k, v, at = kernel_operands(self.k, self.v, layer)
             return ring_attention(q, k, v, self.start, self.lengths, window=self.window, scale=scale, layer=at)
         return attention_with_positions(
             q, self.k[layer], self.v[layer], positions(self.lengths, t_q), self.key_positions(t_q), self.start,

@@ -374,12 +374,11 @@ def init_cache(
 LAYER_LOOPS = ("unrolled", "scan")
 
 
-def _layer_period(config: ModelConfig) -> int:
+def _layer_period(kinds: list[str]) -> int:
     """The smallest ``P`` with every layer of the same kind (global, local, compressed) as layer
     ``i % P``: the scan's body runs one period of ``P`` layers (1 for a uniform stack, Gemma 3's
     6, ``global_every`` for interleaved models)."""
-    kinds = [config.layer_kind(i) for i in range(config.n_layers)]
-    return next(p for p in range(1, config.n_layers + 1) if all(k == kinds[i % p] for i, k in enumerate(kinds)))
+    return next(p for p in range(1, len(kinds) + 1) if all(k == kinds[i % p] for i, k in enumerate(kinds)))
 
 
 def _run_layers(config: ModelConfig, x: jax.Array, carry, layer_fn, loop: str):
@@ -390,8 +389,8 @@ def _run_layers(config: ModelConfig, x: jax.Array, carry, layer_fn, loop: str):
     layers) are traced inside the scan. With ``loop="scan"`` whole periods run as one
     ``lax.scan`` (compile time does not grow with depth); the remainder, models with fewer
     than two periods and ``loop="unrolled"`` run a Python loop with static indices."""
-    period = _layer_period(config)
     kinds = [config.layer_kind(i) for i in range(config.n_layers)]
+    period = _layer_period(kinds)
     per = {k: kinds[:period].count(k) for k in set(kinds)}  # layers of each kind in one period
     offset = [kinds[:j].count(kinds[j]) for j in range(period)]  # index among its kind within the period
     n_scan = config.n_layers // period if loop == "scan" and config.n_layers >= 2 * period else 0
