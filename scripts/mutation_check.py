@@ -570,7 +570,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "depth policy: goodput ignores the step cost",
         "specjax/depth_policy.py",
-        "tokens / table.at(jnp.maximum(jnp.sum(live), 1))",
+        "tokens / table.at(jnp.maximum(load, 1))",
         "tokens",
         ("tests/test_depth_policy.py",),
     ),
@@ -580,6 +580,52 @@ MUTATIONS: list[Mutation] = [
         "    base = _leading(reach(est) >= min_gain)  # [B]\n",
         "    base = jnp.full(live.shape, est.shape[1])\n",
         ("tests/test_depth_policy.py",),
+    ),
+    # --- depth="auto" in the engine ---
+    Mutation(
+        "auto depth: the engine never updates a row's acceptance estimate",
+        "specjax/engine.py",
+        "        est = jnp.where(active[:, None], update_estimates(est, proposed, a, pol.rate, pol.prior, pol.relax), "
+        "est)\n",
+        "        est = est\n",
+        ("tests/test_depth_auto.py::test_rows_whose_drafts_are_never_accepted_stop_drafting",),
+    ),
+    Mutation(
+        "auto depth: the engine ignores the cost table",
+        "specjax/engine.py",
+        "    idx, drafts = choose(st.est, active, st.auto.cost, pol.rule,",
+        "    idx, drafts = choose(st.est, active, placeholder_cost(eng, 1), pol.rule,",
+        ("tests/test_depth_auto.py::test_the_cost_table_steers_the_window",),
+    ),
+    Mutation(
+        "auto depth: each row's own draft count ignored (every row fills the window)",
+        "specjax/engine.py",
+        "    proposed = w - u if limit is None else jnp.clip(jnp.minimum(w - u, limit), 0, None)\n",
+        "    proposed = w - u\n",
+        ("tests/test_depth_auto.py::test_each_row_drafts_its_own_count",),
+    ),
+    Mutation(
+        "greedy verify judges drafts past a row's draft count",
+        "specjax/verify.py",
+        "    tgt = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B, w]\n    proposed = w - u if proposed is None "
+        "else proposed\n",
+        "    tgt = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B, w]\n    proposed = w - u\n",
+        ("tests/test_depth_auto.py::test_each_row_drafts_its_own_count",),
+    ),
+    Mutation(
+        "rejection sampling judges drafts past a row's draft count",
+        "specjax/verify.py",
+        "    proposed = w - u if proposed is None else proposed\n    p_all",
+        "    proposed = w - u\n    p_all",
+        ("tests/test_depth_auto.py::test_each_row_drafts_its_own_count",),
+    ),
+    Mutation(
+        "auto depth: a forced window (cost measurement) is ignored",
+        "specjax/engine.py",
+        "    return jnp.where(forced, jnp.maximum(st.auto.force, narrowest), idx), jnp.where(forced, eng.depth, "
+        "drafts)\n",
+        "    return idx, drafts\n",
+        ("tests/test_depth_auto.py::test_a_forced_window_runs_with_every_row_drafting",),
     ),
 ]
 

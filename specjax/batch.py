@@ -29,6 +29,7 @@ import collections
 import dataclasses
 import functools
 import math
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -39,27 +40,33 @@ import numpy as np
 from specjax.advance import KvAdvance
 from specjax.advance import kv_advance as resolve_kv_advance
 from specjax.cache import describe_status
+from specjax.depth_policy import init_estimates
 from specjax.drafter import DRAFTERS
 from specjax.engine import (
-    MAX_DEPTH,
     PAGE_SIZE,
     EngineConfig,
     EngineState,
     _prefill,
-    _step,
+    auto_state,
+    check_cost,
+    cost_key,
+    cost_table,
     make_engine,
+    placeholder_cost,
     prompt_bucket,
     request_capacity,
+    run_steps,
+    warm_steps,
 )
 from specjax.model.llama import Model
 from specjax.sampling import RowSampling, derive_seed
-from specjax.validate import EOS_WIDTH, check_eos, eos_table, fail
+from specjax.validate import EOS_WIDTH, check_eos, eos_table, fail, resolve_depth
 
 __all__ = ["Completion", "Request", "batch_generate"]
 
 _TRACES = {"admit": 0, "decode": 0}
 _ROW_FIELDS = ("seq", "known", "u", "prompt_len", "max_len", "eos", "seeds", "live", "done", "steps", "emitted",
-               "accepted", "proposed", "acc_pos", "prop_pos", "trace")
+               "accepted", "proposed", "acc_pos", "prop_pos", "trace", "est")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,11 +145,7 @@ def _admit(eng: EngineConfig, params: dict, st: EngineState, idle: jax.Array, ro
 def _decode(eng: EngineConfig, params: dict, st: EngineState, target_done: jax.Array, stop_i: jax.Array) -> EngineState:
     """Steps until ``target_done`` rows are done, every row is done, or ``st.i == stop_i``."""
     _TRACES["decode"] += 1
-    return jax.lax.while_loop(
-        lambda s: jnp.any(~s.done) & (jnp.sum(s.done) < target_done) & (s.i < stop_i),
-        lambda s: _step(eng, params, s),
-        st,
-    )
+    return run_steps(eng, params, st, lambda s: jnp.any(~s.done) & (jnp.sum(s.done) < target_done) & (s.i < stop_i))
 
 
 def _empty_state(eng: EngineConfig, slots: int, width: int, eos_width: int = EOS_WIDTH) -> EngineState:
@@ -150,6 +153,7 @@ def _empty_state(eng: EngineConfig, slots: int, width: int, eos_width: int = EOS
     holds ``eos_width`` stop ids)."""
     zeros = lambda: jnp.zeros((slots,), jnp.int32)  # noqa: E731  (distinct buffers: donatable)
     d = eng.depth
+    auto = None if eng.policy is None else auto_state(eng, placeholder_cost(eng, slots), slots)
     return EngineState(
         seq=jnp.zeros((slots, eng.capacity), jnp.int32), known=zeros(), u=jnp.ones((slots,), jnp.int32),
         cache=eng.new_cache(eng.config, slots, eng.layer_loop), dstate=eng.drafter.empty(eng, slots, width),
@@ -160,6 +164,7 @@ def _empty_state(eng: EngineConfig, slots: int, width: int, eos_width: int = EOS
         steps=zeros(), emitted=zeros(), accepted=zeros(), proposed=zeros(),
         acc_pos=jnp.zeros((slots, d), jnp.int32), prop_pos=jnp.zeros((slots, d), jnp.int32),
         trace=jnp.full((slots, eng.max_steps), -1, jnp.int32), i=jnp.int32(0),
+        est=init_estimates(slots, d, eng.policy.prior if eng.policy else 0.5), auto=auto,
     )
 
 
@@ -265,7 +270,7 @@ def batch_generate(
     max_new_tokens: int = 64,
     drafter: str | None = "mtp",
     draft_model: Model | None = None,
-    depth: int = 3,
+    depth: int | str = 3,
     kv_advance: str | KvAdvance | None = None,
     cache: str = "dense",
     temperature: float = 0.0,
@@ -281,6 +286,8 @@ def batch_generate(
     sync_every: int = 64,
     stop: Callable[[], bool] | None = None,
     where: Sequence[str] | None = None,
+    max_depth: int = 3,
+    cost: Any = None,
 ) -> Iterator[Completion]:
     """Generate for every request of ``requests`` through ``slots`` rows, refilling a row as
     soon as it finishes; yields a ``Completion`` per request, in completion order.
@@ -300,6 +307,8 @@ def batch_generate(
     ``stop``: checked between rounds; when it returns True the job ends early (requests
     still running are dropped, nothing partial is yielded). ``where``: how validation errors
     name each listed request (default ``requests[i] (id ...)``; the CLI names file lines).
+    ``depth="auto"`` (with ``max_depth``, ``cost``): as in ``generate``; without a table the
+    first rounds time a few real decode steps at each window (then kept on disk).
     Compiles: one decode loop per (slots, ...) and one admit per prompt bucket; sampling
     settings, seeds and lengths are data.
     """
@@ -308,8 +317,8 @@ def batch_generate(
             fail(name, val, f"must be an int >= {lo}")
     if drafter is not None and drafter not in DRAFTERS:
         fail("drafter", drafter, f"must be one of {list(DRAFTERS)} or None")
-    if drafter is not None and (not _is_int(depth) or not 1 <= depth <= MAX_DEPTH):
-        fail("depth", depth, f"must be an int in [1, {MAX_DEPTH}]")
+    d, policy = resolve_depth(depth, max_depth, drafter)
+    check_cost(cost, policy)
     if drafter == "mtp" and model.config.mtp_depth < 1:
         fail("drafter", drafter, "the model has no MTP module (mtp_depth=0)")
     if drafter == "draft_model" and (not isinstance(draft_model, Model)
@@ -327,7 +336,6 @@ def batch_generate(
     listed = isinstance(requests, Sequence) and not isinstance(requests, str | bytes)
     if not listed and max_new_tokens >= cfg.max_seq_len:  # it sizes a stream's caches
         fail("max_new_tokens", max_new_tokens, f"must be < the model's max_seq_len={cfg.max_seq_len}")
-    d = 0 if drafter is None else depth
     rule = resolve_kv_advance(kv_advance)
     bound = max_prompt_len if max_prompt_len is not None else max(1, cfg.max_seq_len - max_new_tokens)
     if not _is_int(bound) or bound < 1:
@@ -350,16 +358,16 @@ def batch_generate(
         longest_new = max_new_tokens
         greedy = False  # unknown requests: per-row sampling (a temperature-0 row stays exactly greedy)
         eos_width = job.eos_width
-    eng = make_engine(model, drafter=drafter, draft_model=draft_model, depth=depth, kv_advance_rule=rule,
+    eng = make_engine(model, drafter=drafter, draft_model=draft_model, depth=d, kv_advance_rule=rule,
                       cache=cache, greedy=greedy, ngram_n=ngram_n, capacity=request_capacity(width, longest_new, d),
-                      attention_impl=attention_impl, num_pages=pages)
+                      attention_impl=attention_impl, num_pages=pages, policy=policy)
     params = {"target": model.params}
     if eng.draft_config is not None:
         params["draft"] = draft_model.params
     refill = refill_rows or max(1, slots // 4)
     pool = pages if pages is not None else slots * -(-eng.capacity // PAGE_SIZE)
     return _run(eng, params, rows_iter, slots, width, refill, sync_every, pool if cache == "paged" else None,
-                stop or (lambda: False), eos_width)
+                stop or (lambda: False), eos_width, cost)
 
 
 def _checked(job: _Job, requests: Iterable[Any], where: Sequence[str] | None = None) -> Iterator[_Row]:
@@ -375,9 +383,11 @@ def _checked(job: _Job, requests: Iterable[Any], where: Sequence[str] | None = N
 
 
 def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int, width: int, refill: int,
-         sync_every: int, pool: int | None, stop: Callable[[], bool], eos_width: int) -> Iterator[Completion]:
+         sync_every: int, pool: int | None, stop: Callable[[], bool], eos_width: int, cost: Any = None
+         ) -> Iterator[Completion]:
     """The host loop: admit, decode, harvest (one device read per round)."""
     st = _empty_state(eng, slots, width, eos_width)
+    table_ready = eng.policy is None
     held: list[_Row | None] = [None] * slots  # the request each slot serves
     queue: collections.deque[_Row] = collections.deque()
     exhausted = False
@@ -410,8 +420,37 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
         free_now = slots - busy
         more = bool(queue) or not exhausted
         target = min(slots, max(refill, free_now + 1)) if more else slots
+        if not table_ready:  # depth="auto": the cost table, before the first real decode round
+            st = _set_cost(eng, params, st, slots, width, cost)
+            table_ready = True
         st = _decode(eng, params, st, jnp.int32(target), st.i + sync_every)
         yield from _harvest(eng, st, held)
+
+
+def _set_cost(eng: EngineConfig, params: dict, st: EngineState, slots: int, width: int, cost: Any) -> EngineState:
+    """``depth="auto"``'s table (given, cached, or timed on a few real decode steps at each
+    forced window: the tokens they emit are kept, a forced window is still exact)."""
+    box = [st]
+    never = jnp.int32(slots + 1)  # no done-count target: only the step count stops it
+
+    def timed(k: int, warm: int, n: int) -> tuple[float, int]:
+        s = box[0]
+        if int(s.i) < warm:  # once: the widest window to a grown context (the first call compiles)
+            s = _decode(eng, params, s.replace(auto=s.auto.replace(force=jnp.int32(len(eng.windows) - 1))), never,
+                        jnp.int32(warm))
+        s = s.replace(auto=s.auto.replace(force=jnp.int32(k)))
+        if n:
+            s = _decode(eng, params, s, never, s.i + 1)  # outside the clock: the first call compiles
+        i0 = int(s.i)
+        t0 = time.perf_counter()
+        s = _decode(eng, params, s, never, s.i + n)
+        taken = int(s.i) - i0
+        box[0] = s
+        return time.perf_counter() - t0, taken
+    table, _ = cost_table(eng, slots, cost, cost_key(eng, [[slots, width], ["batch"]]), timed,
+                          warm=warm_steps(eng.capacity - width), baseline=False)
+    st = box[0]
+    return st.replace(auto=auto_state(eng, table, slots))
 
 
 def _admit_inputs(batch: list[tuple[int, _Row]], refill: int, slots: int, eos_width: int = EOS_WIDTH):
@@ -439,9 +478,9 @@ def _harvest(eng: EngineConfig, st: EngineState, held: list[_Row | None]) -> Ite
     finished = [s for s in range(len(held)) if held[s] is not None and done[s]]
     if not finished:
         return
-    host = jax.device_get((st.seq, st.prompt_len, st.known, st.steps, st.emitted, st.accepted, st.trace,
+    host = jax.device_get((st.seq, st.prompt_len, st.known, st.steps, st.emitted, st.accepted, st.proposed, st.trace,
                            st.cache.status))
-    seq, plen, known, steps, emitted, accepted, trace, status = (np.asarray(x) for x in host)
+    seq, plen, known, steps, emitted, accepted, proposed, trace, status = (np.asarray(x) for x in host)
     bad = {s: describe_status(status)[s] for s in finished if status[s]}
     if bad:
         raise RuntimeError(f"KV cache refused a write or advance (engine bug or undersized cache): slots {bad}")
@@ -459,6 +498,7 @@ def _harvest(eng: EngineConfig, st: EngineState, held: list[_Row | None]) -> Ite
             "accepted_drafts": int(accepted[s]),
             "mean_accepted_length": float((accepted[s] + n_steps) / n_steps) if n_steps else 0.0,
             "accepted_trace": [int(x) for x in trace[s, :n_steps]],
-            "drafter": eng.drafter.name, "depth": eng.depth, "kv_advance": eng.kv_rule.value,
+            "drafter": eng.drafter.name, "depth": "auto" if eng.policy else eng.depth,
+            "kv_advance": eng.kv_rule.value, "proposed_drafts": int(proposed[s]),
         }))
     yield from out

@@ -1,8 +1,11 @@
 """``specjax bench``: plain decoding vs the cohort and per-sequence rules on the bundled
-model, for each drafter and batch size, measured side by side in one run.
+model, for each drafter and batch size, measured side by side in one run; and, for the
+``mtp`` and ``ngram`` drafters under the per-sequence rule, every fixed depth up to
+``depth`` next to ``depth="auto"`` (``max_depth = depth``).
 
-Every configuration decodes the same fixed held-out prompts
-(``specjax/data/bench_prompts.json``), split into batches of ``B``. Each configuration is
+Workloads: ``code``, the fixed held-out prompts (``specjax/data/bench_prompts.json``), and
+``mixed``, the same prompts with every other one made repetitive (its snippet three times:
+the n-gram drafter accepts well there and little elsewhere), each split into batches of ``B``. Each configuration is
 compiled and warmed on one batch first; the timed pass then covers all prompts, so
 ``tok_per_s`` excludes compilation. ``tok_per_step`` is tokens per decode step per
 sequence (emitted tokens / row-steps while active).
@@ -20,10 +23,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["bench", "bench_prompts", "machine", "plot"]
+__all__ = ["bench", "bench_prompts", "machine", "mixed_prompts", "plot", "plot_depth"]
 
 PROMPTS_FILE = pathlib.Path(__file__).resolve().parent / "data" / "bench_prompts.json"
 RULES = ("cohort", "per_sequence")
+DEPTH_DRAFTERS = ("mtp", "ngram")  # drafters whose depth rows (1 .. depth, "auto") the bench runs
+WORKLOADS = ("code", "mixed")
 SAMPLED_TOP_P = 0.95  # sampled rows: temperature 0.8, top-p 0.95 (what local LLM tools default to)
 
 
@@ -53,19 +58,34 @@ def machine() -> str:
             f"{os.cpu_count()} cores, jax {jax.__version__}, Python {platform.python_version()}")
 
 
-def _configs(drafters: Sequence[str]) -> list[tuple[str, str]]:
-    return [("none", "per_sequence")] + [(d, r) for d in drafters for r in RULES]
+def mixed_prompts(prompts: Sequence[str]) -> list[str]:
+    """The ``mixed`` workload: every other prompt made repetitive (its first half twice, so no
+    longer than it was), the others as they are."""
+    return [p[: max(1, len(p) // 2)] * 2 if i % 2 == 0 else p for i, p in enumerate(prompts)]
 
 
-def _run(bundle, token_prompts, drafter, rule, depth, max_new_tokens, temperature=0.0, first=0):
+def _configs(drafters: Sequence[str], depth: int, workload: str) -> list[tuple[str, str, int | str]]:
+    """(drafter, rule, depth) per row: plain and both rules at ``depth`` (``code`` only), then
+    the depth rows of ``DEPTH_DRAFTERS`` under the per-sequence rule."""
+    rows: list[tuple[str, str, int | str]] = [("none", "per_sequence", 0)]
+    if workload == "code":
+        rows += [(d, r, depth) for d in drafters for r in RULES]
+    for d in drafters:
+        if d in DEPTH_DRAFTERS:
+            fixed = range(1, depth + 1) if workload == "mixed" else range(1, depth)
+            rows += [(d, "per_sequence", k) for k in fixed] + [(d, "per_sequence", "auto")]
+    return rows
+
+
+def _run(bundle, token_prompts, drafter, rule, depth, max_new_tokens, temperature=0.0, first=0, max_depth=3):
     """One batch; sampled rows use ``top_p`` 0.95 and the prompt's index as its seed (so a
     prompt samples the same tokens at every batch size)."""
     from specjax.engine import generate
 
     kw = bundle.generate_kwargs({"drafter": None if drafter == "none" else drafter})
-    return generate(bundle.model, token_prompts, max_new_tokens=max_new_tokens, depth=depth, kv_advance=rule,
+    return generate(bundle.model, token_prompts, max_new_tokens=max_new_tokens, depth=depth or 1, kv_advance=rule,
                     temperature=temperature, top_p=SAMPLED_TOP_P if temperature > 0 else None,
-                    seed=list(range(first, first + len(token_prompts))), **kw)
+                    seed=list(range(first, first + len(token_prompts))), max_depth=max_depth, **kw)
 
 
 def bench(
@@ -78,10 +98,12 @@ def bench(
     n_prompts: int | None = None,
     progress: bool = True,
     temperatures: Sequence[float] = (0.0, 0.8),
+    workloads: Sequence[str] = WORKLOADS,
 ) -> dict:
-    """Measure every (temperature, batch, drafter, rule) over the prompt set; returns
-    ``{"machine", "settings", "rows": [...]}``. Temperature 0 is greedy; a sampled row uses
-    top-p 0.95 and per-prompt seeds."""
+    """Measure every (temperature, workload, batch, drafter, rule, depth) over the prompt set;
+    returns ``{"machine", "settings", "rows": [...]}``. Temperature 0 is greedy; a sampled row
+    uses top-p 0.95 and per-prompt seeds. ``depth="auto"`` rows measure (or read from the
+    disk cache) their cost table in the warm-up, never in the timed pass."""
     from tqdm import tqdm
 
     from specjax.drafter import DRAFTERS
@@ -90,51 +112,79 @@ def bench(
     bad = [d for d in drafters if d not in DRAFTERS]
     if bad:
         raise ValueError(f"drafters={list(drafters)} is invalid: each must be one of {list(DRAFTERS)}")
+    if not workloads or any(w not in WORKLOADS for w in workloads):
+        raise ValueError(f"workloads={list(workloads)} is invalid: each must be one of {list(WORKLOADS)}")
+    if not isinstance(depth, int) or not 1 <= depth <= 8:
+        raise ValueError(f"depth={depth!r} is invalid: must be an int in [1, 8]")
     prompts = bench_prompts(n_prompts)
     for b in batches:
         if not isinstance(b, int) or b < 1 or len(prompts) % b:
             raise ValueError(f"batch {b!r} is invalid: must be >= 1 and divide the {len(prompts)} prompts")
-    toks = bundle.encode_prompts(prompts, bos=False)  # snippets from the middle of files
+    toks = {"code": bundle.encode_prompts(prompts, bos=False),  # snippets from the middle of files
+            "mixed": bundle.encode_prompts(mixed_prompts(prompts), bos=False)}
     if any(not isinstance(t, int | float) or not 0 <= t < 10 for t in temperatures) or not temperatures:
         raise ValueError(f"temperatures={list(temperatures)} is invalid: each must be a float in [0, 10)")
-    jobs = [(t, b, d, r) for t in temperatures for b in batches for d, r in _configs(drafters)]
+    room = bundle.model.config.max_seq_len - max_new_tokens
+    longest = max(len(t) for wl in workloads for t in toks[wl])
+    if longest > room:  # checked before any run, not when the first long prompt comes up
+        raise ValueError(f"max_new_tokens={max_new_tokens} is invalid: the longest prompt holds {longest} tokens and "
+                         f"the model's context is {bundle.model.config.max_seq_len}: at most "
+                         f"{bundle.model.config.max_seq_len - longest} new tokens fit")
+    jobs = [(t, wl, b, d, r, k) for t in temperatures for wl in workloads for b in batches
+            for d, r, k in _configs(drafters, depth, wl)]
     rows = []
-    for t, b, d, r in tqdm(jobs, desc="bench", disable=not progress, file=sys.stderr):
-        groups = [toks[i : i + b] for i in range(0, len(toks), b)]
+    for t, wl, b, d, r, k in tqdm(jobs, desc="bench", disable=not progress, file=sys.stderr):
+        groups = [toks[wl][i : i + b] for i in range(0, len(toks[wl]), b)]
         # compile + warm up once per prompt-width bucket (each is its own compile: none in the timed pass)
         widths = {prompt_bucket(g): g for g in groups}
         for g in widths.values():
-            warm = _run(bundle, g, d, r, depth, max_new_tokens, t)
-        emitted = row_steps = accepted = new = compiles = 0
+            warm = _run(bundle, g, d, r, k, max_new_tokens, t, max_depth=depth)
+        emitted = row_steps = accepted = proposed = new = compiles = 0
+        shares = np.zeros(depth + 1)
         acc_pos = np.zeros(depth, np.int64)
         prop_pos = np.zeros(depth, np.int64)
         t0 = time.perf_counter()
         for i, g in enumerate(groups):
-            res = _run(bundle, g, d, r, depth, max_new_tokens, t, first=i * b)
+            res = _run(bundle, g, d, r, k, max_new_tokens, t, first=i * b, max_depth=depth)
             m = res.metrics
             compiles += m["compiles"]
+            proposed += m["proposed_drafts"]
+            if k == "auto":
+                shares += np.asarray(m["window_share"]) * m["steps"]
             new += sum(len(t) for t in res.tokens)
             emitted += m["emitted"]
             row_steps += m["total_row_steps"]
             accepted += m["accepted_drafts"]
             if d != "none":
-                acc_pos += m["accepted_per_position_count"]
-                prop_pos += m["proposed_per_position_count"]
+                acc_pos[: m["depth"] if k != "auto" else depth] += m["accepted_per_position_count"]
+                prop_pos[: m["depth"] if k != "auto" else depth] += m["proposed_per_position_count"]
         wall = time.perf_counter() - t0
         rows.append({
-            "temperature": float(t), "drafter": d, "kv_advance": r if d != "none" else "n/a", "batch": b,
+            "temperature": float(t), "workload": wl, "drafter": d, "kv_advance": r if d != "none" else "n/a",
+            "depth": k, "batch": b, "mean_proposed_drafts": proposed / max(row_steps, 1),
+            "window_share": (shares / max(shares.sum(), 1)).tolist() if k == "auto" else None,
             "tok_per_step": emitted / max(row_steps, 1),
             "mean_accepted_length": (accepted + row_steps) / max(row_steps, 1),
-            "acceptance_per_position": (acc_pos / np.maximum(prop_pos, 1)).tolist() if d != "none" else [],
+            "acceptance_per_position": ((acc_pos / np.maximum(prop_pos, 1))[: depth if k == "auto" else k].tolist()
+                                        if d != "none" else []),
             "tok_per_s": new / wall, "new_tokens": new, "seconds": wall,
             "compiles_in_timed_pass": compiles,
             "warm_compiles": warm.metrics["compiles"],
         })
     for row in rows:
         plain = next(x for x in rows if x["batch"] == row["batch"] and x["drafter"] == "none"
-                     and x["temperature"] == row["temperature"])
+                     and x["temperature"] == row["temperature"] and x["workload"] == row["workload"])
         row["speedup_vs_plain"] = row["tok_per_s"] / plain["tok_per_s"]
-    settings = {"batches": list(batches), "drafters": list(drafters), "depth": depth,
+    for row in rows:
+        if row["depth"] == "auto":  # auto vs the best of plain and every fixed depth of its drafter
+            peers = [x for x in rows if x["batch"] == row["batch"] and x["temperature"] == row["temperature"]
+                     and x["workload"] == row["workload"] and x["depth"] != "auto"
+                     and (x["drafter"] == "none" or (x["drafter"] == row["drafter"]
+                                                     and x["kv_advance"] == "per_sequence"))]
+            best = max(peers, key=lambda x: x["tok_per_s"])
+            row["vs_best_fixed"] = row["tok_per_s"] / best["tok_per_s"]
+            row["best_fixed"] = "plain" if best["drafter"] == "none" else f"depth {best['depth']}"
+    settings = {"batches": list(batches), "drafters": list(drafters), "depth": depth, "workloads": list(workloads),
                 "max_new_tokens": max_new_tokens, "prompts": len(prompts), "temperatures": list(temperatures),
                 "sampled_top_p": SAMPLED_TOP_P,
                 "bundle": str(bundle.path)}
@@ -142,29 +192,37 @@ def bench(
 
 
 def table(result: dict) -> str:
-    head = (f"{'temp':>4} {'drafter':<12} {'kv_advance':<13} {'B':>3} {'tok/step':>9} {'acc.len':>8} "
-            f"{'accept@1/2/3':>16} {'tok/s':>9} {'vs plain':>9}")
+    head = (f"{'temp':>4} {'load':<5} {'drafter':<12} {'kv_advance':<13} {'depth':>5} {'B':>3} {'tok/step':>9} "
+            f"{'acc.len':>8} {'accept@1/2/3':>16} {'tok/s':>9} {'vs plain':>9} {'vs best':>8}")
     lines = [result["machine"], head, "-" * len(head)]
     for r in result["rows"]:
         acc = "/".join(f"{x:.2f}" for x in r["acceptance_per_position"]) or "-"
-        lines.append(f"{r['temperature']:>4.1f} {r['drafter']:<12} {r['kv_advance']:<13} {r['batch']:>3} "
-                     f"{r['tok_per_step']:>9.3f} "
+        best = f"{r['vs_best_fixed']:>7.2f}x" if "vs_best_fixed" in r else f"{'':>8}"
+        lines.append(f"{r['temperature']:>4.1f} {r['workload']:<5} {r['drafter']:<12} {r['kv_advance']:<13} "
+                     f"{r['depth'] or '-':>5} {r['batch']:>3} {r['tok_per_step']:>9.3f} "
                      f"{r['mean_accepted_length']:>8.3f} {acc:>16} {r['tok_per_s']:>9.1f} "
-                     f"{r['speedup_vs_plain']:>8.2f}x")
+                     f"{r['speedup_vs_plain']:>8.2f}x {best}")
     return "\n".join(lines)
 
 
+def _main_rows(result: dict) -> list[dict]:
+    """The rule comparison: the ``code`` workload at the run's depth (and plain)."""
+    depth = result["settings"]["depth"]
+    return [r for r in result["rows"] if r.get("workload", "code") == "code" and r.get("depth", depth) in (0, depth)]
+
+
 def plot(result: dict, path: str) -> None:
-    """tok/step and tok/s vs batch size, one line per (drafter, rule)."""
+    """tok/step and tok/s vs batch size, one line per (drafter, rule), at the run's depth."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    keys = sorted({(r.get("temperature", 0.0), r["drafter"], r["kv_advance"]) for r in result["rows"]})
+    main = _main_rows(result)
+    keys = sorted({(r.get("temperature", 0.0), r["drafter"], r["kv_advance"]) for r in main})
     for key in keys:
-        rows = sorted((r for r in result["rows"] if (r.get("temperature", 0.0), r["drafter"], r["kv_advance"]) == key),
+        rows = sorted((r for r in main if (r.get("temperature", 0.0), r["drafter"], r["kv_advance"]) == key),
                       key=lambda r: r["batch"])
         label = ("plain" if key[1] == "none" else f"{key[1]} / {key[2]}") + (f" (T={key[0]})" if key[0] else "")
         style = ":" if key[0] else ("--" if key[2] == "cohort" else "-")
@@ -182,3 +240,37 @@ def plot(result: dict, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_depth(result: dict, path: str, temperature: float = 0.0) -> bool:
+    """tok/s vs batch size for plain, each fixed depth and ``depth="auto"`` (per-sequence rule),
+    one panel per (workload, drafter). False when the run has no depth rows."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["rows"] if r.get("temperature", 0.0) == temperature and "depth" in r]
+    panels = sorted({(r["workload"], r["drafter"]) for r in rows if r["depth"] == "auto"})
+    if not panels:
+        return False
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4), squeeze=False)
+    for ax, (wl, dr) in zip(axes[0], panels, strict=True):
+        mine = [r for r in rows if r["workload"] == wl and (r["drafter"] == "none" or (
+            r["drafter"] == dr and r["kv_advance"] == "per_sequence"))]
+        for k in sorted({r["depth"] for r in mine}, key=lambda k: (k == "auto", str(k))):
+            line = sorted((r for r in mine if r["depth"] == k), key=lambda r: r["batch"])
+            label = "plain" if k == 0 else f"depth {k}"
+            ax.plot([r["batch"] for r in line], [r["tok_per_s"] for r in line], "-" if k == "auto" else "--",
+                    marker="o", linewidth=2.5 if k == "auto" else 1, label=label)
+        ax.set_title(f"{dr}, {wl} prompts", fontsize=9)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("tokens per second")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"depth='auto' vs fixed depths (per_sequence, T={temperature}): {result['machine']}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import sys
 from collections.abc import Sequence
 
@@ -253,7 +254,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         run = _TextRunner(args)
         drafter = _drafter(args, run)
         kw = dict(max_new_tokens=args.max_new_tokens, drafter=drafter, draft_model=run.draft, depth=args.depth,
-                  kv_advance=args.kv_advance, cache=args.cache, temperature=args.temperature, top_k=args.top_k,
+                  max_depth=args.max_depth, cost=args.cost, kv_advance=args.kv_advance, cache=args.cache,
+                  temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, seed=args.seed, eos_id=run.eos, attention_impl=args.attention)
         toks = [run.encode(p) for p in prompts]
         t0 = time.perf_counter()
@@ -271,6 +273,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     summary = {"tok_per_step": m["tok_per_step"], "mean_accepted_length": m["mean_accepted_length"],
                "tok_per_s_incl_compile": n_tok / dt, "drafter": m["drafter"], "kv_advance": m["kv_advance"],
                "depth": m["depth"], "layer_loop": m["layer_loop"], "new_tokens": n_tok, "seconds": dt}
+    if "window_share" in m:  # depth="auto"
+        summary.update(max_depth=m["max_depth"], windows=m["windows"], window_share=m["window_share"],
+                       mean_proposed_drafts=m["mean_proposed_drafts"])
     if "tok_per_s" in m:  # generate measures compile and run apart (stream does not)
         summary.update(tok_per_s=m["tok_per_s"], seconds_compile=m["seconds_compile"], seconds_run=m["seconds_run"])
     if args.json:
@@ -334,7 +339,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
         run = _TextRunner(args)
         drafter = _drafter(args, run)
         kw = dict(slots=args.slots, max_new_tokens=args.max_new_tokens, drafter=drafter, draft_model=run.draft,
-                  depth=args.depth, kv_advance=args.kv_advance, cache=args.cache, pages=args.pages,
+                  depth=args.depth, max_depth=args.max_depth, cost=args.cost, kv_advance=args.kv_advance,
+                  cache=args.cache, pages=args.pages,
                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos_id=run.eos,
                   attention_impl=args.attention)
         return run_job(args, run, kw)
@@ -344,7 +350,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from specjax.bench import bench, plot, table
+    from specjax.bench import bench, plot, plot_depth, table
     from specjax.checkpoint import CheckpointError, load_model
 
     try:
@@ -353,19 +359,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
         bundle = load_model(args.model)
         result = bench(bundle, batches=batches, drafters=drafters, depth=args.depth,
                        max_new_tokens=args.max_new_tokens, n_prompts=args.prompts, progress=not args.json,
-                       temperatures=[float(x) for x in args.temperatures.split(",") if x.strip()])
+                       temperatures=[float(x) for x in args.temperatures.split(",") if x.strip()],
+                       workloads=[x.strip() for x in args.workloads.split(",") if x.strip()])
     except (ValueError, CheckpointError) as e:
         print(f"specjax bench: error: {e}", file=sys.stderr)
         return 2
     if args.plot:
         plot(result, args.plot)
         result["plot"] = args.plot
+        stem = pathlib.Path(args.plot)
+        depth_png = str(stem.with_name(f"{stem.stem}_depth{stem.suffix or '.png'}"))
+        if plot_depth(result, depth_png, min(result["settings"]["temperatures"])):
+            result["plot_depth"] = depth_png
     if args.json:
         print(json.dumps(result))
         return 0
     print(table(result))
-    if args.plot:
-        print(f"wrote {args.plot}")
+    for key in ("plot", "plot_depth"):
+        if key in result:
+            print(f"wrote {result[key]}")
     return 0
 
 
@@ -467,6 +479,16 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
             action.help = f"{action.help} (default: %(default)s)" if action.help else "default: %(default)s"
 
 
+def _depth_arg(text: str) -> int | str:
+    """``--depth``: an int, or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int or 'auto', got {text!r}") from None
+
+
 def _add_decoding_args(p: argparse.ArgumentParser) -> None:
     """The model and decoding options ``generate`` and ``batch`` share."""
     p.add_argument("--model", default=None,
@@ -474,7 +496,13 @@ def _add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-model", default=None, help="checkpoint of a smaller model with the same tokenizer")
     p.add_argument("--drafter", choices=["mtp", "draft_model", "ngram", "none"], default=None,
                    help="default: mtp if the model has it, else draft_model if given, else ngram")
-    p.add_argument("--depth", type=int, default=3)
+    p.add_argument("--depth", type=_depth_arg, default=3,
+                   help="drafts per step, or 'auto': each step picks its window (1 .. --max-depth + 1) and each "
+                        "row its drafts by expected tokens per second")
+    p.add_argument("--max-depth", type=int, default=3, help="the most drafts --depth auto may propose")
+    p.add_argument("--cost", default=None, metavar="FILE",
+                   help="--depth auto: a step-cost table (JSON: windows, batches, seconds); default: measured at "
+                        "warm-up and kept in $SPECJAX_CACHE_DIR (~/.cache/specjax)")
     p.add_argument("--kv-advance", choices=["per_sequence", "cohort"], default=None,
                    help="KV advance rule (default: $SPECJAX_KV_ADVANCE, else per_sequence)")
     p.add_argument("--cache", choices=["dense", "paged"], default="dense")
@@ -494,8 +522,17 @@ def _add_decoding_args(p: argparse.ArgumentParser) -> None:
                         "checkpoint directory's own, if any)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line (``specjax generate: error: ...``, exit 2), like every other
+    CLI error; ``--help`` still shows the usage."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specjax", description=__doc__)
+    parser = _Parser(prog="specjax", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("simulate", help="tok/step of the cohort vs per-sequence KV advance rules")
     s.add_argument("--batch", type=int, default=128)
@@ -559,8 +596,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--prompts", type=int, default=None, help="use the first N of the 64 fixed prompts")
     b.add_argument("--temperatures", default="0,0.8",
                    help="0 = greedy; a sampled row uses top-p 0.95 and per-prompt seeds")
+    b.add_argument("--workloads", default="code,mixed",
+                   help="code: the held-out prompts; mixed: every other one repetitive (n-gram friendly)")
     b.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
-    b.add_argument("--plot", metavar="FILE", default=None, help="PNG of tok/step and tok/s vs batch size")
+    b.add_argument("--plot", metavar="FILE", default=None,
+                   help="PNG of tok/step and tok/s vs batch size (and FILE_depth.png: fixed depths vs auto)")
     b.set_defaults(func=cmd_bench)
 
     t = sub.add_parser("train", help="train the target, its MTP module and a draft model on the stdlib corpus")

@@ -20,7 +20,10 @@ All pure and traceable: the simulator runs them inside its scan (``specjax.sim.s
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
+import os
 from pathlib import Path
 
 import jax
@@ -29,7 +32,10 @@ import numpy as np
 
 from specjax._pytree import pytree_dataclass, static_field
 
-__all__ = ["POLICIES", "CostTable", "choose", "expected_tokens", "init_estimates", "update_estimates"]
+__all__ = [
+    "POLICIES", "AutoState", "CostTable", "DepthPolicy", "choose", "cost_cache_path", "expected_tokens",
+    "init_estimates", "load_cached_cost", "store_cached_cost", "update_estimates",
+]
 
 POLICIES = ("fixed", "ema", "goodput")
 
@@ -77,10 +83,62 @@ class CostTable:
         except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
             raise ValueError(f"cost table {path}: {e}") from None
 
+    def __repr__(self) -> str:  # one line, for error messages
+        try:
+            return f"CostTable(windows={self.windows}, batches={np.asarray(self.batches).tolist()})"
+        except Exception:  # traced inside jit
+            return f"CostTable(windows={self.windows})"
+
     def at(self, active: jax.Array) -> jax.Array:
         """Seconds of one step at ``active`` rows, per window: ``[NW]``."""
         a = jnp.asarray(active, jnp.float32)
         return jax.vmap(lambda col: jnp.interp(a, self.batches, col), in_axes=1)(self.seconds)
+
+
+@dataclasses.dataclass(frozen=True)
+class DepthPolicy:
+    """The static side of ``depth="auto"`` (hashable: part of the engine's compile key).
+
+    ``windows``: the compiled verify windows the step picks from (``lax.switch``); the engine's
+    ``depth`` is ``max(windows) - 1``. ``rule``: a ``choose`` policy. The rest are ``choose``'s
+    and ``update_estimates``' knobs."""
+
+    windows: tuple[int, ...]
+    rule: str = "goodput"
+    rate: float = 0.25
+    prior: float = 0.7  # optimistic: a row must draft to learn that drafting does not pay
+    relax: float = 0.002  # a row that stopped drafting tries one draft again about every 10 steps
+    min_gain: float = 0.05
+    threshold: float = 0.5
+
+    @classmethod
+    def auto(cls, max_depth: int) -> DepthPolicy:
+        """Every window from plain decoding (1) to ``max_depth + 1``."""
+        return cls(tuple(range(1, max_depth + 2)))
+
+    def check(self, max_depth: int) -> None:
+        """``ValueError`` naming the bad field."""
+        w = self.windows
+        if not isinstance(w, tuple) or not w or any(not isinstance(x, int) for x in w) or list(w) != sorted(set(w)) \
+                or w[0] < 1 or w[-1] < 2 or w[-1] > max_depth + 1:
+            raise ValueError(f"DepthPolicy.windows={w!r} is invalid: distinct ascending ints >= 1, the widest in "
+                             f"[2, {max_depth + 1}]")
+        if self.rule not in POLICIES:
+            raise ValueError(f"DepthPolicy.rule={self.rule!r} is invalid: must be one of {list(POLICIES)}")
+        for name in ("rate", "prior", "relax", "min_gain", "threshold"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v <= 1.0:
+                raise ValueError(f"DepthPolicy.{name}={v!r} is invalid: must lie in [0, 1]")
+
+
+@pytree_dataclass
+class AutoState:
+    """The data side of ``depth="auto"``, carried in the engine state (never recompiles)."""
+
+    cost: CostTable  # seconds per step at the engine's batch, per window
+    force: jax.Array  # int32 []: -1 lets the policy choose; k >= 0 forces window k (cost measurement) ...
+    force_from: jax.Array  # int32 []: ... from this step on; earlier steps run the widest window
+    window_steps: jax.Array  # int32 [NW]: steps taken at each window
 
 
 def init_estimates(batch: int, depth: int, prior: float = 0.5) -> jax.Array:
@@ -125,11 +183,14 @@ def choose(
     min_window: jax.Array | int = 1,
     threshold: float = 0.5,
     min_gain: float = 0.05,
+    load: jax.Array | int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """``(window index into table.windows, drafts [B])`` for one step.
 
     ``est [B, D]`` (``D >= max(windows) - 1``), ``live [B]`` (rows that step), ``min_window``:
-    the narrowest window the step can take (a cohort-ruled batch re-feeds up to ``u`` tokens).
+    the narrowest window the step can take (a cohort-ruled batch re-feeds up to ``u`` tokens),
+    ``load``: the rows the step computes, which set its cost (default: the live rows; a
+    static-shape engine computes every slot).
     """
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {list(POLICIES)}, got {policy!r}")
@@ -148,6 +209,49 @@ def choose(
     base = _leading(reach(est) >= min_gain)  # [B]
     drafts = jnp.minimum(base[None], windows[:, None] - 1)  # [NW, B]
     tokens = jax.vmap(lambda k: jnp.sum(jnp.where(live, expected_tokens(est, k), 0.0)))(drafts)  # [NW]
-    rate = jnp.where(feasible, tokens / table.at(jnp.maximum(jnp.sum(live), 1)), -jnp.inf)
+    load = jnp.sum(live) if load is None else load
+    rate = jnp.where(feasible, tokens / table.at(jnp.maximum(load, 1)), -jnp.inf)
     idx = jnp.argmax(rate).astype(jnp.int32)
     return idx, drafts[idx].astype(jnp.int32)
+
+
+# ----------------------------------------------------------------------------- the on-disk cache
+
+
+def cost_cache_path() -> Path:
+    """Where measured cost tables are kept: ``$SPECJAX_CACHE_DIR/costs.json`` (default
+    ``~/.cache/specjax``)."""
+    root = os.environ.get("SPECJAX_CACHE_DIR") or Path.home() / ".cache" / "specjax"
+    return Path(root) / "costs.json"
+
+
+def _cache_key(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def load_cached_cost(key: dict) -> CostTable | None:
+    """The table stored under ``key`` (anything JSON-able naming what the cost depends on:
+    device, model shapes, batch, capacity, windows, ...), or ``None``."""
+    try:
+        raw = json.loads(cost_cache_path().read_text()).get(_cache_key(key))
+        return None if raw is None else CostTable.create(raw["windows"], raw["batches"], raw["seconds"])
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None  # absent or unreadable: measure again
+
+
+def store_cached_cost(key: dict, table: CostTable) -> None:
+    """Keep ``table`` under ``key`` (best effort: an unwritable cache only costs a re-measure)."""
+    path = cost_cache_path()
+    try:
+        old = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, json.JSONDecodeError):
+        old = {}
+    old[_cache_key(key)] = {"key": key, "windows": list(table.windows), "batches": np.asarray(table.batches).tolist(),
+                            "seconds": np.asarray(table.seconds).tolist()}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(old, default=str))
+        tmp.replace(path)
+    except OSError:
+        pass

@@ -96,6 +96,8 @@ class NgramDrafter(_Stateless):
         seq, known = st.seq, st.known
         b, c = seq.shape
         n, d = self.n, eng.depth
+        if d == 0:  # depth="auto" at window 1: no lookup at all
+            return jnp.zeros((b, 0), jnp.int32), None, st.dstate
         pattern = _gather(seq, known[:, None] - n + jnp.arange(n)[None])  # [B, n]
         starts = jnp.arange(c - n + 1)  # candidate match starts
         windows = seq[:, starts[:, None] + jnp.arange(n)[None]]  # [B, S, n]

@@ -30,6 +30,9 @@ class GenerationResult:
     * ``acceptance_per_position``: accepted / proposed at draft position ``k`` and
       ``row_accepted_trace`` (accepted drafts per step per row): the verifier's decisions,
       before any EOS/budget cut (what a drafter's quality is judged by).
+    * ``proposed_drafts``: drafts the rows offered; ``mean_proposed_drafts`` per row-step.
+    * ``depth="auto"`` adds ``max_depth``, ``windows`` and ``window_share`` (the share of steps
+      taken at each window), and ``cost_source`` (``"given"``, ``"cached"``, ``"measured"``).
     * ``compiles``: traces of the generate loop in this call (0 when the shapes were seen);
       ``seconds_compile`` (0.0 when cached), ``seconds_run`` (prefill + decode + reading the
       result back) and ``tok_per_s`` = new tokens (the first included) / ``seconds_run``.
@@ -51,7 +54,8 @@ def metrics(st, eng: Any, compiles: int) -> dict:
     total_steps = int(steps.sum())
     prop_pos, acc_pos = np.asarray(st.prop_pos), np.asarray(st.acc_pos)
     pp = prop_pos.sum(axis=0)
-    return {
+    proposed = int(np.asarray(st.proposed).sum())
+    out = {
         "tok_per_step": float(emitted.sum() / total_steps) if total_steps else 0.0,
         "row_tok_per_step": (emitted / np.maximum(steps, 1)).tolist(),
         "mean_accepted_length": float((acc.sum() + total_steps) / total_steps) if total_steps else 0.0,
@@ -60,6 +64,8 @@ def metrics(st, eng: Any, compiles: int) -> dict:
         "accepted_per_position_count": [int(x) for x in acc_pos.sum(axis=0)],
         "proposed_per_position_count": [int(x) for x in pp],
         "accepted_drafts": int(acc.sum()),
+        "proposed_drafts": proposed,
+        "mean_proposed_drafts": proposed / total_steps if total_steps else 0.0,
         "total_row_steps": total_steps,
         "emitted": int(emitted.sum()),
         "steps": int(steps.max()) if len(steps) else 0,
@@ -72,3 +78,8 @@ def metrics(st, eng: Any, compiles: int) -> dict:
         "cache": eng.cache_kind,
         "layer_loop": eng.layer_loop,
     }
+    if eng.policy is not None:
+        ws = np.asarray(st.auto.window_steps)
+        out.update(depth="auto", max_depth=eng.depth, windows=list(eng.policy.windows),
+                   window_share=[float(x) for x in ws / max(int(ws.sum()), 1)])
+    return out

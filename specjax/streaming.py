@@ -5,13 +5,28 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from specjax.engine import EngineConfig, EngineState, _check_status, _setup, _step, generate, prefill
+from specjax.engine import (
+    EngineConfig,
+    EngineState,
+    _check_status,
+    _setup,
+    _step,
+    auto_state,
+    cost_key,
+    cost_table,
+    generate,
+    placeholder_cost,
+    prefill,
+    warm_steps,
+)
 from specjax.metrics import GenerationResult, metrics, tokens
 from specjax.model.llama import Model
 
@@ -45,6 +60,8 @@ def stream(model: Model, prompts: list[list[int]], **kwargs: Any) -> Iterator[St
     bound.apply_defaults()
     eng, params, args = _setup(**bound.arguments)
     st = prefill(eng, params, *args)
+    if eng.policy is not None:
+        st = st.replace(auto=_auto_for_stream(eng, params, args, bound.arguments["cost"]))
     # the first token comes from prefill; afterwards each step reads back only [B, w] tokens
     first, done, i = jax.device_get((st.seq[jnp.arange(st.seq.shape[0]), args[1]], st.done, st.i))
     new = [[int(t)] for t in first]
@@ -58,6 +75,30 @@ def stream(model: Model, prompts: list[list[int]], **kwargs: Any) -> Iterator[St
         st, small = _stream_step(eng, params, st)
         toks, n_new, done, i = jax.device_get(small)
         new = [toks[r, : n_new[r]].tolist() for r in range(toks.shape[0])]
+
+
+def _auto_for_stream(eng: EngineConfig, params: dict, args: tuple, cost):
+    """``depth="auto"``'s table for ``stream``: given, cached, or timed on ``_stream_step`` itself
+    over a scratch prefill of the same prompts (no compile of its own)."""
+    b = np.shape(args[0])[0]
+    scratch = [prefill(eng, params, *args).replace(auto=auto_state(eng, placeholder_cost(eng, b), b))]
+
+    def timed(k: int, warm: int, n: int) -> tuple[float, int]:
+        s = scratch[0]
+        while int(s.i) < warm:  # once: the widest window to a grown context (the first call compiles)
+            s, _ = _stream_step(eng, params, s.replace(auto=s.auto.replace(force=jnp.int32(len(eng.windows) - 1))))
+        s = s.replace(auto=s.auto.replace(force=jnp.int32(k)))
+        if n:
+            s, _ = _stream_step(eng, params, s)  # outside the clock
+        t0 = time.perf_counter()
+        for _ in range(n):
+            s, small = _stream_step(eng, params, s)
+            jax.block_until_ready(small)
+        scratch[0] = s
+        return time.perf_counter() - t0, n
+    table, _ = cost_table(eng, b, cost, cost_key(eng, [np.shape(a) for a in args[:2]] + [["stream"]]), timed,
+                          warm=warm_steps(int(np.max(args[2] - args[1]))), baseline=False)
+    return auto_state(eng, table, b)
 
 
 stream.__signature__ = inspect.signature(generate).replace(  # help(stream) shows generate's keywords

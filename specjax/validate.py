@@ -7,11 +7,12 @@ import math
 
 import numpy as np
 
+from specjax.depth_policy import DepthPolicy
 from specjax.drafter import DRAFTERS
 from specjax.model.llama import Model
 from specjax.sampling import derive_seed
 
-__all__ = ["EOS_WIDTH", "check_eos", "eos_table", "fail", "validate"]
+__all__ = ["EOS_WIDTH", "check_eos", "eos_table", "fail", "resolve_depth", "validate"]
 
 EOS_WIDTH = 4  # stop ids a row holds on device (a longer list widens every row: one more compile)
 
@@ -21,6 +22,24 @@ MAX_DEPTH = 8
 def fail(arg: str, value: object, allowed: str) -> None:
     """Raise ``ValueError('<arg>=<value> is invalid: <allowed>')``."""
     raise ValueError(f"{arg}={value!r} is invalid: {allowed}")
+
+
+def resolve_depth(depth: object, max_depth: object, drafter: object) -> tuple[int, DepthPolicy | None]:
+    """``depth`` (an int, ``"auto"`` with ``max_depth``, or a ``DepthPolicy``) -> (the engine's
+    depth, its policy). Plain decoding (``drafter=None``) has neither."""
+    if drafter is None:
+        return 0, None
+    if isinstance(depth, DepthPolicy):
+        depth.check(MAX_DEPTH)
+        return depth.windows[-1] - 1, depth
+    if depth == "auto":
+        if isinstance(max_depth, bool) or not isinstance(max_depth, int | np.integer) \
+                or not 1 <= max_depth <= MAX_DEPTH:
+            fail("max_depth", max_depth, f"must be an int in [1, {MAX_DEPTH}] (the widest depth='auto' may draft)")
+        return int(max_depth), DepthPolicy.auto(int(max_depth))
+    if isinstance(depth, bool) or not isinstance(depth, int | np.integer) or not 1 <= depth <= MAX_DEPTH:
+        fail("depth", depth, f"must be an int in [1, {MAX_DEPTH}], 'auto' or a DepthPolicy")
+    return int(depth), None
 
 
 def validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache, temperature, top_k, top_p, seed,
@@ -65,7 +84,7 @@ def validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache,
     if drafter is not None and drafter not in DRAFTERS:
         fail("drafter", drafter, f"must be one of {list(DRAFTERS)} or None")
     if drafter is not None and (isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH):
-        fail("depth", depth, f"must be an int in [1, {MAX_DEPTH}]")
+        fail("depth", depth, f"must be an int in [1, {MAX_DEPTH}] or 'auto'")
     if drafter == "mtp" and cfg.mtp_depth < 1:
         fail("drafter", drafter, "the model has no MTP module (mtp_depth=0)")
     if drafter == "draft_model":

@@ -27,15 +27,17 @@ def _leading(ok: jax.Array) -> jax.Array:
     return jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
 
 
-def greedy_verify(logits: jax.Array, drafts: jax.Array, u: jax.Array) -> tuple[jax.Array, jax.Array]:
+def greedy_verify(logits: jax.Array, drafts: jax.Array, u: jax.Array,
+                  proposed: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """Longest prefix of drafts equal to the target's argmax, plus the target's next token.
 
-    ``logits [B, w, V]``, ``drafts [B, d]`` with ``d = w - 1``, ``u [B]``.
+    ``logits [B, w, V]``, ``drafts [B, d]`` with ``d = w - 1``, ``u [B]``; ``proposed [B]``:
+    drafts each row offers (default ``w - u``, every slot; fewer leave the rest unjudged).
     """
     b, w, _ = logits.shape
     d = drafts.shape[1]
     tgt = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B, w]
-    proposed = w - u
+    proposed = w - u if proposed is None else proposed
     k = jnp.arange(d, dtype=jnp.int32)[None]
     ok = (drafts == jnp.take_along_axis(tgt, _slots(u, d, w), axis=1)) & (k < proposed[:, None])
     a = _leading(ok)
@@ -51,6 +53,7 @@ def rejection_verify(
     positions: jax.Array,
     seeds: jax.Array,
     sp: RowSampling,
+    proposed: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Lossless speculative sampling.
 
@@ -58,10 +61,12 @@ def rejection_verify(
     ``norm(max(0, p - q))``; if all proposed drafts pass, sample the bonus from ``p``.
     ``draft_probs [B, d, V]`` (``None``: the drafter is deterministic, ``q`` one-hot).
     ``positions [B]``: absolute position of window slot 0 (keys use absolute positions).
+    ``proposed [B]``: drafts each row offers (default ``w - u``); when a row offers fewer and
+    all pass, its bonus is sampled from ``p`` right after them: still lossless.
     """
     b, w, v = logits.shape
     d = drafts.shape[1]
-    proposed = w - u
+    proposed = w - u if proposed is None else proposed
     p_all = probs(logits, sp)  # [B, w, V]
     p = jnp.take_along_axis(p_all, _slots(u, d, w)[:, :, None], axis=1)  # [B, d, V]
     q = jax.nn.one_hot(drafts, v, dtype=jnp.float32) if draft_probs is None else draft_probs

@@ -1,8 +1,11 @@
 import os
+import tempfile
 
 import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# depth="auto" keeps measured step costs on disk: never in the user's ~/.cache from tests
+os.environ["SPECJAX_CACHE_DIR"] = tempfile.mkdtemp(prefix="specjax-test-cache-")
 
 from hypothesis import settings  # noqa: E402
 

@@ -128,7 +128,19 @@ def test_bundle_generate_and_stream_agree(tiny_bundle):
 
 
 def test_bench_rows_and_batch_invariance(tiny_bundle):
-    out = bench(tiny_bundle, batches=(1, 2), drafters=("mtp",), max_new_tokens=10, n_prompts=2, progress=False)
+    out = bench(tiny_bundle, batches=(1, 2), drafters=("mtp",), max_new_tokens=10, n_prompts=2, progress=False,
+                workloads=("code",), depth=2)
+    depth_rows = [r for r in out["rows"] if r["depth"] not in (0, 2)]  # mtp per_sequence at depth 1 and auto
+    assert [(r["temperature"], r["batch"], r["depth"]) for r in depth_rows] == [
+        (t, b, k) for t in (0.0, 0.8) for b in (1, 2) for k in (1, "auto")]
+    for b in (1, 2):  # greedy: every depth emits the same tokens as plain
+        plain = next(r for r in out["rows"] if r["drafter"] == "none" and r["batch"] == b and r["temperature"] == 0)
+        for r in depth_rows:
+            if r["batch"] == b and r["temperature"] == 0:
+                assert r["new_tokens"] == plain["new_tokens"] and r["kv_advance"] == "per_sequence"
+    auto = [r for r in depth_rows if r["depth"] == "auto"]
+    assert all(abs(sum(r["window_share"]) - 1) < 1e-6 and r["vs_best_fixed"] > 0 for r in auto)
+    out["rows"] = [r for r in out["rows"] if r["depth"] in (0, 2)]
     hot = [r for r in out["rows"] if r["temperature"] == 0.8]  # sampled rows beside the greedy ones
     assert len(hot) == 6 and {r["batch"] for r in hot} == {1, 2}
     hot_by = {(r["batch"], r["drafter"], r["kv_advance"]): r for r in hot}
@@ -146,7 +158,7 @@ def test_bench_rows_and_batch_invariance(tiny_bundle):
     for b in (1, 2):  # greedy: every configuration emits the same tokens, so the same count (EOS or 10 per row)
         counts = {by[(b, d, r)]["new_tokens"] for d, r in (("none", "n/a"), ("mtp", "cohort"), ("mtp", "per_sequence"))}
         assert len(counts) == 1 and 2 <= counts.pop() <= 2 * 10
-    assert len(by[(1, "mtp", "cohort")]["acceptance_per_position"]) == 3
+    assert len(by[(1, "mtp", "cohort")]["acceptance_per_position"]) == 2
     with pytest.raises(ValueError, match="must be >= 1 and divide"):
         bench(tiny_bundle, batches=(3,), n_prompts=2, progress=False)
     assert len(bench_prompts()) == 64 and all(len(p.encode()) <= 120 for p in bench_prompts())
@@ -165,19 +177,33 @@ def test_cli_generate_json_and_stream(tiny, capsys):
                  "--drafter", "ngram", "--kv-advance", "cohort"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("def f(") and "ngram depth 3, cohort:" in text and "tok/step" in text
+    greedy = ["generate", "--model", str(tiny), "def f(", "--max-new-tokens", "6", "--json", "--temperature", "0"]
+    assert main([*greedy, "--drafter", "none"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*greedy, "--depth", "auto", "--max-depth", "2"]) == 0
+    auto = json.loads(capsys.readouterr().out)
+    assert auto["tokens"] == plain["tokens"] and auto["summary"]["depth"] == "auto"
+    assert auto["summary"]["windows"] == [1, 2, 3] and len(auto["summary"]["window_share"]) == 3
     assert main(["generate", "--model", str(tiny), "x", "--drafter", "mtp", "--depth", "0"]) == 2
     assert "depth=0 is invalid" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="2"):
+        main(["generate", "--model", str(tiny), "x", "--depth", "deep"])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--depth: must be an int or 'auto', got 'deep'" in err
     assert main(["generate", "--model", str(tiny / "nope"), "x"]) == 2
     assert "does not exist" in capsys.readouterr().err
 
 
 def test_cli_bench_json_and_plot(tiny, tmp_path, capsys):
     png = tmp_path / "b.png"
-    assert main(["bench", "--model", str(tiny), "--batches", "1", "--drafters", "ngram", "--prompts", "1",
-                 "--max-new-tokens", "4", "--json", "--plot", str(png)]) == 0
+    assert main(["bench", "--model", str(tiny), "--batches", "1", "--drafters", "ngram", "--prompts", "2",
+                 "--max-new-tokens", "4", "--temperatures", "0", "--depth", "2", "--json", "--plot", str(png)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) >= {"machine", "rows"} and png.stat().st_size > 1000
+    assert (tmp_path / "b_depth.png").stat().st_size > 1000 and out["plot_depth"] == str(tmp_path / "b_depth.png")
     assert {r["drafter"] for r in out["rows"]} == {"none", "ngram"}
+    mixed = [(r["drafter"], r["depth"]) for r in out["rows"] if r["workload"] == "mixed"]
+    assert mixed == [("none", 0), ("ngram", 1), ("ngram", 2), ("ngram", "auto")]
     assert set(out["rows"][0]) >= {"drafter", "kv_advance", "batch", "tok_per_step", "tok_per_s", "speedup_vs_plain"}
     assert main(["bench", "--model", str(tiny), "--drafters", "beam"]) == 2
     assert "drafters=['beam'] is invalid" in capsys.readouterr().err

@@ -81,6 +81,7 @@ def test_help_shows_every_default(capsys):
     (["generate", "--batch-file", "/tmp"], "is a directory"),
     (["simulate", "--batch", "4", "--steps", "5", "--plot", "/no/such/dir/x.png"], "--plot"),
     (["generate", "x", "--temperature", "nan"], "temperature=nan is invalid"),
+    (["generate", "x", "--depth", "deep"], "argument --depth: must be an int or 'auto', got 'deep'"),
     (["generate", "y" * 300], "prompts[0]='301 tokens' is invalid"),
     (["batch", "/no/such/jobs.jsonl", "--out", "/tmp/never-written.jsonl"], "/no/such/jobs.jsonl: no such file"),
 ])

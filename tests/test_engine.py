@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from specjax import engine as engine_mod
+from specjax.depth_policy import DepthPolicy
 from specjax.engine import generate
 from specjax.model import logits
 
@@ -249,9 +250,16 @@ def tiny():
     return target, noisy(target, 1.0, seed=9)
 
 
-@pytest.mark.parametrize("drafter,temperature,top_p", [(None, 1.0, None), ("draft_model", 1.0, None),
-                                                        ("draft_model", 1.0, 0.9), ("ngram", 1.0, 0.9)])
-def test_speculative_sampling_matches_the_target_distribution(tiny, drafter, temperature, top_p):
+# depth="auto" with the EMA rule and a high prior: rows rejected early draft fewer than their
+# neighbours inside one window (per-row draft counts), others keep the widest
+AUTO = DepthPolicy((1, 2, 3), rule="ema", prior=0.7, threshold=0.6)
+
+
+@pytest.mark.parametrize("drafter,temperature,top_p,depth", [
+    (None, 1.0, None, 2), ("draft_model", 1.0, None, 2), ("draft_model", 1.0, 0.9, 2), ("ngram", 1.0, 0.9, 2),
+    ("draft_model", 1.0, 0.9, AUTO),
+])
+def test_speculative_sampling_matches_the_target_distribution(tiny, drafter, temperature, top_p, depth):
     """Chi-square over 20,000 3-token continuations vs the exact enumerated distribution
     (alpha = 1e-3, fixed seeds: deterministic)."""
     target, draft = tiny
@@ -260,9 +268,11 @@ def test_speculative_sampling_matches_the_target_distribution(tiny, drafter, tem
     rows, calls = 2000, 10
     samples = []
     for c in range(calls):
-        r = generate(target, [prompt] * rows, max_new_tokens=3, drafter=drafter, draft_model=draft, depth=2,
+        r = generate(target, [prompt] * rows, max_new_tokens=3, drafter=drafter, draft_model=draft, depth=depth,
                      temperature=temperature, top_p=top_p, seed=list(range(c * rows, (c + 1) * rows)))
         samples += r.tokens
+        if depth is AUTO:  # the policy did vary the draft counts
+            assert 0 < r.metrics["proposed_drafts"] < 2 * r.metrics["total_row_steps"]
     assert _chi2(samples, exact) > 1e-3
 
 

@@ -1,0 +1,158 @@
+"""depth="auto" in the engine: greedy tokens never change, the cost table steers the window
+(window 1 when drafting is a loss, the widest when it is free), rows whose drafts are never
+accepted stop drafting, each row's own draft count is applied, the table is measured once and
+kept on disk, and nothing recompiles when the table or a data value changes."""
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax import batch_generate, generate
+from specjax import engine as engine_mod
+from specjax.advance import kv_advance
+from specjax.depth_policy import CostTable, DepthPolicy, cost_cache_path
+from specjax.engine import auto_state, make_engine, prefill, step
+from specjax.sampling import RowSampling
+from specjax.streaming import stream
+
+from engine_models import GLOBAL, noisy, sharp
+
+TARGET = sharp(GLOBAL)
+DRAFT = noisy(TARGET, 0.3)  # accepts most drafts
+WINDOWS = (1, 2, 3)
+FREE = CostTable.create(WINDOWS, [1, 64], [[1.0, 1.0, 1.0]] * 2)  # drafting costs nothing
+STEEP = CostTable.create(WINDOWS, [1, 64], [[1.0, 3.0, 5.0]] * 2)  # every draft slot costs a whole step
+PROMPTS = [[1, 2, 3, 1, 2, 3, 1], [5], [7, 8, 9, 10], [4, 4, 4, 4, 4, 4], [11, 3], [2, 9, 2, 9, 2], [30, 1, 6]]
+_PLAIN: dict = {}
+
+
+def _plain(cache="dense"):
+    if cache not in _PLAIN:
+        _PLAIN[cache] = generate(TARGET, PROMPTS, max_new_tokens=20, drafter=None, cache=cache).tokens
+    return _PLAIN[cache]
+
+
+@pytest.mark.parametrize("drafter,rule,cache,cost", [
+    ("draft_model", "per_sequence", "dense", FREE),
+    ("draft_model", "cohort", "paged", STEEP),
+    ("ngram", "per_sequence", "paged", None),
+    ("mtp", "cohort", "dense", FREE),
+])
+def test_auto_depth_changes_no_greedy_token(drafter, rule, cache, cost):
+    r = generate(TARGET, PROMPTS, max_new_tokens=20, drafter=drafter, draft_model=DRAFT, depth="auto", max_depth=2,
+                 kv_advance=rule, cache=cache, cost=cost)
+    assert r.tokens == _plain(cache)
+    assert r.metrics["depth"] == "auto" and r.metrics["windows"] == list(WINDOWS)
+    assert abs(sum(r.metrics["window_share"]) - 1.0) < 1e-6
+
+
+def test_the_cost_table_steers_the_window():
+    """Free drafting: the widest window nearly always; drafting a loss: window 1, no drafts."""
+    kw = dict(max_new_tokens=20, drafter="draft_model", draft_model=DRAFT, depth="auto", max_depth=2)
+    free = generate(TARGET, PROMPTS, cost=FREE, **kw).metrics
+    steep = generate(TARGET, PROMPTS, cost=STEEP, **kw).metrics
+    assert free["window_share"][-1] > 0.8, free["window_share"]
+    assert free["mean_proposed_drafts"] > 1.5
+    assert steep["window_share"] == [1.0, 0.0, 0.0] and steep["proposed_drafts"] == 0
+    assert steep["compiles"] == 0  # the table is data: the same compiled loop
+
+
+def _stepper(draft, policy, batch=4, cost=FREE, greedy=True):
+    eng = make_engine(TARGET, drafter="draft_model", draft_model=draft, depth=policy.windows[-1] - 1,
+                      kv_advance_rule=kv_advance("per_sequence"), cache="dense", capacity=256, policy=policy,
+                      greedy=greedy)
+    params = {"target": TARGET.params, "draft": draft.params}
+    prompts = np.array([[1, 2, 3, 4]] * batch, np.int32)
+    sampling = RowSampling.rows([0.0 if greedy else 1.0] * batch, [None] * batch, [None] * batch)
+    st = prefill(eng, params, prompts, np.full(batch, 4, np.int32), np.full(batch, 200, np.int32),
+                 np.full(batch, -1, np.int32), np.arange(batch, dtype=np.uint32), sampling)
+    return eng, params, st.replace(auto=auto_state(eng, cost, batch))
+
+
+def test_rows_whose_drafts_are_never_accepted_stop_drafting():
+    """A draft model whose argmax is the target's argmin is never accepted: the estimates fall
+    and, even with drafting free, the rows stop proposing (a rare probe aside)."""
+    never = TARGET.replace(params={**TARGET.params, "lm_head": -TARGET.params["lm_head"]})
+    eng, params, st = _stepper(never, DepthPolicy(WINDOWS))
+    proposed = []
+    for _ in range(40):
+        st = step(eng, params, st)
+        proposed.append(np.asarray(st.proposed).copy())
+    per_step = np.diff(np.stack(proposed), axis=0, prepend=0)  # [steps, B]
+    assert int(np.asarray(st.accepted).sum()) == 0
+    assert per_step[0].min() == 2  # at the prior every row drafts the widest window
+    late = per_step[20:]
+    assert late.mean() < 0.15, late.sum(axis=1)  # ... and later one probe in about ten steps
+    assert np.asarray(st.est)[:, 0].max() < 0.1
+
+
+EMA = DepthPolicy(WINDOWS, rule="ema", threshold=0.5)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_each_row_drafts_its_own_count(greedy):
+    """Row estimates set per row: the window holds the longest row, the others draft fewer
+    and the verifier (greedy or rejection sampling) judges no draft past a row's count."""
+    eng, params, st = _stepper(TARGET, EMA, greedy=greedy)  # the target drafts for itself: every draft passes
+    est = jnp.asarray([[0.9, 0.9], [0.9, 0.1], [0.1, 0.9], [0.1, 0.1]], jnp.float32)
+    st = step(eng, params, st.replace(est=est))
+    assert np.asarray(st.proposed).tolist() == [2, 1, 0, 0]
+    assert np.asarray(st.auto.window_steps).tolist() == [0, 0, 1]
+    assert np.asarray(st.accepted).tolist() == [2, 1, 0, 0]
+
+
+def test_a_forced_window_runs_with_every_row_drafting():
+    """Cost measurement forces a window: it runs whatever the policy would choose."""
+    eng, params, st = _stepper(TARGET, EMA)
+    st = st.replace(est=jnp.zeros_like(st.est))  # the policy alone would not draft
+    st = step(eng, params, st.replace(auto=st.auto.replace(force=jnp.int32(2))))
+    assert np.asarray(st.auto.window_steps).tolist() == [0, 0, 1]
+    assert np.asarray(st.proposed).tolist() == [2, 2, 2, 2]
+    st = step(eng, params, st.replace(est=jnp.zeros_like(st.est), auto=st.auto.replace(force=jnp.int32(-1))))
+    assert np.asarray(st.auto.window_steps).tolist() == [1, 0, 1]
+
+
+def test_the_measured_table_is_kept_on_disk_and_reused(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECJAX_CACHE_DIR", str(tmp_path))
+    kw = dict(max_new_tokens=12, drafter="ngram", depth="auto", max_depth=2)
+    first = generate(TARGET, PROMPTS[:3], **kw)
+    assert first.metrics["cost_source"] == "measured"
+    stored = json.loads(cost_cache_path().read_text())
+    (entry,) = stored.values()
+    assert entry["windows"] == list(WINDOWS) and len(entry["seconds"][0]) == 3
+    assert all(b >= a > 0 for a, b in zip(entry["seconds"][0], entry["seconds"][0][1:], strict=False))
+    again = generate(TARGET, PROMPTS[:3], **kw)
+    assert again.metrics["cost_source"] == "cached" and again.metrics["compiles"] == 0
+    assert again.tokens == first.tokens
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps({"windows": [1, 2, 3], "batches": [1], "seconds": [[1, 9, 9]]}))
+    given = generate(TARGET, PROMPTS[:3], cost=str(path), **kw)
+    assert given.metrics["cost_source"] == "given" and given.metrics["window_share"] == [1.0, 0.0, 0.0]
+
+
+def test_stream_and_batch_jobs_run_auto_depth():
+    kw = dict(max_new_tokens=20, drafter="draft_model", draft_model=DRAFT, depth="auto", max_depth=2)
+    chunks = list(stream(TARGET, PROMPTS, cost=FREE, **kw))
+    assert chunks[-1].result.tokens == _plain()
+    out = {c.id: c.tokens for c in batch_generate(TARGET, PROMPTS, slots=3, **kw)}
+    assert [out[i] for i in range(len(PROMPTS))] == _plain()
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(depth="deep"), r"depth='deep' is invalid: must be an int in \[1, 8\], 'auto' or a DepthPolicy"),
+    (dict(depth="auto", max_depth=0), r"max_depth=0 is invalid: must be an int in \[1, 8\]"),
+    (dict(depth=2, cost=FREE), r"cost=CostTable\(windows=\(1, 2, 3\), batches=\[1.0, 64.0\]\) is invalid: is the "
+                                 r"step-cost table of depth='auto'"),
+    (dict(depth="auto", max_depth=3, cost=FREE), r"cost='windows \[1, 2, 3\]' is invalid: must be depth='auto''s "
+                                                  r"windows \[1, 2, 3, 4\]"),
+    (dict(depth=DepthPolicy((1, 2, 2))), r"DepthPolicy.windows=\(1, 2, 2\) is invalid"),
+    (dict(depth=DepthPolicy((1, 3), rule="greedy")), r"DepthPolicy.rule='greedy' is invalid"),
+    (dict(depth=DepthPolicy((1, 3), rate=2.0)), r"DepthPolicy.rate=2.0 is invalid: must lie in \[0, 1\]"),
+])
+def test_bad_depth_settings_are_rejected_before_compile(kwargs, match):
+    before = engine_mod._TRACES["generate"]
+    with pytest.raises(ValueError, match=match):
+        generate(TARGET, PROMPTS, max_new_tokens=4, drafter="ngram", **kwargs)
+    assert engine_mod._TRACES["generate"] == before
