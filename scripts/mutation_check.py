@@ -622,8 +622,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "auto depth: a forced window (cost measurement) is ignored",
         "specjax/engine.py",
-        "    return jnp.where(forced, jnp.maximum(st.auto.force, narrowest), idx), jnp.where(forced, eng.depth, "
-        "drafts)\n",
+        "    return jnp.where(forced, jnp.maximum(at, narrowest), idx), jnp.where(forced, eng.depth, drafts)\n",
         "    return idx, drafts\n",
         ("tests/test_depth_auto.py::test_a_forced_window_runs_with_every_row_drafting",),
     ),
