@@ -4,11 +4,10 @@ model, for each drafter and batch size, measured side by side in one run; and, f
 ``depth`` next to ``depth="auto"`` (``max_depth = depth``).
 
 Workloads: ``code``, the fixed held-out prompts (``specjax/data/bench_prompts.json``), and
-``mixed``, the same prompts with every other one made repetitive (its snippet three times:
-the n-gram drafter accepts well there and little elsewhere), each split into batches of ``B``. Each configuration is
-compiled and warmed on one batch first; the timed pass then covers all prompts, so
-``tok_per_s`` excludes compilation. ``tok_per_step`` is tokens per decode step per
-sequence (emitted tokens / row-steps while active).
+``mixed``, the same prompts with every other one made repetitive (``mixed_prompts``), each
+split into batches of ``B``. Each configuration is compiled and warmed on one batch first;
+the timed pass then covers all prompts, so ``tok_per_s`` excludes compilation.
+``tok_per_step`` is tokens per decode step per sequence (emitted tokens / row-steps while active).
 """
 
 from __future__ import annotations
@@ -108,14 +107,15 @@ def bench(
 
     from specjax.drafter import DRAFTERS
     from specjax.engine import prompt_bucket
+    from specjax.validate import MAX_DEPTH
 
     bad = [d for d in drafters if d not in DRAFTERS]
     if bad:
         raise ValueError(f"drafters={list(drafters)} is invalid: each must be one of {list(DRAFTERS)}")
     if not workloads or any(w not in WORKLOADS for w in workloads):
         raise ValueError(f"workloads={list(workloads)} is invalid: each must be one of {list(WORKLOADS)}")
-    if not isinstance(depth, int) or not 1 <= depth <= 8:
-        raise ValueError(f"depth={depth!r} is invalid: must be an int in [1, 8]")
+    if not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
+        raise ValueError(f"depth={depth!r} is invalid: must be an int in [1, {MAX_DEPTH}]")
     prompts = bench_prompts(n_prompts)
     for b in batches:
         if not isinstance(b, int) or b < 1 or len(prompts) % b:
@@ -141,6 +141,7 @@ def bench(
             warm = _run(bundle, g, d, r, k, max_new_tokens, t, max_depth=depth)
         emitted = row_steps = accepted = proposed = new = compiles = 0
         shares = np.zeros(depth + 1)
+        positions = depth if k == "auto" else k  # draft positions this row's runs report
         acc_pos = np.zeros(depth, np.int64)
         prop_pos = np.zeros(depth, np.int64)
         t0 = time.perf_counter()
@@ -156,8 +157,8 @@ def bench(
             row_steps += m["total_row_steps"]
             accepted += m["accepted_drafts"]
             if d != "none":
-                acc_pos[: m["depth"] if k != "auto" else depth] += m["accepted_per_position_count"]
-                prop_pos[: m["depth"] if k != "auto" else depth] += m["proposed_per_position_count"]
+                acc_pos[:positions] += m["accepted_per_position_count"]
+                prop_pos[:positions] += m["proposed_per_position_count"]
         wall = time.perf_counter() - t0
         rows.append({
             "temperature": float(t), "workload": wl, "drafter": d, "kv_advance": r if d != "none" else "n/a",
@@ -165,8 +166,7 @@ def bench(
             "window_share": (shares / max(shares.sum(), 1)).tolist() if k == "auto" else None,
             "tok_per_step": emitted / max(row_steps, 1),
             "mean_accepted_length": (accepted + row_steps) / max(row_steps, 1),
-            "acceptance_per_position": ((acc_pos / np.maximum(prop_pos, 1))[: depth if k == "auto" else k].tolist()
-                                        if d != "none" else []),
+            "acceptance_per_position": (acc_pos / np.maximum(prop_pos, 1))[:positions].tolist() if d != "none" else [],
             "tok_per_s": new / wall, "new_tokens": new, "seconds": wall,
             "compiles_in_timed_pass": compiles,
             "warm_compiles": warm.metrics["compiles"],

@@ -99,7 +99,7 @@ class CostTable:
 class DepthPolicy:
     """The static side of ``depth="auto"`` (hashable: part of the engine's compile key).
 
-    ``windows``: the compiled verify windows the step picks from (``lax.switch``); the engine's
+    ``windows``: the compiled verify windows the step picks from (``engine.run_steps``); the engine's
     ``depth`` is ``max(windows) - 1``. ``rule``: a ``choose`` policy. The rest are ``choose``'s
     and ``update_estimates``' knobs."""
 

@@ -387,8 +387,8 @@ def _setup(model, prompts, max_new_tokens, drafter, draft_model, depth, kv_advan
     """Validate (before any compile), build the static engine and the host-side batch."""
     depth, policy = resolve_depth(depth, max_depth, drafter)
     check_cost(cost, policy)
-    seeds, news, stops = validate(model, prompts, max_new_tokens, drafter, draft_model, depth or 1, cache,
-                                  temperature, top_k, top_p, seed, eos_id)
+    seeds, news, stops = validate(model, prompts, max_new_tokens, drafter, draft_model, cache, temperature, top_k,
+                                  top_p, seed, eos_id)
     rule = resolve_kv_advance(kv_advance)
     width = prompt_bucket(prompts)
     capacity = request_capacity(width, max(news), depth)

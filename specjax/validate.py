@@ -42,8 +42,8 @@ def resolve_depth(depth: object, max_depth: object, drafter: object) -> tuple[in
     return int(depth), None
 
 
-def validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache, temperature, top_k, top_p, seed,
-              eos_id):
+def validate(model, prompts, max_new_tokens, drafter, draft_model, cache, temperature, top_k, top_p, seed, eos_id):
+    """Everything but the depth (``resolve_depth``); returns (seeds, max_new_tokens per row, stop ids)."""
     cfg = model.config
     if not isinstance(prompts, list | tuple) or len(prompts) == 0:
         fail("prompts", prompts, "must be a non-empty list of token-id lists")
@@ -83,8 +83,6 @@ def validate(model, prompts, max_new_tokens, drafter, draft_model, depth, cache,
               f"max_seq_len={cfg.max_seq_len}: at most {cfg.max_seq_len - longest} new tokens fit")
     if drafter is not None and drafter not in DRAFTERS:
         fail("drafter", drafter, f"must be one of {list(DRAFTERS)} or None")
-    if drafter is not None and (isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH):
-        fail("depth", depth, f"must be an int in [1, {MAX_DEPTH}] or 'auto'")
     if drafter == "mtp" and cfg.mtp_depth < 1:
         fail("drafter", drafter, "the model has no MTP module (mtp_depth=0)")
     if drafter == "draft_model":
