@@ -626,6 +626,49 @@ MUTATIONS: list[Mutation] = [
         "    return idx, drafts\n",
         ("tests/test_depth_auto.py::test_a_forced_window_runs_with_every_row_drafting",),
     ),
+    # --- many devices (specjax.sharding, specjax.memory) ---
+    Mutation(
+        "mesh: a per-row state array left replicated where the table says data-sharded",
+        "specjax/sharding.py",
+        '    ("EngineState", "i"): P(),  # the step counter\n',
+        '    ("EngineState", "i"): P(),  # the step counter\n    ("EngineState", "known"): P(),\n',
+        ("tests/test_sharding.py::test_state_layout_on_one_mesh",),
+    ),
+    Mutation(
+        "mesh: KV heads not replicated when n_kv_heads does not divide by the model axis",
+        "specjax/sharding.py",
+        "    if h % model == 0:\n        return h\n",
+        "    if True:\n        return h\n",
+        ("tests/test_sharding.py::test_sharded_layout_keeps_the_model",),
+    ),
+    Mutation(
+        "mesh: replicated KV heads copied from the wrong source heads",
+        "specjax/sharding.py",
+        "    rep = np.arange(hkv2) * hkv // hkv2",
+        "    rep = np.arange(hkv2) % hkv",
+        ("tests/test_sharding.py::test_sharded_layout_keeps_the_model",),
+    ),
+    Mutation(
+        "many processes: a process reads its rows from the wrong data slots",
+        "specjax/sharding.py",
+        "    shards = sorted(x.addressable_shards, key=lambda s: s.index[0].start or 0)\n",
+        "    shards = sorted(x.addressable_shards, key=lambda s: -(s.index[0].start or 0))\n",
+        ("tests/test_sharding.py::test_two_processes_each_get_their_own_rows",),
+    ),
+    Mutation(
+        "generate brings the caches back to the host",
+        "specjax/engine.py",
+        "    small = st.replace(cache=None, dstate=None)\n",
+        "    small = st\n",
+        ("tests/test_sharding.py::test_generate_brings_back_no_cache",),
+    ),
+    Mutation(
+        "memory plan: a sharded array counted whole on every device",
+        "specjax/memory.py",
+        "        total += int(np.prod(x.shape, dtype=np.int64)) * jnp.dtype(x.dtype).itemsize // split\n",
+        "        total += int(np.prod(x.shape, dtype=np.int64)) * jnp.dtype(x.dtype).itemsize\n",
+        ("tests/test_cli.py::test_memory_sizes_a_llama3_8b_shaped_config_on_a_v5e8_shaped_mesh",),
+    ),
 ]
 
 

@@ -27,6 +27,7 @@ from specjax.plan import (
     plan_per_sequence_step,
     plan_step,
 )
+from specjax.sharding import make_mesh, shard_model
 from specjax.sim import simulate, simulate_alone
 from specjax.streaming import StreamChunk, stream
 
@@ -60,6 +61,8 @@ __all__ = [
     "kv_advance",
     "logits",
     "make_left_padded_causal_mask",
+    "make_mesh",
+    "shard_model",
     "plan_cohort_step",
     "plan_per_sequence_step",
     "plan_step",

@@ -52,6 +52,7 @@ from specjax.engine import (
     cost_key,
     cost_table,
     make_engine,
+    mesh_context,
     placeholder_cost,
     prompt_bucket,
     request_capacity,
@@ -60,6 +61,7 @@ from specjax.engine import (
 )
 from specjax.model.llama import Model
 from specjax.sampling import RowSampling, derive_seed
+from specjax.sharding import DATA, constrain, shard_model, shardings, state_specs
 from specjax.validate import EOS_WIDTH, check_eos, eos_table, fail, resolve_depth
 
 __all__ = ["Completion", "Request", "batch_generate"]
@@ -138,7 +140,7 @@ def _admit(eng: EngineConfig, params: dict, st: EngineState, idle: jax.Array, ro
     p = prompts.shape[1]
     sub = _prefill(eng, params, prompts, prompt_len, max_len, eos, seeds, sampling, st.cache.rows_view(rows, p),
                    eng.drafter.rows_view(eng, st.dstate, rows, p), live)
-    return _put_rows(eng, st, rows, sub)
+    return constrain(_put_rows(eng, st, rows, sub), eng.mesh)
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
@@ -150,7 +152,16 @@ def _decode(eng: EngineConfig, params: dict, st: EngineState, target_done: jax.A
 
 def _empty_state(eng: EngineConfig, slots: int, width: int, eos_width: int = EOS_WIDTH) -> EngineState:
     """Every slot idle (done, owning nothing): the state before the first admit (each slot
-    holds ``eos_width`` stop ids)."""
+    holds ``eos_width`` stop ids). Under a mesh it is made in place, on every device's shard."""
+    if eng.mesh is None:
+        return _empty(eng, slots, width, eos_width)
+    make = functools.partial(_empty, eng, slots, width, eos_width)
+    out = shardings(state_specs(jax.eval_shape(make), eng.mesh), eng.mesh)
+    with mesh_context(eng):
+        return jax.jit(make, out_shardings=out)()
+
+
+def _empty(eng: EngineConfig, slots: int, width: int, eos_width: int) -> EngineState:
     zeros = lambda: jnp.zeros((slots,), jnp.int32)  # noqa: E731  (distinct buffers: donatable)
     d = eng.depth
     auto = None if eng.policy is None else auto_state(eng, placeholder_cost(eng, slots), slots)
@@ -288,6 +299,7 @@ def batch_generate(
     where: Sequence[str] | None = None,
     max_depth: int = 3,
     cost: Any = None,
+    mesh: Any = None,
 ) -> Iterator[Completion]:
     """Generate for every request of ``requests`` through ``slots`` rows, refilling a row as
     soon as it finishes; yields a ``Completion`` per request, in completion order.
@@ -309,6 +321,8 @@ def batch_generate(
     name each listed request (default ``requests[i] (id ...)``; the CLI names file lines).
     ``depth="auto"`` (with ``max_depth``, ``cost``): as in ``generate``; without a table the
     first rounds time a few real decode steps at each window (then kept on disk).
+    ``mesh`` (``specjax.make_mesh``; one process): slots split over ``"data"`` (``slots`` must
+    divide by it), the model over ``"model"``, as in ``generate``.
     Compiles: one decode loop per (slots, ...) and one admit per prompt bucket; sampling
     settings, seeds and lengths are data.
     """
@@ -332,6 +346,16 @@ def batch_generate(
         fail("refill_rows", refill_rows, f"must be an int in [1, slots={slots}]")
     if not _is_int(seed) or not 0 <= seed < 2**32:
         fail("seed", seed, "must be an int in [0, 2**32)")
+    if mesh is not None:
+        if not isinstance(mesh, jax.sharding.Mesh) or set(mesh.axis_names) != {DATA, "model"}:
+            fail("mesh", mesh, "must be a jax.sharding.Mesh with axes ('data', 'model'): specjax.make_mesh(data=, "
+                 "model=)")
+        if slots % mesh.shape[DATA]:
+            fail("slots", slots, f"must divide by the mesh's data axis ({mesh.shape[DATA]})")
+        if jax.process_count() > 1:
+            fail("mesh", mesh, "batch_generate runs in one process (each host its own job); generate takes many")
+        model = shard_model(model, mesh)
+        draft_model = None if draft_model is None else shard_model(draft_model, mesh)
     cfg = model.config
     listed = isinstance(requests, Sequence) and not isinstance(requests, str | bytes)
     if not listed and max_new_tokens >= cfg.max_seq_len:  # it sizes a stream's caches
@@ -360,7 +384,7 @@ def batch_generate(
         eos_width = job.eos_width
     eng = make_engine(model, drafter=drafter, draft_model=draft_model, depth=d, kv_advance_rule=rule,
                       cache=cache, greedy=greedy, ngram_n=ngram_n, capacity=request_capacity(width, longest_new, d),
-                      attention_impl=attention_impl, num_pages=pages, policy=policy)
+                      attention_impl=attention_impl, num_pages=pages, policy=policy, mesh=mesh)
     params = {"target": model.params}
     if eng.draft_config is not None:
         params["draft"] = draft_model.params
@@ -413,7 +437,8 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
             idle = np.array([held[s] is None for s in range(slots)])
             for s, r in batch:
                 held[s] = r
-            st = _admit(eng, params, st, jnp.asarray(idle), *_admit_inputs(batch, refill, slots, eos_width))
+            with mesh_context(eng):
+                st = _admit(eng, params, st, jnp.asarray(idle), *_admit_inputs(batch, refill, slots, eos_width))
         busy = sum(r is not None for r in held)
         if busy == 0:
             return
@@ -421,9 +446,11 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
         more = bool(queue) or not exhausted
         target = min(slots, max(refill, free_now + 1)) if more else slots
         if not table_ready:  # depth="auto": the cost table, before the first real decode round
-            st = _set_cost(eng, params, st, slots, width, cost)
+            with mesh_context(eng):
+                st = _set_cost(eng, params, st, slots, width, cost)
             table_ready = True
-        st = _decode(eng, params, st, jnp.int32(target), st.i + sync_every)
+        with mesh_context(eng):
+            st = _decode(eng, params, st, jnp.int32(target), st.i + sync_every)
         yield from _harvest(eng, st, held)
 
 

@@ -26,8 +26,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from specjax.model import Model, ModelConfig, fuse_params, init_model, unfuse_params
+from specjax.sharding import param_specs, sharded_config, sharded_layout
 from specjax.tokenizer import ByteTokenizer
 
 __all__ = ["Bundle", "CheckpointError", "DEFAULT_BUNDLE", "load_model", "save_bundle"]
@@ -119,6 +122,10 @@ def save_bundle(
     """Write a bundle (overwrites ``path``). Returns the path."""
     import shutil
 
+    for m in (model, draft_model):
+        if m is not None and m.config.shard_groups != 1:
+            raise ValueError("save the model as loaded, not its shard_model() layout (shard_groups="
+                             f"{m.config.shard_groups}, KV heads replicated)")
     path = pathlib.Path(path).absolute()
     if path.exists():
         shutil.rmtree(path)
@@ -187,13 +194,20 @@ def _drop_unretrieved_task_errors(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("Task exception was never retrieved")
 
 
-def _restore(directory: pathlib.Path, config: ModelConfig, dtype: str, out_dtype) -> Model:
+def _restore(directory: pathlib.Path, config: ModelConfig, dtype: str, out_dtype, mesh=None) -> Model:
+    """The parameters in ``directory``; with ``mesh``, each tensor read straight into its
+    sharding (orbax restores every device's slice; nothing is gathered on one device), then
+    fused and laid out for the mesh on device (``specjax.sharding``)."""
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: parameter checkpoint directory is missing")
     abstract = jax.eval_shape(lambda: unfuse_params(init_model(config, dtype=jnp.dtype(dtype)).params, config))
+    restore_as = abstract
+    if mesh is not None:
+        restore_as = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, s)),
+                                  abstract, param_specs(abstract, mesh), is_leaf=lambda s: isinstance(s, P))
     _quiet_closed_loop_callbacks()  # before: a failing read reports while the restore still runs
     try:
-        params = _checkpointer().restore(directory, abstract)
+        params = _checkpointer().restore(directory, restore_as)
     except Exception as e:  # orbax/tensorstore raise many types; name the file instead
         first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         raise CheckpointError(
@@ -210,13 +224,23 @@ def _restore(directory: pathlib.Path, config: ModelConfig, dtype: str, out_dtype
                 f"{directory}: tensor {jax.tree_util.keystr(kp)} has shape {tuple(x.shape)}, "
                 f"config.json implies {tuple(a.shape)}"
             )
-    return Model(fuse_params(jax.tree.map(lambda x: jnp.asarray(x, out_dtype), params)), config)
+    if mesh is None:
+        return Model(fuse_params(jax.tree.map(lambda x: jnp.asarray(x, out_dtype), params)), config)
+    model = mesh.shape["model"]
+
+    def layout(p):
+        return sharded_layout(fuse_params(jax.tree.map(lambda x: x.astype(out_dtype), p)), config, model)[0]
+    out = jax.eval_shape(layout, params)
+    fn = jax.jit(layout, out_shardings=jax.tree.map(lambda s: NamedSharding(mesh, s), param_specs(out, mesh),
+                                                    is_leaf=lambda s: isinstance(s, P)))
+    return Model(fn(params), sharded_config(config, model))
 
 
-def load_model(path: str | pathlib.Path | None = None, dtype="float32") -> Bundle:
+def load_model(path: str | pathlib.Path | None = None, dtype="float32", mesh=None) -> Bundle:
     """Load a bundle (default: the one shipped in ``checkpoints/default``) with weights (and so
     the KV caches the engine builds) in ``dtype``: ``"float32"`` (default), ``"bfloat16"``,
-    ``"float16"`` or ``None`` for the stored dtype.
+    ``"float16"`` or ``None`` for the stored dtype. ``mesh`` (``specjax.make_mesh``): load the
+    models sharded for it (``specjax.sharding``), each tensor read straight into its devices.
 
     Raises ``CheckpointError`` naming the file for a missing, truncated or mismatched
     checkpoint."""
@@ -253,11 +277,11 @@ def load_model(path: str | pathlib.Path | None = None, dtype="float32") -> Bundl
             f"{cfg_file}: target vocab_size {target_cfg.vocab_size} != byte tokenizer's {ByteTokenizer.vocab_size}"
         )
     out_dtype = jnp.dtype(dtype if dtype is not None else meta_dtype)
-    model = _restore(path / "target", target_cfg, meta_dtype, out_dtype)
+    model = _restore(path / "target", target_cfg, meta_dtype, out_dtype, mesh)
     draft = None
     if meta.get("draft") is not None:
         draft_cfg = _config(meta["draft"], f"{cfg_file} ['draft']")
         if draft_cfg.vocab_size != target_cfg.vocab_size:
             raise CheckpointError(f"{cfg_file}: draft vocab_size {draft_cfg.vocab_size} != target's")
-        draft = _restore(path / "draft", draft_cfg, meta_dtype, out_dtype)
+        draft = _restore(path / "draft", draft_cfg, meta_dtype, out_dtype, mesh)
     return Bundle(model, draft, ByteTokenizer(), path, meta)

@@ -186,6 +186,9 @@ class _TextRunner:
     """Text in/out over either a specjax bundle (byte tokenizer) or a HF checkpoint."""
 
     def __init__(self, args: argparse.Namespace) -> None:
+        from specjax.sharding import make_mesh, place
+
+        self.mesh = None if args.mesh is None else make_mesh(*args.mesh)
         if _is_bundle(args.model):
             from specjax.checkpoint import load_model
 
@@ -195,7 +198,7 @@ class _TextRunner:
             if flag:
                 raise ValueError(f"{flag} applies to Hugging Face checkpoints (a bundle carries its own MTP module "
                                  "and no chat template)")
-            self.bundle = load_model(args.model, dtype=args.dtype or "float32")
+            self.bundle = load_model(args.model, dtype=args.dtype or "float32", mesh=self.mesh)
             self.model, self.draft = self.bundle.model, self.bundle.draft_model
             self.encode = lambda p: self.bundle.tokenizer.encode(p, bos=True)
             self.decode = self.bundle.tokenizer.decode
@@ -203,9 +206,10 @@ class _TextRunner:
         else:
             from specjax.hf import load_hf_checkpoint, load_tokenizer
 
-            self.model = load_hf_checkpoint(args.model, dtype=args.dtype, mtp=args.mtp)
+            self.model = load_hf_checkpoint(args.model, dtype=args.dtype, mtp=args.mtp, mesh=self.mesh)
             tok = load_tokenizer(args.model)
-            self.draft = load_hf_checkpoint(args.draft_model, dtype=args.dtype) if args.draft_model else None
+            self.draft = load_hf_checkpoint(args.draft_model, dtype=args.dtype, mesh=self.mesh) if args.draft_model \
+                else None
             if args.chat and tok.chat_template is None:
                 raise ValueError(f"--chat: {args.model} has no chat_template in tokenizer_config.json")
             self.encode = (lambda p: tok.encode_chat([{"role": "user", "content": p}])) if args.chat else tok.encode
@@ -215,6 +219,9 @@ class _TextRunner:
 
         self.model = with_layer_loop(self.model, args.layer_loop)
         self.draft = None if self.draft is None else with_layer_loop(self.draft, args.layer_loop)
+        if self.mesh is not None and args.layer_loop == "scan":  # the stacks placed by the table again
+            self.model = self.model.replace(params=place(self.model.params, self.mesh))
+            self.draft = None if self.draft is None else self.draft.replace(params=place(self.draft.params, self.mesh))
 
 
 def _drafter(args: argparse.Namespace, run: _TextRunner) -> str | None:
@@ -234,6 +241,31 @@ def _read_batch_file(path: str) -> list[str]:
     if not lines:
         raise ValueError(f"--batch-file {path}: holds no prompt (one prompt per non-blank line)")
     return lines
+
+
+def cmd_memory(args: argparse.Namespace) -> int:
+    from specjax.memory import memory_plan, resolve_config
+
+    try:
+        cfg = resolve_config(args.config)
+        plan = memory_plan(cfg, data=args.mesh[0], model=args.mesh[1], batch=args.batch, context=args.context,
+                           prompt=args.prompt, depth=args.depth,
+                           drafter=None if args.drafter == "none" else args.drafter,
+                           cache=args.cache, dtype=args.dtype)
+    except ValueError as e:
+        print(f"specjax memory: error: {e}", file=sys.stderr)
+        return 2
+    out = plan.to_dict()
+    if args.json:
+        print(json.dumps({"config": args.config, **out}))
+        return 0
+    gib = lambda n: f"{n / 2**30:9.3f} GiB"  # noqa: E731
+    print(f"{args.config} on a {args.mesh[0]}x{args.mesh[1]} mesh (data x model), batch {args.batch}, context "
+          f"{args.context} (cache capacity {plan.capacity}), {args.dtype}, KV heads per model shard "
+          f"{plan.kv_heads // args.mesh[1]}: per device")
+    for name in ("params", "kv_cache", "drafter", "rows", "step_activation", "prefill_activation", "total"):
+        print(f"  {name:<20}{gib(out[name])}")
+    return 0
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -256,7 +288,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         kw = dict(max_new_tokens=args.max_new_tokens, drafter=drafter, draft_model=run.draft, depth=args.depth,
                   max_depth=args.max_depth, cost=args.cost, kv_advance=args.kv_advance, cache=args.cache,
                   temperature=args.temperature, top_k=args.top_k,
-                  top_p=args.top_p, seed=args.seed, eos_id=run.eos, attention_impl=args.attention)
+                  top_p=args.top_p, seed=args.seed, eos_id=run.eos, attention_impl=args.attention, mesh=run.mesh)
         toks = [run.encode(p) for p in prompts]
         t0 = time.perf_counter()
         if args.stream:
@@ -342,7 +374,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
                   depth=args.depth, max_depth=args.max_depth, cost=args.cost, kv_advance=args.kv_advance,
                   cache=args.cache, pages=args.pages,
                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos_id=run.eos,
-                  attention_impl=args.attention)
+                  attention_impl=args.attention, mesh=run.mesh)
         return run_job(args, run, kw)
     except (ValueError, CheckpointError, OSError) as e:
         print(f"specjax batch: error: {e}", file=sys.stderr)
@@ -479,6 +511,16 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
             action.help = f"{action.help} (default: %(default)s)" if action.help else "default: %(default)s"
 
 
+def _mesh_arg(text: str) -> tuple[int, int]:
+    """``--mesh DATAxMODEL``."""
+    from specjax.sharding import parse_mesh
+
+    try:
+        return parse_mesh(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _depth_arg(text: str) -> int | str:
     """``--depth``: an int, or ``auto``."""
     if text == "auto":
@@ -509,6 +551,9 @@ def _add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention", choices=["auto", "xla", "pallas"], default="auto",
                    help="attention path: Pallas kernels (interpret mode on CPU) or XLA; auto = Pallas on TPU/GPU, "
                         "XLA on CPU (default: auto)")
+    p.add_argument("--mesh", type=_mesh_arg, default=None, metavar="DATAxMODEL",
+                   help="run on a (data, model) device mesh covering every device, e.g. 4x2: the batch split over "
+                        "data, the model over model (README: Many devices, many hosts)")
     p.add_argument("--layer-loop", choices=["unrolled", "scan"], default="unrolled",
                    help="scan: the layers as one lax.scan (compile time flat in depth); unrolled: every layer "
                         "compiled (faster decode on CPU)")
@@ -568,6 +613,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stream", action="store_true", help="print tokens as each step emits them")
     g.add_argument("--json", action="store_true")
     g.set_defaults(func=cmd_generate)
+
+    mem = sub.add_parser("memory", help="per-device bytes of a generation on a device mesh, before running it")
+    mem.add_argument("--config", default="llama3-8b",
+                     help="a preset (llama3-8b, llama3-70b), a specjax bundle or a Hugging Face checkpoint directory")
+    mem.add_argument("--mesh", type=_mesh_arg, default=(1, 1), metavar="DATAxMODEL")
+    mem.add_argument("--batch", type=int, default=64, help="rows decoded together (all data shards)")
+    mem.add_argument("--context", type=int, default=8192, help="tokens per row: prompt plus new tokens")
+    mem.add_argument("--prompt", type=int, default=None, help="prompt tokens per row (default: half the context)")
+    mem.add_argument("--depth", type=int, default=3)
+    mem.add_argument("--drafter", choices=["mtp", "ngram", "none"], default="ngram")
+    mem.add_argument("--cache", choices=["dense", "paged"], default="dense")
+    mem.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
+    mem.add_argument("--json", action="store_true")
+    mem.set_defaults(func=cmd_memory)
 
     j = sub.add_parser("batch", help="a JSONL job file through continuous batching (resumable)")
     j.add_argument("input", metavar="IN.jsonl",

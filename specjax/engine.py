@@ -12,6 +12,7 @@ present ``committed = w`` (so they never set the cohort minimum) and do not adva
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import os
@@ -42,7 +43,8 @@ from specjax.metrics import GenerationResult, metrics, tokens
 from specjax.model.config import ModelConfig
 from specjax.model.llama import Model, ModelCache, forward, forward_hidden, head, init_cache, layer_loop
 from specjax.plan import plan_step
-from specjax.sampling import SAMPLE, RowSampling, position_keys, probs, sample
+from specjax.sampling import SAMPLE, RowSampling, derive_seed, position_keys, probs, sample
+from specjax.sharding import DATA, agree_max, constrain, local_rows, put_rows, shard_model, shardings, state_specs
 from specjax.validate import MAX_DEPTH, eos_table, fail, resolve_depth, validate
 from specjax.verify import greedy_verify, rejection_verify
 
@@ -122,6 +124,7 @@ class EngineConfig:
     layer_loop: str = "unrolled"  # the target params' layout: "unrolled" | "scan" (stacked caches)
     draft_layer_loop: str = "unrolled"  # the draft model's
     policy: DepthPolicy | None = None  # depth="auto": the windows the step picks from (depth = widest - 1)
+    mesh: Any = None  # a ("data", "model") jax.sharding.Mesh (specjax.sharding), or None: one device
 
     @property
     def window(self) -> int:
@@ -294,7 +297,7 @@ def _step_window(eng: EngineConfig, params: dict, st: EngineState, w: int, limit
     if eng.policy is not None:
         pol = eng.policy
         est = jnp.where(active[:, None], update_estimates(est, proposed, a, pol.rate, pol.prior, pol.relax), est)
-    return st.replace(
+    out = st.replace(
         dstate=dstate,
         steps=st.steps + act,
         emitted=st.emitted + n_new,
@@ -306,6 +309,7 @@ def _step_window(eng: EngineConfig, params: dict, st: EngineState, w: int, limit
         est=est,
         i=st.i + 1,
     )
+    return constrain(out, eng.mesh)  # under a mesh: every per-row array stays on its data shard
 
 
 _prefill_jit = jax.jit(_fresh_prefill, static_argnums=0)
@@ -329,13 +333,25 @@ step.__doc__ = """``step(engine, params, state) -> state``: one jitted speculati
 The input state is donated: its buffers (caches included) are updated in place, not copied."""
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _generate(eng: EngineConfig, params: dict, prompts, prompt_len, max_len, eos, seeds, sampling,
+def _generate_loop(eng: EngineConfig, params: dict, prompts, prompt_len, max_len, eos, seeds, sampling,
               auto: AutoState | None, stop_i: jax.Array) -> EngineState:
     """Prefill, then steps until every row is done (or ``stop_i`` steps: cost measurement)."""
     _TRACES["generate"] += 1
-    st = _fresh_prefill(eng, params, prompts, prompt_len, max_len, eos, seeds, sampling).replace(auto=auto)
+    st = constrain(_fresh_prefill(eng, params, prompts, prompt_len, max_len, eos, seeds, sampling).replace(auto=auto),
+                   eng.mesh)
     return run_steps(eng, params, st, lambda st: jnp.any(~st.done) & (st.i < jnp.minimum(eng.max_steps, stop_i)))
+
+
+_generate = jax.jit(_generate_loop, static_argnums=0)
+
+
+def _generate_on(eng: EngineConfig, params: dict, args: tuple):
+    """``_generate`` for ``eng.mesh``: its final state placed by the sharding table (the loop's
+    per-step constraints place the state inside; this pins what the caller receives)."""
+    before = _TRACES["generate"]
+    out = jax.eval_shape(functools.partial(_generate_loop, eng), params, *args)
+    _TRACES["generate"] = before  # shapes only: not a compile of the loop
+    return jax.jit(_generate_loop, static_argnums=0, out_shardings=shardings(state_specs(out, eng.mesh), eng.mesh))
 
 
 def prompt_bucket(prompts: list[list[int]]) -> int:
@@ -346,13 +362,14 @@ def prompt_bucket(prompts: list[list[int]]) -> int:
 
 def make_engine(model: Model, *, drafter, draft_model, depth, kv_advance_rule, cache, greedy: bool = True,
                 ngram_n: int = 3, capacity: int | None = None, attention_impl: str = "xla",
-                num_pages: int | None = None, policy: DepthPolicy | None = None) -> EngineConfig:
+                num_pages: int | None = None, policy: DepthPolicy | None = None, mesh=None) -> EngineConfig:
     """The static engine. ``capacity`` (cache slots per row; ``request_capacity``) defaults to
     what the model's longest sequence would need; ``generate`` passes the request's.
     ``greedy``: every row decodes greedily (no distributions are built); otherwise each row
     samples under its own ``RowSampling`` (a temperature-0 row stays exactly greedy).
     ``policy`` (``depth="auto"``): the step picks its window from ``policy.windows`` and
-    ``depth`` must be the widest minus one."""
+    ``depth`` must be the widest minus one. ``mesh``: the ``("data", "model")`` mesh the
+    model was sharded for (``specjax.sharding``; ``None``: one device)."""
     d = 0 if drafter is None else depth
     if drafter is None:
         policy = None
@@ -379,22 +396,32 @@ def make_engine(model: Model, *, drafter, draft_model, depth, kv_advance_rule, c
         layer_loop=layer_loop(model.params),
         draft_layer_loop="unrolled" if draft_model is None else layer_loop(draft_model.params),
         policy=policy,
+        mesh=mesh,
     )
 
 
 def _setup(model, prompts, max_new_tokens, drafter, draft_model, depth, kv_advance, cache, temperature, top_k, top_p,
-           seed, eos_id, ngram_n, attention_impl, max_depth=3, cost=None):
-    """Validate (before any compile), build the static engine and the host-side batch."""
+           seed, eos_id, ngram_n, attention_impl, max_depth=3, cost=None, mesh=None):
+    """Validate (before any compile), build the static engine and the host-side batch (placed
+    on the mesh's data shards under ``mesh``; the model and draft model sharded for it)."""
     depth, policy = resolve_depth(depth, max_depth, drafter)
     check_cost(cost, policy)
+    check_mesh(mesh, len(prompts), policy is not None and cost is None)
     seeds, news, stops = validate(model, prompts, max_new_tokens, drafter, draft_model, cache, temperature, top_k,
                                   top_p, seed, eos_id)
+    if mesh is not None:
+        model = shard_model(model, mesh)
+        draft_model = None if draft_model is None else shard_model(draft_model, mesh)
     rule = resolve_kv_advance(kv_advance)
-    width = prompt_bucket(prompts)
-    capacity = request_capacity(width, max(news), depth)
+    width, longest = prompt_bucket(prompts), max(news)
+    if mesh is not None and jax.process_count() > 1:  # every process compiles the same program: agree on its shapes
+        width, longest = agree_max([width, longest])
+        if isinstance(seed, int):  # a base seed: rows numbered globally (process p holds rows p*b ...)
+            seeds = [derive_seed(seed, jax.process_index() * len(prompts) + i) for i in range(len(prompts))]
+    capacity = request_capacity(width, longest, depth)
     eng = make_engine(model, drafter=drafter, draft_model=draft_model, depth=depth, kv_advance_rule=rule,
                       cache=cache, greedy=temperature == 0, ngram_n=ngram_n, capacity=capacity,
-                      attention_impl=attention_impl, policy=policy)
+                      attention_impl=attention_impl, policy=policy, mesh=mesh)
     b = len(prompts)
     toks = np.zeros((b, width), np.int32)
     for i, p in enumerate(prompts):  # host-side batch assembly
@@ -403,12 +430,34 @@ def _setup(model, prompts, max_new_tokens, drafter, draft_model, depth, kv_advan
     params = {"target": model.params}
     if eng.draft_config is not None:
         params["draft"] = draft_model.params
-    args = (
-        jnp.asarray(toks), jnp.asarray(plen), jnp.asarray(plen + np.array(news, np.int32)),
-        jnp.asarray(eos_table([stops] * b)), jnp.asarray(np.array(seeds, np.uint32)),
-        RowSampling.rows([temperature] * b, [top_k] * b, [top_p] * b),
-    )
-    return eng, params, args
+    args = (toks, plen, plen + np.array(news, np.int32), eos_table([stops] * b), np.array(seeds, np.uint32),
+            RowSampling.rows([temperature] * b, [top_k] * b, [top_p] * b, host=True))
+    return eng, params, jax.tree.map(lambda x: _put(x, mesh), args)
+
+
+def mesh_context(eng: EngineConfig):
+    """Trace under the engine's mesh (``jax.set_mesh``: attention runs per shard, ``per_shard``)."""
+    return contextlib.nullcontext() if eng.mesh is None else jax.set_mesh(eng.mesh)
+
+
+def _put(x: np.ndarray, mesh) -> jax.Array:
+    """A host array onto the device (one device), or this process's rows onto the mesh's data shards."""
+    return jax.device_put(x) if mesh is None else put_rows(x, mesh)
+
+
+def check_mesh(mesh, batch: int, policy_needs_table: bool = False) -> None:
+    """``mesh``: ``None`` or a ``specjax.make_mesh`` mesh whose data axis divides the batch
+    (this process's ``batch`` rows times the process count)."""
+    if mesh is None:
+        return
+    if not isinstance(mesh, jax.sharding.Mesh) or set(mesh.axis_names) != {DATA, "model"}:
+        fail("mesh", mesh, "must be a jax.sharding.Mesh with axes ('data', 'model'): specjax.make_mesh(data=, model=)")
+    if policy_needs_table and jax.process_count() > 1:
+        fail("cost", None, "depth='auto' on many processes needs a given cost table (each process would measure "
+             "its own): pass cost=")
+    total = batch * jax.process_count()
+    if total % mesh.shape[DATA]:
+        fail("prompts", f"{total} rows", f"must divide by the mesh's data axis ({mesh.shape[DATA]}): pad the batch")
 
 
 def generate(
@@ -430,6 +479,7 @@ def generate(
     attention_impl: str = "auto",
     max_depth: int = 3,
     cost: CostTable | str | None = None,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> GenerationResult:
     """Generate up to ``max_new_tokens`` per prompt (one int, or one per prompt) with
     speculative decoding. One static batch: it runs until its slowest row finishes (for a
@@ -453,24 +503,32 @@ def generate(
     whatever the model's ``max_seq_len``. Compiles once per (batch, prompt-width bucket,
     capacity bucket, model, drafter, depth, cache kind, rule, greedy or sampled, attention);
     everything else is data. A cache that refused a write raises ``RuntimeError``.
+
+    ``mesh`` (``specjax.make_mesh``): run on many devices: the batch split over ``"data"``, the
+    model over ``"model"`` (``specjax.sharding``; the model is sharded for it unless
+    ``shard_model`` already did). Only the new tokens, counters and cache status come back to
+    the host. With many processes (``jax.distributed``) each passes its own prompts (the same
+    count everywhere) and gets its own rows back.
     """
     eng, params, args = _setup(model, prompts, max_new_tokens, drafter, draft_model, depth, kv_advance, cache,
-                               temperature, top_k, top_p, seed, eos_id, ngram_n, attention_impl, max_depth, cost)
+                               temperature, top_k, top_p, seed, eos_id, ngram_n, attention_impl, max_depth, cost,
+                               mesh)
     before = _TRACES["generate"]
-    b = len(prompts)
-    auto = None if eng.policy is None else auto_state(eng, placeholder_cost(eng, b), b)
-    run, compile_s = _compiled(eng, params, (*args, auto, jnp.int32(eng.max_steps)))
+    b = len(prompts) * (1 if mesh is None else jax.process_count())
+    auto = None if eng.policy is None else _put_auto(auto_state(eng, placeholder_cost(eng, b), b), mesh)
+    limit = _put(np.int32(eng.max_steps), mesh)
+    run, compile_s = _compiled(eng, params, (*args, auto, limit))
     cost_source = None
     if auto is not None:
         table, cost_source = cost_table(eng, b, cost, cost_key(eng, [np.shape(a) for a in args[:2]]),
                                         lambda k, w, n: _timed_generate(run, params, args, auto, k, w, n),
-                                        warm=warm_steps(int(np.max(args[2] - args[1]))))
-        auto = auto_state(eng, table, b)
+                                        warm=warm_steps(int(np.max(local_rows(args[2]) - local_rows(args[1])))))
+        auto = _put_auto(auto_state(eng, table, b), mesh)
     t0 = time.perf_counter()
-    st = jax.device_get(run(params, *args, auto, jnp.int32(eng.max_steps)))
+    st, status = fetch(run(params, *args, auto, limit))
     run_s = time.perf_counter() - t0
     compiles = _TRACES["generate"] - before
-    _check_status(st)
+    _check_status(status)
     result_metrics = metrics(st, eng, compiles)
     if cost_source is not None:
         result_metrics["cost_source"] = cost_source
@@ -585,17 +643,33 @@ def _compiled(eng: EngineConfig, params: dict, args: tuple):
         _COMPILED.move_to_end(key)
         return _COMPILED[key], 0.0
     t0 = time.perf_counter()
-    fn = _generate.lower(eng, params, *args).compile()
+    with mesh_context(eng):
+        run = _generate if eng.mesh is None else _generate_on(eng, params, args)
+        fn = run.lower(eng, params, *args).compile()
     _COMPILED[key] = fn
     if len(_COMPILED) > _COMPILED_MAX:
         _COMPILED.popitem(last=False)
     return fn, time.perf_counter() - t0
 
 
-def _check_status(st) -> None:
+def fetch(st: EngineState) -> tuple[EngineState, np.ndarray]:
+    """What comes back to the host from a finished state: every array but the caches and the
+    drafter state (this process's rows of them), and the caches' status ``[B]``."""
+    small = st.replace(cache=None, dstate=None)
+    return jax.tree.map(local_rows, small), local_rows(st.cache.status)
+
+
+def _put_auto(auto: AutoState, mesh) -> AutoState:
+    """``depth="auto"``'s data, replicated on every device of ``mesh`` (explicitly placed)."""
+    if mesh is None:
+        return jax.device_put(auto)
+    return jax.device_put(auto, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+
+
+def _check_status(status) -> None:
     """Surface any cache status bit (a refused write or advance) instead of returning tokens
     computed from a cache that fell behind."""
-    bad = describe_status(st.cache.status)
+    bad = describe_status(status)
     if bad:
         raise RuntimeError(f"KV cache refused a write or advance (engine bug or undersized cache): rows {bad}")
 

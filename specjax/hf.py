@@ -17,6 +17,7 @@ import numpy as np
 
 from specjax.model import Model, ModelConfig, RopeScaling, fuse_params, unfuse_params
 from specjax.mtp_head import MTP_WEIGHTS, load_mtp
+from specjax.sharding import shard_model
 
 __all__ = ["HFTokenizer", "generate_text", "load_hf_checkpoint", "load_tokenizer", "save_hf_checkpoint"]
 
@@ -207,8 +208,8 @@ def _tensor_files(path: Path) -> dict[str, Path]:
 
 
 class _Reader:
-    def __init__(self, files: dict[str, Path], dtype):
-        self.files, self.dtype, self.used = files, dtype, set()
+    def __init__(self, files: dict[str, Path], dtype, host: bool = False):
+        self.files, self.dtype, self.used, self.host = files, dtype, set(), host
 
     def get(self, name: str, shape: tuple[int, ...], transpose: bool = False):
         from safetensors import safe_open
@@ -219,7 +220,7 @@ class _Reader:
         if not path.exists():
             raise ValueError(f"{path}: shard file for tensor {name!r} not found")
         try:
-            with safe_open(str(path), framework="flax") as f:
+            with safe_open(str(path), framework="numpy" if self.host else "flax") as f:
                 x = f.get_tensor(name)
         except Exception as e:  # truncated or corrupt file
             raise ValueError(f"{path}: cannot read tensor {name!r} ({e})") from None
@@ -228,10 +229,12 @@ class _Reader:
             raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(x.shape)}, expected {tuple(want)}")
         self.used.add(name)
         x = x.T if transpose else x
+        if self.host:  # kept on the host, to be placed shard by shard (load_hf_checkpoint(mesh=))
+            return x if self.dtype is None else x.astype(self.dtype)
         return jnp.asarray(x, self.dtype if self.dtype is not None else x.dtype)
 
 
-def load_hf_checkpoint(path: str | Path, dtype=None, mtp: str | Path | None = None) -> Model:
+def load_hf_checkpoint(path: str | Path, dtype=None, mtp: str | Path | None = None, mesh=None) -> Model:
     """Load a local Llama / Qwen2 / Mistral / Qwen3 / Gemma 3 (text) checkpoint directory as a
     specjax ``Model``.
 
@@ -240,6 +243,8 @@ def load_hf_checkpoint(path: str | Path, dtype=None, mtp: str | Path | None = No
     Norms, softmax, RoPE and logits are computed in float32 whatever the dtype.
     ``mtp``: a directory holding an MTP module made by ``specjax train-mtp`` (``mtp.safetensors``
     + ``mtp_config.json``) to attach; by default the checkpoint directory's own, if it has one.
+    ``mesh`` (``specjax.make_mesh``): the model sharded for it (``specjax.sharding``): tensors are
+    read on the host and each device receives only its slice (none is gathered on one device).
     """
     path = Path(path)
     if not path.is_dir():
@@ -247,7 +252,8 @@ def load_hf_checkpoint(path: str | Path, dtype=None, mtp: str | Path | None = No
     cfg, _, _ = _config(path)
     if isinstance(dtype, str) and dtype not in _DTYPES:
         raise ValueError(f"dtype={dtype!r} is invalid: must be one of {list(_DTYPES)}, a jnp dtype or None")
-    r = _Reader(_tensor_files(path), _DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype)
+    r = _Reader(_tensor_files(path), _DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype,
+                host=mesh is not None)
     d, hd, f = cfg.d_model, cfg.head_dim, cfg.d_ff
     nq, nkv = cfg.n_heads * hd, cfg.n_kv_heads * hd
     layers = []
@@ -289,7 +295,8 @@ def load_hf_checkpoint(path: str | Path, dtype=None, mtp: str | Path | None = No
     model = Model(fuse_params(params), cfg)  # HF's separate q/k/v and gate/up -> one matmul each
     if mtp is None and (path / MTP_WEIGHTS).exists():
         mtp = path
-    return model if mtp is None else load_mtp(model, mtp)
+    model = model if mtp is None else load_mtp(model, mtp)
+    return model if mesh is None else shard_model(model, mesh)
 
 
 def save_hf_checkpoint(model: Model, path: str | Path) -> None:
@@ -298,6 +305,9 @@ def save_hf_checkpoint(model: Model, path: str | Path) -> None:
     which those architectures lack, are not written."""
     from safetensors.numpy import save_file
 
+    if model.config.shard_groups != 1:
+        raise ValueError("export the model as loaded, not its shard_model() layout "
+                         f"(shard_groups={model.config.shard_groups}, KV heads replicated)")
     cfg, p = model.config, unfuse_params(model.params, model.config)
     if cfg.compressed_layers:
         raise ValueError(f"compressed-memory layers {list(cfg.compressed_layers)} have no transformers architecture "

@@ -39,7 +39,10 @@ def attach_mtp(model: Model, seed: int = 0, dtype=jnp.float32) -> Model:
 
 
 def _base(config: ModelConfig) -> dict:
-    return dataclasses.replace(config, mtp_depth=0).to_dict()
+    """The architecture an MTP module is trained for (not the sharded layout: ``shard_groups``)."""
+    out = dataclasses.replace(config, mtp_depth=0).to_dict()
+    out.pop("shard_groups")
+    return out
 
 
 def _name(path) -> str:
@@ -96,7 +99,7 @@ def load_mtp(model: Model, directory: str | pathlib.Path) -> Model:
             x = f.get_tensor(name)
             if x.shape != shape:
                 raise ValueError(f"{w_path}: tensor {name!r} has shape {x.shape}, expected {shape}")
-            loaded[name] = jnp.asarray(x, dtype)
+            loaded[name] = x.astype(dtype) if isinstance(model.params["embed"], np.ndarray) else jnp.asarray(x, dtype)
     mtp = jax.tree_util.tree_map_with_path(lambda p, _: loaded[_name(p)], like)
     return Model({**model.params, "mtp": mtp}, cfg)
 

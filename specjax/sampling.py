@@ -34,12 +34,13 @@ class RowSampling:
     top_p: jax.Array  # float32 in (0, 1]; 1: no top-p filter
 
     @classmethod
-    def rows(cls, temperature, top_k, top_p) -> RowSampling:
-        """From host lists (``None`` entries: filter off)."""
+    def rows(cls, temperature, top_k, top_p, *, host: bool = False) -> RowSampling:
+        """From host lists (``None`` entries: filter off); ``host``: NumPy arrays (to place)."""
+        put = np.asarray if host else jnp.asarray
         return cls(
-            jnp.asarray(np.asarray(temperature, np.float32)),
-            jnp.asarray(np.array([0 if k is None else k for k in top_k], np.int32)),
-            jnp.asarray(np.array([1.0 if p is None else p for p in top_p], np.float32)),
+            put(np.asarray(temperature, np.float32)),
+            put(np.array([0 if k is None else k for k in top_k], np.int32)),
+            put(np.array([1.0 if p is None else p for p in top_p], np.float32)),
         )
 
 

@@ -22,13 +22,16 @@ from specjax.engine import (
     auto_state,
     cost_key,
     cost_table,
+    fetch,
     generate,
+    mesh_context,
     placeholder_cost,
     prefill,
     warm_steps,
 )
 from specjax.metrics import GenerationResult, metrics, tokens
 from specjax.model.llama import Model
+from specjax.sharding import local_rows
 
 __all__ = ["StreamChunk", "stream"]
 
@@ -59,21 +62,23 @@ def stream(model: Model, prompts: list[list[int]], **kwargs: Any) -> Iterator[St
     bound = inspect.signature(generate).bind(model, prompts, **kwargs)
     bound.apply_defaults()
     eng, params, args = _setup(**bound.arguments)
-    st = prefill(eng, params, *args)
-    if eng.policy is not None:
-        st = st.replace(auto=_auto_for_stream(eng, params, args, bound.arguments["cost"]))
-    # the first token comes from prefill; afterwards each step reads back only [B, w] tokens
-    first, done, i = jax.device_get((st.seq[jnp.arange(st.seq.shape[0]), args[1]], st.done, st.i))
+    with mesh_context(eng):  # under a mesh: traced with attention per shard
+        st = prefill(eng, params, *args)
+        if eng.policy is not None:
+            st = st.replace(auto=_auto_for_stream(eng, params, args, bound.arguments["cost"]))
+    # the first token comes from prefill; afterwards each step reads back only [B, w] tokens (this process's rows)
+    first, done, i = jax.tree.map(local_rows, (st.seq[jnp.arange(st.seq.shape[0]), args[1]], st.done, st.i))
     new = [[int(t)] for t in first]
     while True:
         if bool(done.all()) or int(i) >= eng.max_steps:
-            host = jax.device_get(st)
-            _check_status(host)
+            host, status = fetch(st)
+            _check_status(status)
             yield StreamChunk(new, GenerationResult(tokens(host), metrics(host, eng, 0)))
             return
         yield StreamChunk(new, None)
-        st, small = _stream_step(eng, params, st)
-        toks, n_new, done, i = jax.device_get(small)
+        with mesh_context(eng):
+            st, small = _stream_step(eng, params, st)
+        toks, n_new, done, i = jax.tree.map(local_rows, small)
         new = [toks[r, : n_new[r]].tolist() for r in range(toks.shape[0])]
 
 
@@ -97,7 +102,7 @@ def _auto_for_stream(eng: EngineConfig, params: dict, args: tuple, cost):
         scratch[0] = s
         return time.perf_counter() - t0, n
     table, _ = cost_table(eng, b, cost, cost_key(eng, [np.shape(a) for a in args[:2]] + [["stream"]]), timed,
-                          warm=warm_steps(int(np.max(args[2] - args[1]))), baseline=False)
+                          warm=warm_steps(int(np.max(local_rows(args[2]) - local_rows(args[1])))), baseline=False)
     return auto_state(eng, table, b)
 
 

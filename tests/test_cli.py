@@ -84,6 +84,9 @@ def test_help_shows_every_default(capsys):
     (["generate", "x", "--depth", "deep"], "argument --depth: must be an int or 'auto', got 'deep'"),
     (["generate", "y" * 300], "prompts[0]='301 tokens' is invalid"),
     (["batch", "/no/such/jobs.jsonl", "--out", "/tmp/never-written.jsonl"], "/no/such/jobs.jsonl: no such file"),
+    (["generate", "x", "--mesh", "4by2"], "argument --mesh: mesh '4by2' must be DATAxMODEL"),
+    (["generate", "x", "--mesh", "2x2"], "mesh data=2 x model=2 must cover the 1 devices exactly"),
+    (["memory", "--mesh", "4x2", "--batch", "6"], "batch=6 is invalid: must divide by the mesh's data axis (4)"),
 ])
 def test_cli_errors_are_one_line_in_a_real_process(argv, match):
     """Run as a user does (``python -m specjax``): one error line, exit 2, no traceback."""
@@ -94,3 +97,20 @@ def test_cli_errors_are_one_line_in_a_real_process(argv, match):
                           timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.count("\n") == 1 and match in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_memory_sizes_a_llama3_8b_shaped_config_on_a_v5e8_shaped_mesh(capsys):
+    """Sizing needs no devices (abstract shapes): per-device bytes from the sharding table."""
+    import json
+
+    assert cli.main(["memory", "--config", "llama3-8b", "--mesh", "4x2", "--batch", "64", "--context", "8192",
+                     "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    # bf16 Llama-3-8B: 8.03e9 weights x 2 bytes, split over the model axis of 2 (norms aside)
+    assert 8.0e9 < got["params"] < 8.06e9
+    # K and V: 16 rows x capacity x 32 layers x 4 of the 8 KV heads x 128 x 2 bytes (+ per-row lengths)
+    assert 0 <= got["kv_cache"] - 16 * got["capacity"] * 32 * 4 * 128 * 2 * 2 < 1024
+    assert got["total"] >= got["params"] + got["kv_cache"]
+    assert cli.main(["memory", "--config", "llama3-8b", "--mesh", "1x8", "--batch", "64", "--context", "8192"]) == 0
+    out = capsys.readouterr().out
+    assert "per device" in out and "kv_cache" in out and "GiB" in out

@@ -31,6 +31,11 @@ class ModelConfig:
     each residual add: Gemma 3); ``mlp_act`` (``"silu"`` SwiGLU or ``"gelu_tanh"`` GeGLU);
     ``embed_scale`` (embeddings multiplied by it, in their dtype); ``query_pre_attn_scalar``
     (attention scale ``s ** -0.5`` instead of ``head_dim ** -0.5``).
+
+    ``shard_groups = G``: the fused ``wqkv`` holds ``G`` column groups ``[q_g | k_g | v_g]`` (each
+    group ``1/G`` of the heads) and ``w_gate_up`` ``G`` groups ``[gate_g | up_g]``, so a column
+    split over ``G`` devices keeps each device's q, k, v (gate, up) together. ``1``: the plain
+    ``[q | k | v]`` layout. Set by ``specjax.sharding.shard_model``, never by checkpoints.
     """
 
     vocab_size: int
@@ -60,6 +65,7 @@ class ModelConfig:
     mlp_act: str = "silu"
     embed_scale: float = 1.0
     query_pre_attn_scalar: float | None = None
+    shard_groups: int = 1  # column groups of the fused wqkv / w_gate_up (tensor parallelism: specjax.sharding)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"):
@@ -101,6 +107,10 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.mlp_act must be one of {list(MLP_ACTS)}, got {self.mlp_act!r}")
         if self.query_pre_attn_scalar is not None and not self.query_pre_attn_scalar > 0:
             raise ValueError(f"query_pre_attn_scalar must be > 0 or None, got {self.query_pre_attn_scalar!r}")
+        g = self.shard_groups
+        if not isinstance(g, int) or g < 1 or self.n_heads % g or self.n_kv_heads % g or self.d_ff % g:
+            raise ValueError(f"shard_groups={g!r} must be an int >= 1 dividing n_heads={self.n_heads}, "
+                             f"n_kv_heads={self.n_kv_heads} and d_ff={self.d_ff}")
         if self.head_dim is None:  # one field, always concrete: no second name for the head size
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
 

@@ -30,6 +30,7 @@ from specjax.cache.compressed import compressed_attention
 from specjax.masks import visible
 from specjax.model.config import ModelConfig
 from specjax.model.rope import rope, rope_frequencies
+from specjax.sharding import per_shard
 
 __all__ = [
     "LAYER_LOOPS", "Model", "ModelCache", "embed", "forward", "forward_hidden", "fuse_params", "head", "init_cache",
@@ -88,7 +89,8 @@ def _fuse_block(p: dict) -> dict:
     out = {k: v for k, v in p.items() if not any(k in parts for parts in _FUSED.values())}
     for fused, parts in _FUSED.items():
         if parts[0] in p:
-            out[fused] = jnp.concatenate([p[n] for n in parts], axis=-1)
+            xp = np if isinstance(p[parts[0]], np.ndarray) else jnp  # host arrays stay on the host
+            out[fused] = xp.concatenate([p[n] for n in parts], axis=-1)
     return out
 
 
@@ -216,8 +218,9 @@ def _qkv(p: dict, x: jax.Array, positions: jax.Array, cfg: ModelConfig, layer: i
     qkv = h @ p["wqkv"]  # one matmul for q, k and v
     if cfg.qkv_bias:
         qkv = qkv + p["bqkv"]
-    hd = cfg.head_dim
-    nq, nkv = cfg.n_heads * hd, cfg.n_kv_heads * hd
+    hd, g = cfg.head_dim, cfg.shard_groups
+    nq, nkv = cfg.n_heads * hd // g, cfg.n_kv_heads * hd // g  # per column group (one device's under sharding)
+    qkv = qkv.reshape(b, t, g, -1)
     q = qkv[..., :nq].reshape(b, t, cfg.n_heads, hd)
     k = qkv[..., nq : nq + nkv].reshape(b, t, cfg.n_kv_heads, hd)
     if cfg.qk_norm:
@@ -236,8 +239,9 @@ def _finish_block(p: dict, x: jax.Array, attn: jax.Array, cfg: ModelConfig) -> j
     a = attn.reshape(b, t, -1) @ p["wo"]
     x = x + (_norm(a, p["post_attn_norm"], cfg) if cfg.sandwich_norm else a)
     h = _norm(x, p["mlp_norm"], cfg)
-    gate_up = h @ p["w_gate_up"]  # one matmul for gate and up
-    gate, up = gate_up[..., : cfg.d_ff], gate_up[..., cfg.d_ff :]
+    gate_up = (h @ p["w_gate_up"]).reshape(b, t, cfg.shard_groups, -1)  # one matmul for gate and up
+    f = cfg.d_ff // cfg.shard_groups
+    gate, up = gate_up[..., :f].reshape(b, t, -1), gate_up[..., f:].reshape(b, t, -1)
     act = jax.nn.silu(gate) if cfg.mlp_act == "silu" else jax.nn.gelu(gate, approximate=True)
     m = (act * up) @ p["w_down"]
     return x + (_norm(m, p["post_mlp_norm"], cfg) if cfg.sandwich_norm else m)
@@ -433,6 +437,9 @@ def forward_hidden(
         raise ValueError(f"the params' layers are laid out for layer_loop={loop!r} but the cache is "
                          f"{'not ' if loop == 'scan' else ''}stacked: init_cache(..., stacked={loop == 'scan'})")
 
+    def attend(c, q, idx):  # one device's rows and heads under a mesh (per_shard)
+        return c.attend(q, idx, impl=attention_impl)
+
     def layer_fn(x, caches, kind_layer, layer, idx):
         glob, loc, mem = caches
         p = layer_params(params, layer)
@@ -443,10 +450,10 @@ def forward_hidden(
             loc, attn = loc.write_attend(idx, q, k, v)
         elif config.is_local(kind_layer):
             loc = loc.write(idx, k, v)
-            attn = loc.attend(q, idx, impl=attention_impl)
+            attn = per_shard(attend, loc, q, idx)
         else:
             glob = glob.write(idx, k, v)
-            attn = glob.attend(q, idx, impl=attention_impl)
+            attn = per_shard(attend, glob, q, idx)
         return _finish_block(p, x, attn, config), (glob, loc, mem)
 
     caches = (cache.global_kv, cache.local_kv, cache.memory_kv)
@@ -539,7 +546,7 @@ def mtp_hidden(
         attn = _causal_attention(q, k, v, None)
     else:
         cache = cache.write(0, k, v)
-        attn = cache.attend(q, 0, impl=attention_impl)
+        attn = per_shard(lambda c, q, layer: c.attend(q, layer, impl=attention_impl), cache, q)
     return _finish_block(m["block"], x, attn, config), cache
 
 

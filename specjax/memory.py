@@ -1,0 +1,192 @@
+"""Sizing before running: per-device bytes of a generation on a ``(data, model)`` mesh.
+
+Every figure comes from abstract shapes (``jax.eval_shape``: nothing is allocated, so a
+Llama-3-8B-shaped config sizes on a laptop) placed by ``specjax.sharding``'s table:
+
+* ``params``: the weights laid out for the model axis (KV heads replicated where they must be);
+* ``kv_cache``: the target's caches; ``drafter``: the drafter's state (the MTP block's cache,
+  a draft model's caches); ``rows``: every other per-row array (tokens, trace, counters);
+* ``step_activation``: the largest single tensor one decode step makes (float32 logits over
+  the window, the MLP's input matmul, one attention score block); ``prefill_activation``:
+  the same over the prompt (the prefill's logits are one position per row).
+
+``check_compiled`` compares the first four with what XLA's own ``memory_analysis()`` reports
+for the compiled decode step (tested on eight CPU devices).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.cache.base import XLA_SINGLE_PASS, key_block
+from specjax.model import Model, ModelConfig, init_model
+from specjax.sharding import DATA, MODEL, param_specs, sharded_config, sharded_layout, state_specs
+
+__all__ = ["PRESETS", "MemoryPlan", "check_compiled", "memory_plan", "resolve_config"]
+
+# shapes of public checkpoints (sizing only: no weights)
+PRESETS = {
+    "llama3-8b": ModelConfig(vocab_size=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, d_ff=14336,
+                             max_seq_len=8192, mtp_depth=0, tie_embeddings=False, rope_theta=500000.0),
+    "llama3-70b": ModelConfig(vocab_size=128256, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, d_ff=28672,
+                              max_seq_len=8192, mtp_depth=0, tie_embeddings=False, rope_theta=500000.0),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """Per-device bytes (the largest device's: a replicated array counts whole on each)."""
+
+    params: int
+    kv_cache: int
+    drafter: int
+    rows: int
+    step_activation: int
+    prefill_activation: int
+    mesh: tuple[int, int]
+    batch: int
+    context: int
+    capacity: int
+    kv_heads: int  # after replication for the model axis
+
+    @property
+    def total(self) -> int:
+        """Resident state plus the larger of the two activation peaks (a lower bound on the peak)."""
+        return self.params + self.kv_cache + self.drafter + self.rows + max(self.step_activation,
+                                                                            self.prefill_activation)
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "total": self.total}
+
+
+def _mesh_like(data: int, model: int):
+    """What the table reads of a mesh (its axis sizes): sizing needs no devices."""
+    return types.SimpleNamespace(shape={DATA: data, MODEL: model})
+
+
+def _per_device(tree, specs, mesh) -> int:
+    """Bytes of ``tree``'s leaves on one device under ``specs``."""
+    leaves = jax.tree.leaves(tree)
+    flat = jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec))
+    total = 0
+    for x, spec in zip(leaves, flat, strict=True):
+        split = int(np.prod([mesh.shape[a] for a in spec if a is not None], dtype=np.int64)) if len(spec) else 1
+        total += int(np.prod(x.shape, dtype=np.int64)) * jnp.dtype(x.dtype).itemsize // split
+    return total
+
+
+def resolve_config(name: str) -> ModelConfig:
+    """A preset name (``PRESETS``), a specjax bundle directory, or a Hugging Face checkpoint
+    directory (or its ``config.json``); ``ValueError`` naming what is allowed otherwise."""
+    if name in PRESETS:
+        return PRESETS[name]
+    path = pathlib.Path(name)
+    if path.name == "config.json":
+        path = path.parent
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise ValueError(f"--config {name!r} is invalid: a preset ({', '.join(PRESETS)}), a specjax bundle or a "
+                         "Hugging Face checkpoint directory")
+    raw = json.loads(cfg_file.read_text())
+    if raw.get("format") == "specjax-bundle":
+        return ModelConfig(**raw["target"])
+    from specjax.hf import _config
+
+    return _config(path)[0]
+
+
+def _abstract_state(cfg: ModelConfig, data: int, model: int, batch: int, prompt: int, new: int, depth: int,
+                    drafter: str | None, cache: str, dtype):
+    """``(engine, params, state)`` as shapes: the laid-out params and the state right after prefill."""
+    from specjax.advance import KvAdvance
+    from specjax.engine import _fresh_prefill, make_engine, request_capacity
+    from specjax.sampling import RowSampling
+
+    laid = jax.eval_shape(lambda: sharded_layout(init_model(cfg, dtype=dtype).params, cfg, model)[0])
+    cfg2 = sharded_config(cfg, model)
+    capacity = request_capacity(prompt, new, depth)
+    eng = make_engine(Model(laid, cfg2), drafter=drafter, draft_model=None, depth=depth,
+                      kv_advance_rule=KvAdvance.PER_SEQUENCE, cache=cache, capacity=capacity)
+    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
+    f32 = jax.ShapeDtypeStruct((batch,), jnp.float32)
+    args = (i32(batch, prompt), i32(batch), i32(batch), i32(batch, 4), jax.ShapeDtypeStruct((batch,), jnp.uint32),
+            RowSampling(f32, i32(batch), f32))
+    params = {"target": laid}
+    st = jax.eval_shape(lambda p, *a: _fresh_prefill(eng, p, *a), params, *args)
+    return eng, params, st
+
+
+def memory_plan(config: ModelConfig, *, data: int = 1, model: int = 1, batch: int, context: int,
+                prompt: int | None = None, depth: int = 3, drafter: str | None = "ngram", cache: str = "dense",
+                dtype="bfloat16") -> MemoryPlan:
+    """Per-device bytes of generating ``batch`` rows of up to ``context`` tokens each (``prompt``
+    of them the prompt: default half) on a ``data x model`` mesh."""
+    for name, v in (("data", data), ("model", model), ("batch", batch), ("context", context), ("depth", depth)):
+        if not isinstance(v, int) or v < (0 if name == "depth" else 1):
+            raise ValueError(f"{name}={v!r} is invalid: must be an int >= {0 if name == 'depth' else 1}")
+    if drafter not in ("mtp", "ngram", None):
+        raise ValueError(f"drafter={drafter!r} is invalid: sizing covers 'mtp', 'ngram' or None (size a draft "
+                         "model as its own config)")
+    if drafter == "mtp" and config.mtp_depth < 1:
+        raise ValueError("drafter='mtp' is invalid: the config has no MTP module (mtp_depth=0)")
+    if batch % data:
+        raise ValueError(f"batch={batch} is invalid: must divide by the mesh's data axis ({data})")
+    prompt = context // 2 if prompt is None else prompt
+    if not 1 <= prompt < context:
+        raise ValueError(f"prompt={prompt} is invalid: must lie in [1, context={context})")
+    dtype = jnp.dtype(dtype)
+    mesh = _mesh_like(data, model)
+    eng, params, st = _abstract_state(config, data, model, batch, prompt, context - prompt, depth, drafter, cache,
+                                      dtype)
+    specs = state_specs(st, mesh)
+    cfg2 = eng.config
+    kv = _per_device(st.cache, specs.cache, mesh)
+    drafter_b = _per_device(st.dstate, specs.dstate, mesh) if st.dstate is not None else 0
+    rows = _per_device(st.replace(cache=None, dstate=None), specs.replace(cache=None, dstate=None), mesh)
+    b, m = batch // data, model
+    v = cfg2.vocab_size // m if cfg2.vocab_size % m == 0 else cfg2.vocab_size
+    hq = cfg2.n_heads // m
+    item = dtype.itemsize
+
+    def peak(t: int, logit_rows: int) -> int:
+        kb = key_block(eng.capacity) if eng.capacity > XLA_SINGLE_PASS else eng.capacity
+        return max(b * logit_rows * v * 4,  # float32 logits
+                   b * t * 2 * cfg2.d_ff // m * item,  # the MLP's gate|up
+                   b * hq * t * kb * 4)  # one block of float32 attention scores
+    return MemoryPlan(
+        params=_per_device(params, param_specs(params, mesh), mesh), kv_cache=kv, drafter=drafter_b, rows=rows,
+        step_activation=peak(eng.window, eng.window), prefill_activation=peak(prompt, 1), mesh=(data, model),
+        batch=batch, context=context, capacity=eng.capacity, kv_heads=cfg2.n_kv_heads)
+
+
+def check_compiled(config: ModelConfig, mesh, *, batch: int, context: int, depth: int = 3,
+                   drafter: str | None = "ngram", cache: str = "dense", dtype="float32") -> dict:
+    """The plan against XLA: compile one decode step (``specjax.engine.step``) on ``mesh`` for
+    abstract inputs and read its ``memory_analysis()`` (per device). Returns both figures."""
+    from specjax.engine import _step
+    from specjax.sharding import shardings
+
+    data, model = mesh.shape[DATA], mesh.shape[MODEL]
+    plan = memory_plan(config, data=data, model=model, batch=batch, context=context, depth=depth, drafter=drafter,
+                       cache=cache, dtype=dtype)
+    eng, params, st = _abstract_state(config, data, model, batch, context // 2, context - context // 2, depth,
+                                      drafter, cache, jnp.dtype(dtype))
+    eng = dataclasses.replace(eng, mesh=mesh)
+    place = lambda tree, specs: jax.tree.map(  # noqa: E731
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings(specs, mesh))
+    p_abs = place(params, param_specs(params, mesh))
+    s_abs = place(st, state_specs(st, mesh))
+    with jax.set_mesh(mesh):
+        step = jax.jit(lambda p, s: _step(eng, p, s), donate_argnums=1, keep_unused=True)  # all of the state counts
+        compiled = step.lower(p_abs, s_abs).compile()
+    ma = compiled.memory_analysis()
+    return {"plan": plan.to_dict(), "xla_argument_bytes": int(ma.argument_size_in_bytes),
+            "xla_temp_bytes": int(ma.temp_size_in_bytes),
+            "plan_argument_bytes": plan.params + plan.kv_cache + plan.drafter + plan.rows}

@@ -1,0 +1,328 @@
+"""Many devices: a ``("data", "model")`` mesh, the one table saying where every array lives,
+and the model layout tensor parallelism needs.
+
+* ``"data"`` splits the batch: every per-row array of the engine state (tokens, lengths,
+  caches, drafter state, seeds, sampling settings, counters) is split on its row axis.
+* ``"model"`` splits the model Megatron-style: the fused ``wqkv`` and ``w_gate_up`` by columns
+  (column-parallel), ``wo`` and ``w_down`` by rows (row-parallel: XLA inserts one all-reduce
+  after attention and one after the MLP), the vocabulary of ``embed``/``lm_head``, and the
+  KV heads of every cache.
+
+Everything runs as one SPMD program: the engine's jitted loop takes arrays placed by this
+table and XLA's partitioner (GSPMD) keeps them there; attention runs per shard under
+``shard_map`` (``per_shard``), so the Pallas kernels see only their own rows and heads.
+
+KV heads are split over ``"model"``; when ``n_kv_heads`` does not divide by the model axis
+(``n_kv_heads < model``: Llama-3-8B's 8 KV heads on 16 devices), ``shard_model`` replicates
+each KV head to ``lcm(n_kv_heads, model)`` heads. The model's output is unchanged (each query
+head still reads a copy of its own KV head); the cost is ``lcm / n_kv_heads`` times the KV
+cache bytes and the K/V projection FLOPs.
+
+The paged pool is split over ``"model"`` (heads) and replicated over ``"data"``: a block
+table's page ids are global (one allocator), so every data shard holds the whole pool and a
+page write reaches every data shard. A per-data-shard allocator (one pool per shard, each
+1/data of the pages) is not built yet: the paged cache costs ``data`` times its pool on a
+data-parallel mesh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from specjax.model.config import ModelConfig
+
+__all__ = [
+    "DATA", "MODEL", "PARAM_RULES", "STATE_RULES", "agree_max", "constrain", "local_rows", "make_mesh", "parse_mesh",
+    "param_specs", "per_shard", "place", "put_rows", "shard_model", "sharded_config", "sharded_layout", "shardings",
+    "spec_mismatches", "state_specs",
+]
+
+DATA, MODEL = "data", "model"
+
+# ----------------------------------------------------------------------------- the table
+
+# A parameter's spec by its name (the last key of its path; a stacked layer's leading [L]
+# axis is never split). Every parameter must match one rule.
+PARAM_RULES: tuple[tuple[str, P], ...] = (
+    (r"embed", P(MODEL, None)),  # [V, d]: vocabulary rows (the lookup and the tied head)
+    (r"lm_head", P(None, MODEL)),  # [d, V]: vocabulary columns (logits split over the vocabulary)
+    (r"wqkv", P(None, MODEL)),  # [d, G * (q_g + k_g + v_g)]: column-parallel, one group per device
+    (r"bqkv", P(MODEL)),
+    (r"w[qkv]|w_gate|w_up", P(None, MODEL)),  # the separate tensors checkpoints store (read straight into
+    (r"b[qkv]", P(MODEL)),  # these shardings, then fused on device: ``load_model(mesh=)``)
+    (r"wo", P(MODEL, None)),  # [Hq * hd, d]: row-parallel (all-reduce after attention)
+    (r"w_gate_up", P(None, MODEL)),  # [d, G * (gate_g + up_g)]: column-parallel
+    (r"w_down", P(MODEL, None)),  # [d_ff, d]: row-parallel (all-reduce after the MLP)
+    (r"proj", P()),  # MTP [2d, d]: small, replicated
+    (r".*norm.*", P()),  # every norm weight
+)
+
+KV_ROWS = P(DATA, MODEL, None, None)  # a per-row KV buffer, one layer: [B, Hkv, slots, D]
+# An engine-state leaf's spec by (the class holding it, its field). Unlisted fields are
+# per-row ``[B, ...]`` arrays: split on the row axis over "data" (the rule that covers tokens,
+# lengths, seeds, sampling settings, counters, the MTP hidden and every cache's lengths).
+STATE_RULES: dict[tuple[str, str], P] = {
+    ("DenseKVCache", "k"): KV_ROWS, ("DenseKVCache", "v"): KV_ROWS,
+    ("RollingKVCache", "k"): KV_ROWS, ("RollingKVCache", "v"): KV_ROWS,
+    ("CompressedKVCache", "k"): KV_ROWS, ("CompressedKVCache", "v"): KV_ROWS,
+    ("CompressedKVCache", "mem_k"): KV_ROWS, ("CompressedKVCache", "mem_v"): KV_ROWS,
+    ("PagedKVCache", "k"): P(None, MODEL, None, None),  # the pool [pages, Hkv, page, D]: global page ids
+    ("PagedKVCache", "v"): P(None, MODEL, None, None),
+    ("PagedKVCache", "free_pages"): P(),  # one allocator for the pool
+    ("PagedKVCache", "num_free"): P(),
+    ("EngineState", "i"): P(),  # the step counter
+    ("EngineState", "auto"): P(),  # depth="auto"'s cost table and window counts
+}
+ROWS = P(DATA)
+
+
+def make_mesh(data: int | None = None, model: int = 1, *, devices: list | None = None) -> Mesh:
+    """A ``(data, model)`` mesh over ``devices`` (default: all of them). ``data`` defaults to
+    the devices left after ``model``. The model axis takes neighbouring devices (on TPU/GPU the
+    fastest links carry its all-reduces)."""
+    devices = list(jax.devices() if devices is None else devices)
+    if not isinstance(model, int) or model < 1:
+        raise ValueError(f"model={model!r} must be an int >= 1")
+    if data is None:
+        data = len(devices) // model
+    if not isinstance(data, int) or data < 1 or data * model != len(devices):
+        raise ValueError(f"mesh data={data!r} x model={model} must cover the {len(devices)} devices exactly")
+    return Mesh(np.asarray(devices, dtype=object).reshape(data, model), (DATA, MODEL))
+
+
+def parse_mesh(text: str) -> tuple[int, int]:
+    """``"4x2"`` -> ``(data=4, model=2)``."""
+    m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", str(text))
+    if not m or min(int(m[1]), int(m[2])) < 1:
+        raise ValueError(f"mesh {text!r} must be DATAxMODEL with both >= 1, e.g. 4x2")
+    return int(m[1]), int(m[2])
+
+
+def _fit(spec: P, shape: tuple, mesh: Mesh) -> P:
+    """``spec`` for an array of ``shape``: a stacked leading ``[L]`` axis (the one ``spec``
+    lacks) kept whole, and any axis that does not divide by its mesh axis replicated."""
+    parts = list(spec)
+    parts = [None] * (len(shape) - len(parts)) + parts if len(shape) > len(parts) else parts[: len(shape)]
+    return P(*[a if a is None or shape[i] % mesh.shape[a] == 0 else None for i, a in enumerate(parts)])
+
+
+def _param_rule(name: str) -> P:
+    for pattern, spec in PARAM_RULES:
+        if re.fullmatch(pattern, name):
+            return spec
+    raise KeyError(f"parameter {name!r} matches no rule in specjax.sharding.PARAM_RULES")
+
+
+def param_specs(params: dict, mesh: Mesh) -> Any:
+    """The ``PartitionSpec`` of every parameter (a pytree like ``params``)."""
+    def spec(path, x):
+        return _fit(_param_rule(str(path[-1].key)), np.shape(x), mesh)
+    return jax.tree_util.tree_map_with_path(spec, params)
+
+
+def state_specs(tree: Any, mesh: Mesh) -> Any:
+    """The ``PartitionSpec`` of every leaf of an engine state, a cache or a drafter state."""
+    def walk(x, rule: P | None):
+        if x is None:
+            return None
+        fields = getattr(type(x), "__dataclass_fields__", None)
+        if fields is not None and rule is None and hasattr(x, "replace"):  # a registered state class
+            kids = {f: walk(getattr(x, f), STATE_RULES.get((type(x).__name__, f)))
+                    for f, fd in fields.items() if not fd.metadata.get("static", False)}
+            return x.replace(**kids)
+        if isinstance(x, tuple | list):
+            return type(x)(walk(v, rule) for v in x)
+        if isinstance(x, dict):
+            return {k: walk(v, rule) for k, v in x.items()}
+        if fields is not None:  # a rule covering a whole sub-state (EngineState.auto)
+            return jax.tree.map(lambda leaf: _fit(rule, np.shape(leaf), mesh), x)
+        shape = np.shape(x)
+        if rule is None and shape:  # a per-row array [B, ...]: its first axis over "data"
+            rule = P(*ROWS, *[None] * (len(shape) - 1))
+        return _fit(rule or P(), shape, mesh)
+    return walk(tree, None)
+
+
+def shardings(specs: Any, mesh: Mesh) -> Any:
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda s: isinstance(s, P))
+
+
+def constrain(tree: Any, mesh: Mesh | None) -> Any:
+    """Inside a jitted function: pin ``tree`` (an engine state) to the table's shardings."""
+    if mesh is None:
+        return tree
+    return jax.lax.with_sharding_constraint(tree, shardings(state_specs(tree, mesh), mesh))
+
+
+def spec_mismatches(tree: Any, specs: Any, mesh: Mesh) -> list[str]:
+    """Leaves of ``tree`` whose actual sharding differs from ``specs`` (paths; empty: all agree)."""
+    out = []
+    flat_specs = jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P))
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    for (path, x), spec in zip(flat, flat_specs, strict=True):
+        want = NamedSharding(mesh, spec)
+        if not x.sharding.is_equivalent_to(want, x.ndim):
+            out.append(f"{jax.tree_util.keystr(path)}: {x.sharding.spec if hasattr(x.sharding, 'spec') else x.sharding}"
+                       f" != {spec}")
+    return out
+
+
+# ----------------------------------------------------------------------------- per-shard attention
+
+
+def per_shard(fn, cache: Any, q: jax.Array, layer: int | jax.Array = 0) -> jax.Array:
+    """``fn(cache, q, layer)`` (attention of ``q [B, t, Hq, D]`` over ``cache``) on each device's own
+    rows and heads under ``shard_map`` when a multi-device mesh is set (``jax.set_mesh``: the
+    engine sets it), else directly. Attention never mixes rows or heads, so each shard's result
+    is its block of the whole; the Pallas kernels run unchanged on their shard."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1 or set(mesh.axis_names) != {DATA, MODEL}:
+        return fn(cache, q, layer)
+    q_spec = _fit(P(DATA, None, MODEL, None), q.shape, mesh)
+    specs = (state_specs(cache, mesh), q_spec)
+    if isinstance(layer, int):  # a static layer (a tuple of per-layer buffers is indexed by it)
+        return jax.shard_map(lambda c, x: fn(c, x, layer), in_specs=specs, out_specs=q_spec, check_vma=False)(cache, q)
+    return jax.shard_map(fn, in_specs=(*specs, P()), out_specs=q_spec, check_vma=False)(cache, q, layer)
+
+
+# ----------------------------------------------------------------------------- the model's layout
+
+
+def _kv_heads(cfg: ModelConfig, model: int) -> int:
+    """KV heads after replication for a ``model``-way split: ``n_kv_heads`` when it divides,
+    else ``lcm(n_kv_heads, model)`` (each head copied), which must divide ``n_heads``."""
+    h = cfg.n_kv_heads
+    if h % model == 0:
+        return h
+    rep = math.lcm(h, model)
+    if cfg.n_heads % rep:
+        raise ValueError(f"model={model} cannot split n_heads={cfg.n_heads} with n_kv_heads={h} "
+                         f"(the KV heads replicate to {rep}, which must divide n_heads)")
+    return rep
+
+
+def sharded_layout(params: dict, cfg: ModelConfig, model: int) -> tuple[dict, ModelConfig]:
+    """``params`` (host NumPy or device arrays, the plain ``[q | k | v]`` layout) laid out for a
+    ``model``-way split: KV heads replicated where needed (``_kv_heads``), the fused matrices'
+    columns grouped per device (``ModelConfig.shard_groups``). Either layer layout."""
+    from specjax.model.llama import layer_loop  # the model imports this module (per_shard)
+
+    cfg2 = sharded_config(cfg, model)
+    if model == 1:
+        return params, cfg
+    hd, hq, hkv, hkv2 = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg2.n_kv_heads
+    rep = np.arange(hkv2) * hkv // hkv2  # new KV head j copies head rep[j]: query head h still reads its own
+    xp = jnp if any(isinstance(x, jax.Array) for x in jax.tree.leaves(params)) else np
+
+    def kv(x):
+        x = x.reshape(*x.shape[:-1], hkv, hd)[..., rep, :]
+        return x.reshape(*x.shape[:-2], hkv2 * hd)
+
+    def groups(*parts):
+        return xp.concatenate([x.reshape(*x.shape[:-1], model, -1) for x in parts], axis=-1).reshape(
+            *parts[0].shape[:-1], -1)
+
+    def block(p: dict) -> dict:
+        p = dict(p)
+        for name in ("wqkv", "bqkv"):
+            if name in p:
+                x = p[name]
+                q, k, v = x[..., : hq * hd], x[..., hq * hd : (hq + hkv) * hd], x[..., (hq + hkv) * hd :]
+                p[name] = groups(q, kv(k), kv(v))
+        f = cfg.d_ff
+        p["w_gate_up"] = groups(p["w_gate_up"][..., :f], p["w_gate_up"][..., f:])
+        return p
+
+    out = dict(params)
+    out["layers"] = [block(b) for b in params["layers"]] if layer_loop(params) == "unrolled" else block(
+        params["layers"])
+    if "mtp" in params:
+        out["mtp"] = dict(params["mtp"], block=block(params["mtp"]["block"]))
+    return out, cfg2
+
+
+def sharded_config(cfg: ModelConfig, model: int) -> ModelConfig:
+    """``cfg`` laid out for a ``model``-way split (``sharded_layout``'s config)."""
+    if cfg.shard_groups != 1:
+        raise ValueError(f"the model is already laid out for shard_groups={cfg.shard_groups}: shard the original")
+    if model == 1:
+        return cfg
+    if cfg.n_heads % model or cfg.d_ff % model:
+        raise ValueError(f"model={model} must divide n_heads={cfg.n_heads} and d_ff={cfg.d_ff}")
+    return dataclasses.replace(cfg, n_kv_heads=_kv_heads(cfg, model), shard_groups=model)
+
+
+def place(params: dict, mesh: Mesh) -> dict:
+    """Every parameter onto ``mesh`` by the table: a host (NumPy) array goes shard by shard
+    (each device receives its slice; nothing is gathered on one device), a device array is
+    resharded. With many processes every process passes the same host arrays."""
+    specs = param_specs(params, mesh)
+
+    def put(x, spec):
+        sharding = NamedSharding(mesh, spec)
+        if isinstance(x, jax.Array) or jax.process_count() == 1:
+            return jax.device_put(x, sharding)
+        x = np.asarray(x)  # many processes: each builds only its own devices' slices
+        return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+    return jax.tree.map(put, params, specs, is_leaf=lambda s: isinstance(s, P))
+
+
+def is_sharded_for(model: Any, mesh: Mesh) -> bool:
+    """Is ``model`` laid out and placed for ``mesh`` (``shard_model``'s output)?"""
+    leaf = jax.tree.leaves(model.params)[0]
+    return (model.config.shard_groups == mesh.shape[MODEL] and isinstance(leaf, jax.Array)
+            and isinstance(leaf.sharding, NamedSharding) and leaf.sharding.mesh == mesh)
+
+
+def shard_model(model: Any, mesh: Mesh) -> Any:
+    """``model`` laid out for ``mesh``'s model axis and placed by the table (a no-op when it
+    already is). The result decodes exactly as ``model`` does (the same tokens); save the
+    original, not this (its config records the sharded layout)."""
+    if is_sharded_for(model, mesh):
+        return model
+    params, cfg = sharded_layout(model.params, model.config, mesh.shape[MODEL])
+    return model.replace(params=place(params, mesh), config=cfg)
+
+
+# ----------------------------------------------------------------------------- rows in, rows out
+
+
+def put_rows(x: np.ndarray, mesh: Mesh) -> jax.Array:
+    """This process's rows ``x [b, ...]`` (host) as its part of one global array split over
+    ``"data"`` (``[b * processes, ...]``: every process passes the same count)."""
+    sharding = NamedSharding(mesh, state_specs(x, mesh))
+    if jax.process_count() == 1:
+        return jax.device_put(np.asarray(x), sharding)  # each device receives its slice of the host array
+    return jax.make_array_from_process_local_data(sharding, np.asarray(x))
+
+
+def agree_max(values: list[int]) -> list[int]:
+    """The elementwise max of ``values`` over every process (host-side; one collective)."""
+    from jax.experimental import multihost_utils
+
+    got = multihost_utils.process_allgather(np.asarray(values, np.int64))
+    return [int(v) for v in np.max(np.reshape(got, (-1, len(values))), axis=0)]
+
+
+def local_rows(x: jax.Array) -> np.ndarray:
+    """This process's rows of a row-split array, on the host (in row order); the whole array
+    with one process. A replicated array comes back whole."""
+    if jax.process_count() == 1 or x.is_fully_replicated:
+        return np.asarray(jax.device_get(x))
+    shards = sorted(x.addressable_shards, key=lambda s: s.index[0].start or 0)
+    seen, parts = set(), []
+    for s in shards:
+        start = s.index[0].start or 0
+        if start not in seen:  # one copy of each row block (model-axis replicas hold the same rows)
+            seen.add(start)
+            parts.append(np.asarray(s.data))
+    return np.concatenate(parts, axis=0)

@@ -1,0 +1,183 @@
+"""Eight CPU devices in one process: the mesh checks of ``test_sharding.py`` (run in a
+subprocess so the rest of the suite keeps one device). ``python tests/mesh_worker.py DRAFTER``
+prints one JSON line: per mesh and setting, whether the tokens equal the unsharded run, and
+every parameter and engine-state leaf whose actual sharding differs from what the test
+expects (written out here, independently of ``specjax.sharding``'s table)."""
+
+import json
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+sys.path.insert(0, os.path.dirname(__file__))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+# compile time dominates these checks (about 60 small compiles per drafter): XLA's cheaper
+# optimisation level cuts it by about 30%; sharded and unsharded runs share it
+jax.config.update("jax_disable_most_optimizations", True)
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import specjax  # noqa: E402
+from specjax import engine  # noqa: E402
+from specjax.model import ModelConfig  # noqa: E402
+from specjax.sharding import make_mesh, shard_model  # noqa: E402
+
+from engine_models import noisy, sharp  # noqa: E402
+
+# KV heads (2) fewer than the widest model axis (8); sliding-window and global layers
+CFG = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=8, d_ff=64, max_seq_len=64,
+                  tie_embeddings=False, sliding_window=6, global_every=2, mtp_depth=1)
+MESHES = ((8, 1), (4, 2), (2, 4), (1, 8))
+SETTINGS = [(rule, cache) for rule in ("per_sequence", "cohort") for cache in ("dense", "paged")]
+
+# what every parameter's spec must be (a stacked layer's [L] axis aside)
+WANT_PARAM = {"embed": P("model", None), "lm_head": P(None, "model"), "wqkv": P(None, "model"), "wo": P("model", None),
+              "w_gate_up": P(None, "model"), "w_down": P("model", None), "proj": P(), "bqkv": P("model")}
+
+
+def param_problems(params) -> list[str]:
+    out = []
+    for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
+        name = str(path[-1].key)
+        want = P() if "norm" in name else WANT_PARAM[name]
+        want = [None] * (x.ndim - len(want)) + list(want)  # a stacked layer's [L] axis: whole
+        mesh = x.sharding.mesh  # an axis that does not divide (a vocabulary of 259) stays whole
+        want = P(*[a if a is None or x.shape[i] % mesh.shape[a] == 0 else None for i, a in enumerate(want)])
+        if not x.sharding.is_equivalent_to(NamedSharding(x.sharding.mesh, want), x.ndim):
+            out.append(f"{jax.tree_util.keystr(path)} {x.sharding.spec} != {want}")
+    return out
+
+
+def state_problems(st, batch: int) -> list[str]:
+    """Every per-row leaf ([B, ...]) split over "data" on its first axis, every KV buffer's
+    heads over "model" (the paged pool: heads only), the step counter replicated."""
+    out = []
+    for path, x in jax.tree_util.tree_flatten_with_path(st)[0]:
+        key = jax.tree_util.keystr(path)
+        if key.endswith((".k", ".v")) or ".k[" in key or ".v[" in key:
+            want = (None, "model", None, None) if "global_kv" in key and "paged" in CACHE else \
+                ("data", "model", None, None)
+            want = (None,) * (x.ndim - 4) + want  # stacked layers: [L] whole
+        elif ".auto" in key or key == ".i" or key.endswith(("free_pages", "num_free")):
+            want = (None,) * x.ndim
+        elif x.ndim and x.shape[0] == batch:
+            want = ("data",) + (None,) * (x.ndim - 1)
+        else:
+            out.append(f"{key}: unexpected leaf {x.shape}")
+            continue
+        if not x.sharding.is_equivalent_to(NamedSharding(x.sharding.mesh, P(*want)), x.ndim):
+            out.append(f"{key} {x.sharding.spec} != {want}")
+    return out
+
+
+CACHE = ""
+
+
+def main(drafter: str, meshes=MESHES, settings=SETTINGS, pallas: bool = False) -> None:
+    global CACHE
+    target = sharp(CFG, seed=1)
+    draft = noisy(target, 0.5) if drafter == "draft_model" else None
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, 64, size=int(n)).tolist() for n in (5, 9, 3, 7, 4, 6, 8, 2)]
+    result = {"tokens": {}, "params": {}, "state": {}}
+    for rule, cache in settings:
+        CACHE = cache
+        kw = dict(max_new_tokens=8, drafter=drafter, draft_model=draft, depth=2, kv_advance=rule, cache=cache)
+        ref = specjax.generate(target, prompts, **kw).tokens
+        for d, m in meshes:
+            mesh = make_mesh(d, m)
+            name = f"{d}x{m} {rule} {cache}"
+            sm = shard_model(target, mesh)
+            skw = dict(kw, draft_model=None if draft is None else shard_model(draft, mesh))
+            with jax.transfer_guard("disallow"):  # no implicit transfer anywhere in a sharded generate
+                got = specjax.generate(sm, prompts, mesh=mesh, **skw).tokens
+            result["tokens"][name] = got == ref
+            if rule == "per_sequence":  # the layout does not depend on the rule: check it once per cache
+                result["params"][f"{d}x{m}"] = param_problems(sm.params)
+                eng, params, args = engine._setup(sm, prompts, 8, drafter, skw["draft_model"], 2, rule, cache, 0.0,
+                                                  None, None, 0, None, 3, "xla", mesh=mesh)
+                run, _ = engine._compiled(eng, params, (*args, None, engine._put(np.int32(eng.max_steps), mesh)))
+                st = run(params, *args, None, engine._put(np.int32(eng.max_steps), mesh))
+                result["state"][name] = state_problems(st, len(prompts))
+    if pallas:  # the Pallas kernels per shard (shard_map), interpret mode on CPU: one mesh, the paged kernel
+        for cache in ("paged",):
+            kw = dict(max_new_tokens=8, drafter=drafter, draft_model=draft, depth=2, cache=cache,
+                      attention_impl="pallas")
+            ref = specjax.generate(target, prompts, **kw).tokens
+            mesh = make_mesh(2, 4)
+            sm = shard_model(target, mesh)
+            skw = dict(kw, draft_model=None if draft is None else shard_model(draft, mesh))
+            result["tokens"][f"2x4 pallas {cache}"] = specjax.generate(sm, prompts, mesh=mesh, **skw).tokens == ref
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def extras() -> None:
+    """``load_model(mesh=)`` (orbax into shardings) and ``load_hf_checkpoint(mesh=)`` (tensor by
+    tensor): the same tokens as the unsharded loads, every weight where the table puts it;
+    ``stream`` and ``batch_generate`` on a mesh; ``specjax.memory`` against XLA; bad settings."""
+    from specjax.hf import load_hf_checkpoint
+
+    result = {"tokens": {}, "params": {}, "state": {}}
+    mesh = make_mesh(2, 4)
+    path = os.path.join(os.path.dirname(__file__), "fixtures", "hf", "gemma3")  # KV heads 2 < 4, sliding layers
+    prompts = [[2, 17, 33, 5], [2, 9], [2, 40, 41, 42, 43, 44], [2, 3]]
+    kw = dict(max_new_tokens=8, drafter="ngram", depth=2)
+    ref = specjax.generate(load_hf_checkpoint(path), prompts, **kw).tokens
+    hf = load_hf_checkpoint(path, mesh=mesh)
+    result["params"]["hf"] = param_problems(hf.params)
+    result["tokens"]["hf"] = specjax.generate(hf, prompts, mesh=mesh, **kw).tokens == ref
+    mesh = make_mesh(4, 2)  # the bundled model has 2 query heads
+    bundle = specjax.load_model(mesh=mesh)
+    result["params"]["bundle"] = param_problems(bundle.model.params)
+    texts = ["def f(x):", "import os", "class A:", "for i in"]
+    result["tokens"]["bundle"] = bundle.generate(texts, max_new_tokens=8, mesh=mesh)[0] == \
+        specjax.load_model().generate(texts, max_new_tokens=8)[0]
+
+    # stream and batch_generate on a mesh: the unsharded tokens
+    target = sharp(CFG, seed=1)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
+    ref = specjax.generate(target, prompts, max_new_tokens=6, depth=2).tokens
+    chunks = list(specjax.stream(target, prompts, max_new_tokens=6, depth=2, mesh=mesh))
+    result["tokens"]["stream"] = chunks[-1].result.tokens == ref
+    reqs = [{"prompt": p, "max_new_tokens": 6} for p in prompts * 3]
+    for cache in ("dense", "paged"):
+        got = {c.id: c.tokens for c in specjax.batch_generate(target, reqs, slots=4, depth=2, cache=cache, mesh=mesh)}
+        result["tokens"][f"batch_generate {cache}"] = [got[i] for i in range(len(reqs))] == ref * 3
+
+    # sizing: the plan's resident bytes are what XLA allocates for the compiled step's arguments
+    from specjax.memory import check_compiled
+
+    for (d, m), drafter, cache in (((4, 2), "mtp", "dense"), ((2, 4), "ngram", "paged"), ((8, 1), "mtp", "paged")):
+        got = check_compiled(CFG, make_mesh(d, m), batch=16, context=256, drafter=drafter, cache=cache)
+        result["memory"] = result.get("memory", []) + [[got["plan_argument_bytes"], got["xla_argument_bytes"],
+                                                         got["plan"]["step_activation"], got["xla_temp_bytes"]]]
+
+    # bad settings: one clear error before compile
+    errors = {}
+    for name, call in (
+        ("rows", lambda: specjax.generate(target, prompts[:3], max_new_tokens=4, mesh=make_mesh(4, 2))),
+        ("slots", lambda: list(specjax.batch_generate(target, reqs, slots=6, mesh=make_mesh(4, 2)))),
+        ("heads", lambda: shard_model(target, make_mesh(1, 8).__class__(
+            np.asarray(jax.devices()[:3], dtype=object).reshape(1, 3), ("data", "model")))),
+    ):
+        try:
+            call()
+            errors[name] = "no error"
+        except ValueError as e:
+            errors[name] = str(e)
+    result["errors"] = errors
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "extras":
+        extras()
+        sys.exit(0)
+    # python tests/mesh_worker.py DRAFTER [MESH,...|all] [RULE:CACHE,...|all] [pallas]
+    args = sys.argv[1:] + ["all", "all"]
+    meshes = MESHES if args[1] == "all" else [tuple(int(x) for x in m.split("x")) for m in args[1].split(",")]
+    settings = SETTINGS if args[2] == "all" else [tuple(x.split(":")) for x in args[2].split(",")]
+    main(args[0], meshes, settings, pallas="pallas" in args)
