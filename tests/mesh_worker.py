@@ -76,32 +76,44 @@ def state_problems(st, batch: int) -> list[str]:
 CACHE = ""
 
 
-def main(drafter: str, meshes=MESHES, settings=SETTINGS, pallas: bool = False) -> None:
+DRAFTERS = ("mtp", "ngram", "draft_model")
+
+
+def cover(drafter: str) -> list[tuple[tuple[int, int], str, str]]:
+    """Four runs for ``drafter``: every mesh once and every (rule, cache) once, rotated per
+    drafter so that each mesh meets every drafter too (what the default suite runs; ``all all``
+    is the full product, 16 runs)."""
+    k = DRAFTERS.index(drafter)
+    return [(MESHES[(i + k) % len(MESHES)], *SETTINGS[i]) for i in range(len(SETTINGS))]
+
+
+def main(drafter: str, runs, pallas: bool = False) -> None:
+    """``runs``: ``(mesh, rule, cache)`` triples, each compared with the unsharded run."""
     global CACHE
     target = sharp(CFG, seed=1)
     draft = noisy(target, 0.5) if drafter == "draft_model" else None
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, 64, size=int(n)).tolist() for n in (5, 9, 3, 7, 4, 6, 8, 2)]
     result = {"tokens": {}, "params": {}, "state": {}}
-    for rule, cache in settings:
+    refs = {}
+    for (d, m), rule, cache in runs:
         CACHE = cache
         kw = dict(max_new_tokens=8, drafter=drafter, draft_model=draft, depth=2, kv_advance=rule, cache=cache)
-        ref = specjax.generate(target, prompts, **kw).tokens
-        for d, m in meshes:
-            mesh = make_mesh(d, m)
-            name = f"{d}x{m} {rule} {cache}"
-            sm = shard_model(target, mesh)
-            skw = dict(kw, draft_model=None if draft is None else shard_model(draft, mesh))
-            with jax.transfer_guard("disallow"):  # no implicit transfer anywhere in a sharded generate
-                got = specjax.generate(sm, prompts, mesh=mesh, **skw).tokens
-            result["tokens"][name] = got == ref
-            if rule == "per_sequence":  # the layout does not depend on the rule: check it once per cache
-                result["params"][f"{d}x{m}"] = param_problems(sm.params)
-                eng, params, args = engine._setup(sm, prompts, 8, drafter, skw["draft_model"], 2, rule, cache, 0.0,
-                                                  None, None, 0, None, 3, "xla", mesh=mesh)
-                run, _ = engine._compiled(eng, params, (*args, None, engine._put(np.int32(eng.max_steps), mesh)))
-                st = run(params, *args, None, engine._put(np.int32(eng.max_steps), mesh))
-                result["state"][name] = state_problems(st, len(prompts))
+        if (rule, cache) not in refs:
+            refs[rule, cache] = specjax.generate(target, prompts, **kw).tokens
+        mesh = make_mesh(d, m)
+        name = f"{d}x{m} {rule} {cache}"
+        sm = shard_model(target, mesh)
+        skw = dict(kw, draft_model=None if draft is None else shard_model(draft, mesh))
+        with jax.transfer_guard("disallow"):  # no implicit transfer anywhere in a sharded generate
+            got = specjax.generate(sm, prompts, mesh=mesh, **skw).tokens
+        result["tokens"][name] = got == refs[rule, cache]
+        result["params"][f"{d}x{m}"] = param_problems(sm.params)
+        eng, params, args = engine._setup(sm, prompts, 8, drafter, skw["draft_model"], 2, rule, cache, 0.0,
+                                          None, None, 0, None, 3, "xla", mesh=mesh)
+        run, _ = engine._compiled(eng, params, (*args, None, engine._put(np.int32(eng.max_steps), mesh)))  # cached
+        st = run(params, *args, None, engine._put(np.int32(eng.max_steps), mesh))
+        result["state"][name] = state_problems(st, len(prompts))
     if pallas:  # the Pallas kernels per shard (shard_map), interpret mode on CPU: one mesh, the paged kernel
         for cache in ("paged",):
             kw = dict(max_new_tokens=8, drafter=drafter, draft_model=draft, depth=2, cache=cache,
@@ -176,8 +188,13 @@ if __name__ == "__main__":
     if sys.argv[1] == "extras":
         extras()
         sys.exit(0)
-    # python tests/mesh_worker.py DRAFTER [MESH,...|all] [RULE:CACHE,...|all] [pallas]
-    args = sys.argv[1:] + ["all", "all"]
-    meshes = MESHES if args[1] == "all" else [tuple(int(x) for x in m.split("x")) for m in args[1].split(",")]
-    settings = SETTINGS if args[2] == "all" else [tuple(x.split(":")) for x in args[2].split(",")]
-    main(args[0], meshes, settings, pallas="pallas" in args)
+    # python tests/mesh_worker.py DRAFTER cover [pallas]
+    # python tests/mesh_worker.py DRAFTER MESH,...|all RULE:CACHE,...|all [pallas]   (the product)
+    args = sys.argv[1:] + ["cover", "all"]
+    if args[1] == "cover":
+        runs = cover(args[0])
+    else:
+        meshes = MESHES if args[1] == "all" else [tuple(int(x) for x in m.split("x")) for m in args[1].split(",")]
+        settings = SETTINGS if args[2] == "all" else [tuple(x.split(":")) for x in args[2].split(",")]
+        runs = [(mesh, rule, cache) for rule, cache in settings for mesh in meshes]
+    main(args[0], runs, pallas="pallas" in args)
