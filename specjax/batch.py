@@ -49,6 +49,7 @@ from specjax.engine import (
     _prefill,
     auto_state,
     check_cost,
+    check_mesh,
     cost_key,
     cost_table,
     make_engine,
@@ -61,7 +62,7 @@ from specjax.engine import (
 )
 from specjax.model.llama import Model
 from specjax.sampling import RowSampling, derive_seed
-from specjax.sharding import DATA, constrain, shard_model, shardings, state_specs
+from specjax.sharding import constrain, shard_model, shardings, state_specs
 from specjax.validate import EOS_WIDTH, check_eos, eos_table, fail, resolve_depth
 
 __all__ = ["Completion", "Request", "batch_generate"]
@@ -346,12 +347,8 @@ def batch_generate(
         fail("refill_rows", refill_rows, f"must be an int in [1, slots={slots}]")
     if not _is_int(seed) or not 0 <= seed < 2**32:
         fail("seed", seed, "must be an int in [0, 2**32)")
+    check_mesh(mesh, slots, "slots", slots)
     if mesh is not None:
-        if not isinstance(mesh, jax.sharding.Mesh) or set(mesh.axis_names) != {DATA, "model"}:
-            fail("mesh", mesh, "must be a jax.sharding.Mesh with axes ('data', 'model'): specjax.make_mesh(data=, "
-                 "model=)")
-        if slots % mesh.shape[DATA]:
-            fail("slots", slots, f"must divide by the mesh's data axis ({mesh.shape[DATA]})")
         if jax.process_count() > 1:
             fail("mesh", mesh, "batch_generate runs in one process (each host its own job); generate takes many")
         model = shard_model(model, mesh)

@@ -26,11 +26,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from specjax.model import Model, ModelConfig, fuse_params, init_model, unfuse_params
-from specjax.sharding import param_specs, sharded_config, sharded_layout
+from specjax.sharding import MODEL, param_specs, placed_shapes, sharded_config, sharded_layout, shardings
 from specjax.tokenizer import ByteTokenizer
 
 __all__ = ["Bundle", "CheckpointError", "DEFAULT_BUNDLE", "load_model", "save_bundle"]
@@ -201,10 +199,7 @@ def _restore(directory: pathlib.Path, config: ModelConfig, dtype: str, out_dtype
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: parameter checkpoint directory is missing")
     abstract = jax.eval_shape(lambda: unfuse_params(init_model(config, dtype=jnp.dtype(dtype)).params, config))
-    restore_as = abstract
-    if mesh is not None:
-        restore_as = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, s)),
-                                  abstract, param_specs(abstract, mesh), is_leaf=lambda s: isinstance(s, P))
+    restore_as = abstract if mesh is None else placed_shapes(abstract, param_specs(abstract, mesh), mesh)
     _quiet_closed_loop_callbacks()  # before: a failing read reports while the restore still runs
     try:
         params = _checkpointer().restore(directory, restore_as)
@@ -226,14 +221,12 @@ def _restore(directory: pathlib.Path, config: ModelConfig, dtype: str, out_dtype
             )
     if mesh is None:
         return Model(fuse_params(jax.tree.map(lambda x: jnp.asarray(x, out_dtype), params)), config)
-    model = mesh.shape["model"]
+    groups = mesh.shape[MODEL]
 
     def layout(p):
-        return sharded_layout(fuse_params(jax.tree.map(lambda x: x.astype(out_dtype), p)), config, model)[0]
-    out = jax.eval_shape(layout, params)
-    fn = jax.jit(layout, out_shardings=jax.tree.map(lambda s: NamedSharding(mesh, s), param_specs(out, mesh),
-                                                    is_leaf=lambda s: isinstance(s, P)))
-    return Model(fn(params), sharded_config(config, model))
+        return sharded_layout(fuse_params(jax.tree.map(lambda x: x.astype(out_dtype), p)), config, groups)[0]
+    fn = jax.jit(layout, out_shardings=shardings(param_specs(jax.eval_shape(layout, params), mesh), mesh))
+    return Model(fn(params), sharded_config(config, groups))
 
 
 def load_model(path: str | pathlib.Path | None = None, dtype="float32", mesh=None) -> Bundle:

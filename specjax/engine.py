@@ -406,7 +406,8 @@ def _setup(model, prompts, max_new_tokens, drafter, draft_model, depth, kv_advan
     on the mesh's data shards under ``mesh``; the model and draft model sharded for it)."""
     depth, policy = resolve_depth(depth, max_depth, drafter)
     check_cost(cost, policy)
-    check_mesh(mesh, len(prompts), policy is not None and cost is None)
+    total = len(prompts) * jax.process_count()
+    check_mesh(mesh, total, "prompts", f"{total} rows", ": pad the batch", policy is not None and cost is None)
     seeds, news, stops = validate(model, prompts, max_new_tokens, drafter, draft_model, cache, temperature, top_k,
                                   top_p, seed, eos_id)
     if mesh is not None:
@@ -445,9 +446,9 @@ def _put(x: np.ndarray, mesh) -> jax.Array:
     return jax.device_put(x) if mesh is None else put_rows(x, mesh)
 
 
-def check_mesh(mesh, batch: int, policy_needs_table: bool = False) -> None:
-    """``mesh``: ``None`` or a ``specjax.make_mesh`` mesh whose data axis divides the batch
-    (this process's ``batch`` rows times the process count)."""
+def check_mesh(mesh, rows: int, arg: str, value: object, hint: str = "", policy_needs_table: bool = False) -> None:
+    """``mesh``: ``None`` or a ``specjax.make_mesh`` mesh whose data axis divides ``rows`` (the
+    batch over every process; the argument ``arg=value`` that sets it is named in the error)."""
     if mesh is None:
         return
     if not isinstance(mesh, jax.sharding.Mesh) or set(mesh.axis_names) != {DATA, "model"}:
@@ -455,9 +456,8 @@ def check_mesh(mesh, batch: int, policy_needs_table: bool = False) -> None:
     if policy_needs_table and jax.process_count() > 1:
         fail("cost", None, "depth='auto' on many processes needs a given cost table (each process would measure "
              "its own): pass cost=")
-    total = batch * jax.process_count()
-    if total % mesh.shape[DATA]:
-        fail("prompts", f"{total} rows", f"must divide by the mesh's data axis ({mesh.shape[DATA]}): pad the batch")
+    if rows % mesh.shape[DATA]:
+        fail(arg, value, f"must divide by the mesh's data axis ({mesh.shape[DATA]}){hint}")
 
 
 def generate(

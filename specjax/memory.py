@@ -27,7 +27,7 @@ import numpy as np
 
 from specjax.cache.base import XLA_SINGLE_PASS, key_block
 from specjax.model import Model, ModelConfig, init_model
-from specjax.sharding import DATA, MODEL, param_specs, sharded_config, sharded_layout, state_specs
+from specjax.sharding import DATA, MODEL, param_specs, placed_shapes, sharded_config, sharded_layout, state_specs
 
 __all__ = ["PRESETS", "MemoryPlan", "check_compiled", "memory_plan", "resolve_config"]
 
@@ -171,7 +171,6 @@ def check_compiled(config: ModelConfig, mesh, *, batch: int, context: int, depth
     """The plan against XLA: compile one decode step (``specjax.engine.step``) on ``mesh`` for
     abstract inputs and read its ``memory_analysis()`` (per device). Returns both figures."""
     from specjax.engine import _step
-    from specjax.sharding import shardings
 
     data, model = mesh.shape[DATA], mesh.shape[MODEL]
     plan = memory_plan(config, data=data, model=model, batch=batch, context=context, depth=depth, drafter=drafter,
@@ -179,10 +178,8 @@ def check_compiled(config: ModelConfig, mesh, *, batch: int, context: int, depth
     eng, params, st = _abstract_state(config, data, model, batch, context // 2, context - context // 2, depth,
                                       drafter, cache, jnp.dtype(dtype))
     eng = dataclasses.replace(eng, mesh=mesh)
-    place = lambda tree, specs: jax.tree.map(  # noqa: E731
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings(specs, mesh))
-    p_abs = place(params, param_specs(params, mesh))
-    s_abs = place(st, state_specs(st, mesh))
+    p_abs = placed_shapes(params, param_specs(params, mesh), mesh)
+    s_abs = placed_shapes(st, state_specs(st, mesh), mesh)
     with jax.set_mesh(mesh):
         step = jax.jit(lambda p, s: _step(eng, p, s), donate_argnums=1, keep_unused=True)  # all of the state counts
         compiled = step.lower(p_abs, s_abs).compile()

@@ -42,8 +42,8 @@ from specjax.model.config import ModelConfig
 
 __all__ = [
     "DATA", "MODEL", "PARAM_RULES", "STATE_RULES", "agree_max", "constrain", "local_rows", "make_mesh", "parse_mesh",
-    "param_specs", "per_shard", "place", "put_rows", "shard_model", "sharded_config", "sharded_layout", "shardings",
-    "spec_mismatches", "state_specs",
+    "param_specs", "per_shard", "place", "placed_shapes", "put_rows", "shard_model", "sharded_config", "sharded_layout",
+    "shardings", "spec_mismatches", "state_specs",
 ]
 
 DATA, MODEL = "data", "model"
@@ -154,6 +154,12 @@ def state_specs(tree: Any, mesh: Mesh) -> Any:
 
 def shardings(specs: Any, mesh: Mesh) -> Any:
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda s: isinstance(s, P))
+
+
+def placed_shapes(tree: Any, specs: Any, mesh: Mesh) -> Any:
+    """``tree``'s shapes and dtypes carrying the shardings of ``specs`` (``jax.ShapeDtypeStruct``:
+    what ``lower`` and orbax's ``restore`` take to place their results)."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings(specs, mesh))
 
 
 def constrain(tree: Any, mesh: Mesh | None) -> Any:
