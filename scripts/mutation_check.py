@@ -3,20 +3,24 @@
     python scripts/mutation_check.py            # all mutations
     python scripts/mutation_check.py --list     # names only
     python scripts/mutation_check.py -k cohort  # those whose name contains "cohort"
+    python scripts/mutation_check.py -j 1       # one at a time (default: one per core, at most 8)
 
 Each mutation replaces one exact snippet (which must occur exactly once) in one
 source file, reruns the named tests with ``pytest -x``, and restores the file. A
 mutation that leaves the tests green is *missed*; the script exits 1 if any is.
-Mutations are applied to a copy of the tree in a temporary folder, never to the checkout:
-a run killed midway leaves the sources as they were.
+Mutations are applied to copies of the tree in a temporary folder (one per job, so
+parallel jobs never see each other's edits), never to the checkout: a run killed
+midway leaves the sources as they were.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
@@ -669,14 +673,54 @@ MUTATIONS: list[Mutation] = [
         "        total += int(np.prod(x.shape, dtype=np.int64)) * jnp.dtype(x.dtype).itemsize\n",
         ("tests/test_cli.py::test_memory_sizes_a_llama3_8b_shaped_config_on_a_v5e8_shaped_mesh",),
     ),
+    # --- bring your own model or drafter (specjax.protocols, specjax.nnx_adapter) ---
+    Mutation(
+        "nnx adapter: K/V written at the batch's shared offset instead of each row's own",
+        "specjax/nnx_adapter.py",
+        "            c = glob[0].write(layer, k.astype(self.dtype), v.astype(self.dtype))  # at each row's own offset"
+        "\n",
+        "            own = glob[0].lengths\n"
+        "            c = glob[0].replace(lengths=jnp.full_like(own, jnp.max(own)))\n"
+        "            c = c.write(layer, k.astype(self.dtype), v.astype(self.dtype)).replace(lengths=own)\n",
+        ("tests/test_plugins.py::test_nnx_decoder_speculates_its_own_greedy_tokens",),
+    ),
+    Mutation(
+        "nnx adapter: the decoder compared by identity (a rebuilt graph definition recompiles)",
+        "specjax/nnx_adapter.py",
+        "@dataclasses.dataclass(frozen=True)\nclass NnxDecoder:",
+        "@dataclasses.dataclass(frozen=True, eq=False)\nclass NnxDecoder:",
+        ("tests/test_plugins.py::test_wrapping_again_is_no_recompile",),
+    ),
+    Mutation(
+        "user drafter: its commit never called (the state never learns)",
+        "specjax/drafter.py",
+        "        return dstate if commit is None else commit(self.context(eng, st), dstate, a)\n",
+        "        return dstate\n",
+        ("tests/test_plugins.py::test_a_drafter_of_your_own_is_lossless_and_used",),
+    ),
+    Mutation(
+        "user drafter: a refilled slot keeps the previous request's state",
+        "specjax/drafter.py",
+        "        return jax.tree.map(lambda big, small: big.at[rows].set(small.astype(big.dtype), mode=\"drop\"), "
+        "dstate, sub)\n",
+        "        return dstate\n",
+        ("tests/test_plugins.py::test_a_drafters_state_follows_slot_refill",),
+    ),
+    Mutation(
+        "engine: the target's logits taken from the draft model's decoder",
+        "specjax/engine.py",
+        "    logits = eng.target.head(params[\"target\"], hidden)  # [B, w, V]\n",
+        "    logits = (eng.draft or eng.target).head(params[\"draft\" if eng.draft else \"target\"], hidden)\n",
+        ("tests/test_plugins.py::test_nnx_decoder_speculates_its_own_greedy_tokens",),
+    ),
 ]
 
 
-def copy_tree(dest: Path) -> Path:
+def copy_tree(dest: Path, name: str = "tree") -> Path:
     """The checkout without its virtualenv, git data and caches: where mutations happen."""
     ignore = shutil.ignore_patterns(".venv", ".git", "__pycache__", ".pytest_cache", ".ruff_cache", "runs",
                                     ".hypothesis")
-    return Path(shutil.copytree(ROOT, dest / "tree", ignore=ignore))
+    return Path(shutil.copytree(ROOT, dest / name, ignore=ignore))
 
 
 def run_one(m: Mutation, python: str, root: Path = ROOT) -> dict:
@@ -712,18 +756,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-k", default="", help="only mutations whose name contains this")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("-j", "--jobs", type=int, default=min(8, os.cpu_count() or 1),
+                    help="mutations run at once, each in its own copy of the tree (default: cores, at most 8)")
     args = ap.parse_args(argv)
+    if args.jobs < 1:
+        print(f"mutation_check: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
+        return 2
     selected = [m for m in MUTATIONS if args.k in m.name]
     if args.list:
         for m in selected:
             print(f"{m.name}  [{m.path}]")
         return 0
-    results = []
     scratch = Path(tempfile.mkdtemp(prefix="specjax-mutations-"))
+    trees: queue.Queue[Path] = queue.Queue()
     try:
-        root = copy_tree(scratch)
-        for m in selected:
-            results.append(_report(run_one(m, sys.executable, root), args.json))
+        for k in range(min(args.jobs, len(selected)) or 1):
+            trees.put(copy_tree(scratch, f"tree{k}"))
+
+        def one(m: Mutation) -> dict:
+            root = trees.get()  # a tree no other job is editing
+            try:
+                return _report(run_one(m, sys.executable, root), args.json)
+            finally:
+                trees.put(root)
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            results = list(pool.map(one, selected))  # reported as they finish, returned in list order
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     bad = [r for r in results if r["status"] != "caught"]

@@ -20,6 +20,7 @@ from specjax.hf import load_hf_checkpoint, load_tokenizer, save_hf_checkpoint
 from specjax.masks import make_left_padded_causal_mask
 from specjax.metrics import GenerationResult
 from specjax.model import Model, ModelConfig, RopeScaling, init_model, logits
+from specjax.nnx_adapter import KVLayout, nnx_model
 from specjax.plan import (
     CohortStepPlan,
     PerSeqStepPlan,
@@ -27,6 +28,7 @@ from specjax.plan import (
     plan_per_sequence_step,
     plan_step,
 )
+from specjax.protocols import Decoder, DraftContext, Drafter
 from specjax.sharding import make_mesh, shard_model
 from specjax.sim import simulate, simulate_alone
 from specjax.streaming import StreamChunk, stream
@@ -45,6 +47,10 @@ __all__ = [
     "RopeScaling",
     "stream",
     "CohortStepPlan",
+    "Decoder",
+    "DraftContext",
+    "Drafter",
+    "KVLayout",
     "DenseKVCache",
     "GenerationResult",
     "KvAdvance",
@@ -62,6 +68,7 @@ __all__ = [
     "logits",
     "make_left_padded_causal_mask",
     "make_mesh",
+    "nnx_model",
     "shard_model",
     "plan_cohort_step",
     "plan_per_sequence_step",

@@ -41,7 +41,6 @@ from specjax.advance import KvAdvance
 from specjax.advance import kv_advance as resolve_kv_advance
 from specjax.cache import describe_status
 from specjax.depth_policy import init_estimates
-from specjax.drafter import DRAFTERS
 from specjax.engine import (
     PAGE_SIZE,
     EngineConfig,
@@ -60,10 +59,10 @@ from specjax.engine import (
     run_steps,
     warm_steps,
 )
-from specjax.model.llama import Model
+from specjax.protocols import DecoderModel, check_model
 from specjax.sampling import RowSampling, derive_seed
 from specjax.sharding import constrain, shard_model, shardings, state_specs
-from specjax.validate import EOS_WIDTH, check_eos, eos_table, fail, resolve_depth
+from specjax.validate import EOS_WIDTH, check_drafter_models, check_eos, eos_table, fail, resolve_depth
 
 __all__ = ["Completion", "Request", "batch_generate"]
 
@@ -168,7 +167,7 @@ def _empty(eng: EngineConfig, slots: int, width: int, eos_width: int) -> EngineS
     auto = None if eng.policy is None else auto_state(eng, placeholder_cost(eng, slots), slots)
     return EngineState(
         seq=jnp.zeros((slots, eng.capacity), jnp.int32), known=zeros(), u=jnp.ones((slots,), jnp.int32),
-        cache=eng.new_cache(eng.config, slots, eng.layer_loop), dstate=eng.drafter.empty(eng, slots, width),
+        cache=eng.new_cache(eng.target, slots), dstate=eng.drafter.empty(eng, slots, width),
         prompt_len=zeros(), max_len=zeros(), eos=jnp.full((slots, eos_width), -1, jnp.int32),
         seeds=jnp.zeros((slots,), jnp.uint32),
         sampling=RowSampling(jnp.zeros((slots,), jnp.float32), zeros(), jnp.ones((slots,), jnp.float32)),
@@ -208,7 +207,7 @@ def _as_request(r: Any, index: int) -> Request:
 class _Job:
     """The job's static settings and defaults, checked once."""
 
-    model: Model
+    model: DecoderModel
     max_new_tokens: int
     max_prompt_len: int
     depth: int  # 0 without a drafter
@@ -224,7 +223,7 @@ class _Job:
     def row(self, r: Request, index: int, where: str | None = None) -> _Row:
         """Validate one request against the model and the job; errors name the request
         (``where``, default ``requests[index] (id ...)``) and the field."""
-        cfg = self.model.config
+        cfg = self.model.decoder
         where = where or f"requests[{index}] (id {r.id!r})"
         prompt = r.prompt
         if not isinstance(prompt, list | tuple | np.ndarray) or len(prompt) == 0:
@@ -275,13 +274,13 @@ class _Job:
 
 
 def batch_generate(
-    model: Model,
+    model: DecoderModel,
     requests: Iterable[Any],
     *,
     slots: int = 32,
     max_new_tokens: int = 64,
     drafter: str | None = "mtp",
-    draft_model: Model | None = None,
+    draft_model: DecoderModel | None = None,
     depth: int | str = 3,
     kv_advance: str | KvAdvance | None = None,
     cache: str = "dense",
@@ -330,15 +329,9 @@ def batch_generate(
     for name, val, lo in (("slots", slots, 1), ("max_new_tokens", max_new_tokens, 1), ("sync_every", sync_every, 1)):
         if not _is_int(val) or val < lo:
             fail(name, val, f"must be an int >= {lo}")
-    if drafter is not None and drafter not in DRAFTERS:
-        fail("drafter", drafter, f"must be one of {list(DRAFTERS)} or None")
+    check_drafter_models(drafter, model, draft_model)
     d, policy = resolve_depth(depth, max_depth, drafter)
     check_cost(cost, policy)
-    if drafter == "mtp" and model.config.mtp_depth < 1:
-        fail("drafter", drafter, "the model has no MTP module (mtp_depth=0)")
-    if drafter == "draft_model" and (not isinstance(draft_model, Model)
-                                     or draft_model.config.vocab_size != model.config.vocab_size):
-        fail("draft_model", draft_model, "drafter='draft_model' needs a specjax Model with the target's vocab")
     if cache not in ("dense", "paged"):
         fail("cache", cache, "must be 'dense' or 'paged'")
     if pages is not None and (cache != "paged" or not _is_int(pages) or pages < 1):
@@ -353,7 +346,7 @@ def batch_generate(
             fail("mesh", mesh, "batch_generate runs in one process (each host its own job); generate takes many")
         model = shard_model(model, mesh)
         draft_model = None if draft_model is None else shard_model(draft_model, mesh)
-    cfg = model.config
+    cfg = check_model("model", model)
     listed = isinstance(requests, Sequence) and not isinstance(requests, str | bytes)
     if not listed and max_new_tokens >= cfg.max_seq_len:  # it sizes a stream's caches
         fail("max_new_tokens", max_new_tokens, f"must be < the model's max_seq_len={cfg.max_seq_len}")
@@ -383,7 +376,7 @@ def batch_generate(
                       cache=cache, greedy=greedy, ngram_n=ngram_n, capacity=request_capacity(width, longest_new, d),
                       attention_impl=attention_impl, num_pages=pages, policy=policy, mesh=mesh)
     params = {"target": model.params}
-    if eng.draft_config is not None:
+    if eng.draft is not None:
         params["draft"] = draft_model.params
     refill = refill_rows or max(1, slots // 4)
     pool = pages if pages is not None else slots * -(-eng.capacity // PAGE_SIZE)

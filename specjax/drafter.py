@@ -14,6 +14,9 @@ Protocol (all pure, traced inside the engine's jitted step):
   after verification (``st.seq`` already holds the emitted tokens).
 
 Drafter caches mirror the target's per-row lengths and advance by the same plan.
+
+A user's drafter follows the smaller public protocol (``specjax.protocols.Drafter``: it
+sees a ``DraftContext``, not the engine's state); ``PluggedDrafter`` adapts it to this one.
 """
 
 from __future__ import annotations
@@ -26,21 +29,18 @@ import jax.numpy as jnp
 
 from specjax._pytree import pytree_dataclass
 from specjax.cache import DenseKVCache
-from specjax.model.llama import ModelCache, forward_hidden, head, mtp_hidden
-from specjax.sampling import DRAFT, position_keys, probs, sample
+from specjax.protocols import DraftContext, check_drafter
+from specjax.sampling import draft_token
 
-__all__ = ["DRAFTERS", "DraftModelDrafter", "MtpDrafter", "NgramDrafter", "NoDrafter", "pick"]
+__all__ = ["DRAFTERS", "DraftModelDrafter", "MtpDrafter", "NgramDrafter", "NoDrafter", "PluggedDrafter", "drafter_kind",
+           "pick", "resolve_drafter"]
 
 DRAFTERS = ("mtp", "draft_model", "ngram")
 
 
 def pick(logits: jax.Array, eng: Any, st: Any, positions: jax.Array):
-    """Draft tokens from ``logits [B, V]`` for absolute ``positions [B]``: argmax when the
-    engine is greedy (``probs = None``), else a sample from each row's filtered ``probs [B, V]``."""
-    if eng.greedy:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
-    p = probs(logits, st.sampling)
-    return sample(position_keys(st.seeds, positions[:, None], DRAFT)[:, 0], p), p
+    """Draft tokens from ``logits [B, V]`` for absolute ``positions [B]`` (``sampling.draft_token``)."""
+    return draft_token(logits, eng.greedy, st.seeds, st.sampling, positions)
 
 
 def _stack_probs(probs_all: list, greedy: bool):
@@ -120,7 +120,7 @@ class DraftModelDrafter:
     name: str = "draft_model"
 
     def empty(self, eng, batch, width):
-        return eng.new_cache(eng.draft_config, batch, eng.draft_layer_loop)
+        return eng.new_cache(eng.draft, batch)
 
     def rows_view(self, eng, dstate, rows, width):
         return dstate.rows_view(rows, width)
@@ -132,29 +132,28 @@ class DraftModelDrafter:
         return dstate.release(idle)
 
     def prefill(self, eng, params, st, hidden, positions, live):
-        cfg = eng.draft_config
         cache = st.dstate.reserve(positions.shape[1], live).bound_write(st.prompt_len)
         tokens = _gather(st.seq, positions)
-        _, cache = forward_hidden(params["draft"], cfg, tokens, positions, cache, attention_impl=eng.attention_impl)
+        _, cache = eng.draft.forward_hidden(params["draft"], tokens, positions, cache,
+                                            attention_impl=eng.attention_impl)
         return cache.advance(st.prompt_len)  # only the K/V is needed: no logits
 
     def propose(self, eng, params, st):
-        cfg, d, w = eng.draft_config, eng.depth, eng.depth + 1
-        cache: ModelCache = st.dstate
+        dec, dp, d, w = eng.draft, params["draft"], eng.depth, eng.depth + 1
+        cache = st.dstate
         lengths, u = cache.lengths, st.u
         cache = cache.reserve(2 * w, st.live)
         pos = lengths[:, None] + jnp.arange(w)[None]
-        x, cache = forward_hidden(params["draft"], cfg, _gather(st.seq, pos), pos, cache,
-                                  attention_impl=eng.attention_impl)
-        first = head(params["draft"], cfg, jnp.take_along_axis(x, (u - 1)[:, None, None], axis=1)[:, 0])
+        x, cache = dec.forward_hidden(dp, _gather(st.seq, pos), pos, cache, attention_impl=eng.attention_impl)
+        first = dec.head(dp, jnp.take_along_axis(x, (u - 1)[:, None, None], axis=1)[:, 0])
         tok, probs_k = pick(first, eng, st, lengths + u)
         drafts, probs_all = [tok], [probs_k]
         for k in range(1, d + 1):  # feed d_k at L + u + k - 1 (the last feed only writes its KV)
             at = lengths + u + k - 1
-            x, cache = forward_hidden(params["draft"], cfg, tok[:, None], at[:, None], cache.with_lengths(at),
-                                      attention_impl=eng.attention_impl)
+            x, cache = dec.forward_hidden(dp, tok[:, None], at[:, None], cache.with_lengths(at),
+                                          attention_impl=eng.attention_impl)
             if k < d:
-                tok, probs_k = pick(head(params["draft"], cfg, x[:, 0]), eng, st, at + 1)
+                tok, probs_k = pick(dec.head(dp, x[:, 0]), eng, st, at + 1)
                 drafts.append(tok)
                 probs_all.append(probs_k)
         cache = cache.with_lengths(lengths)
@@ -181,22 +180,21 @@ class MtpDrafter:
     def _after(self, eng, params, st, cache, hidden, lengths, count):
         """MTP over ``hidden [B, t, d]`` at ``lengths + [0, t)``; keep the output at slot
         ``count - 1`` (the last committed position) and draft the next token from it."""
-        cfg = eng.config
+        dec = eng.target
         t = hidden.shape[1]
         pos = lengths[:, None] + jnp.arange(t)[None]
         nxt = _gather(st.seq, pos + 1)
-        mtp_out, cache = mtp_hidden(params["target"], cfg, hidden, nxt, pos, cache, attention_impl=eng.attention_impl)
+        mtp_out, cache = dec.mtp_hidden(params["target"], hidden, nxt, pos, cache, attention_impl=eng.attention_impl)
         h = jnp.take_along_axis(mtp_out, (count - 1)[:, None, None], axis=1)[:, 0]
         # logits only for the one position a draft is taken from (not all t)
-        tok, probs_k = pick(head(params["target"], cfg, h), eng, st, lengths + count + 1)
+        tok, probs_k = pick(dec.head(params["target"], h), eng, st, lengths + count + 1)
         return cache, h, tok, probs_k
 
     def empty(self, eng, batch, width, capacity=None):
-        cfg = eng.config
-        cache = DenseKVCache.create(1, batch, eng.capacity if capacity is None else capacity, cfg.n_kv_heads,
-                                    cfg.head_dim, eng.dtype)
-        first_probs = None if eng.greedy else jnp.zeros((batch, cfg.vocab_size), jnp.float32)
-        return MtpState(cache, jnp.zeros((batch, cfg.d_model), eng.dtype), jnp.zeros((batch,), jnp.int32),
+        dec = eng.target
+        cache = dec.init_mtp_cache(batch, eng.capacity if capacity is None else capacity)
+        first_probs = None if eng.greedy else jnp.zeros((batch, dec.vocab_size), jnp.float32)
+        return MtpState(cache, jnp.zeros((batch, dec.hidden_size), eng.dtype), jnp.zeros((batch,), jnp.int32),
                         first_probs)
 
     def rows_view(self, eng, dstate, rows, width):
@@ -217,17 +215,17 @@ class MtpDrafter:
         return MtpState(cache.advance(st.prompt_len), h, tok, first_probs)
 
     def propose(self, eng, params, st):
-        cfg, d = eng.config, eng.depth
+        dec, d = eng.target, eng.depth
         s: MtpState = st.dstate
         cache, h, tok = s.cache, s.h, s.first
         drafts, probs_all = [tok], [s.first_probs]
         base = st.known - 1  # MTP position of (h, first)
         for k in range(1, d):  # chain: (h_k, d_k) at the next position predicts d_{k+1}
             at = base + k - 1
-            mtp_out, cache = mtp_hidden(params["target"], cfg, h[:, None], tok[:, None], at[:, None],
-                                  cache.replace(lengths=at), attention_impl=eng.attention_impl)
+            mtp_out, cache = dec.mtp_hidden(params["target"], h[:, None], tok[:, None], at[:, None],
+                                            cache.replace(lengths=at), attention_impl=eng.attention_impl)
             h = mtp_out[:, 0]
-            tok, probs_k = pick(head(params["target"], cfg, h), eng, st, at + 2)
+            tok, probs_k = pick(dec.head(params["target"], h), eng, st, at + 2)
             drafts.append(tok)
             probs_all.append(probs_k)
         cache = cache.replace(lengths=s.cache.lengths)
@@ -236,3 +234,83 @@ class MtpDrafter:
     def commit(self, eng, params, st, dstate, hidden, old_lengths, u, a, advance):
         cache, h, tok, first_probs = self._after(eng, params, st, dstate.cache, hidden, old_lengths, u + a)
         return MtpState(cache.advance(advance), h, tok, first_probs)
+
+
+@dataclasses.dataclass(frozen=True)
+class PluggedDrafter:
+    """A user's drafter (``specjax.protocols.Drafter``) in the engine: it sees a ``DraftContext``,
+    and its state (per-row arrays, or ``None``) follows slot refill row by row."""
+
+    user: Any
+
+    @property
+    def name(self) -> str:
+        return str(self.user.name)
+
+    def _init(self, batch):
+        init = getattr(self.user, "init", None)
+        return None if init is None else init(batch)
+
+    def empty(self, eng, batch, width):
+        return self._init(batch)
+
+    def rows_view(self, eng, dstate, rows, width):
+        return self._init(rows.shape[0])
+
+    def put_rows(self, dstate, rows, sub):
+        return jax.tree.map(lambda big, small: big.at[rows].set(small.astype(big.dtype), mode="drop"), dstate, sub)
+
+    def release(self, dstate, idle):
+        return dstate
+
+    def prefill(self, eng, params, st, hidden, positions, live):
+        return st.dstate
+
+    @staticmethod
+    def context(eng, st) -> DraftContext:
+        return DraftContext(st.seq, st.known, st.live, st.seeds, st.sampling, eng.depth, eng.greedy)
+
+    def propose(self, eng, params, st):
+        b = st.seq.shape[0]
+        if eng.depth == 0:  # depth="auto" at window 1: no drafts asked
+            return jnp.zeros((b, 0), jnp.int32), None, st.dstate
+        drafts, draft_probs, state = self.user.propose(self.context(eng, st), st.dstate)
+        if drafts.shape != (b, eng.depth):
+            raise ValueError(f"drafter {self.name!r}: propose returned drafts of shape {drafts.shape}, "
+                             f"expected (batch, depth) = {(b, eng.depth)}")
+        if eng.greedy:
+            draft_probs = None  # greedy verification compares tokens only
+        return drafts.astype(jnp.int32), draft_probs, state
+
+    def commit(self, eng, params, st, dstate, hidden, old_lengths, u, a, advance):
+        commit = getattr(self.user, "commit", None)
+        return dstate if commit is None else commit(self.context(eng, st), dstate, a)
+
+
+BUILTIN = {"mtp": MtpDrafter, "draft_model": DraftModelDrafter, "ngram": NgramDrafter}
+
+
+def resolve_drafter(drafter: object, ngram_n: int = 3) -> Any:
+    """``drafter`` (``None``, a name in ``DRAFTERS``, a built-in drafter or a user's
+    ``protocols.Drafter``) -> the engine's drafter object."""
+    if drafter is None:
+        return NoDrafter()
+    if isinstance(drafter, str):
+        return NgramDrafter(ngram_n) if drafter == "ngram" else BUILTIN[drafter]()
+    if isinstance(drafter, NoDrafter | NgramDrafter | DraftModelDrafter | MtpDrafter | PluggedDrafter):
+        return drafter
+    check_drafter("drafter", drafter)
+    return PluggedDrafter(drafter)
+
+
+def drafter_kind(drafter: object) -> str | None:
+    """What a ``drafter`` argument needs from the models: ``None`` (plain decoding), ``"mtp"``,
+    ``"draft_model"``, ``"ngram"`` or ``"custom"`` (a user's drafter: nothing)."""
+    if drafter is None or isinstance(drafter, NoDrafter):
+        return None
+    if isinstance(drafter, str):
+        return drafter
+    for name, cls in BUILTIN.items():
+        if isinstance(drafter, cls):
+            return name
+    return "custom"

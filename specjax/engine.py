@@ -38,11 +38,10 @@ from specjax.depth_policy import (
     store_cached_cost,
     update_estimates,
 )
-from specjax.drafter import DraftModelDrafter, MtpDrafter, NgramDrafter, NoDrafter
+from specjax.drafter import drafter_kind, resolve_drafter
 from specjax.metrics import GenerationResult, metrics, tokens
-from specjax.model.config import ModelConfig
-from specjax.model.llama import Model, ModelCache, forward, forward_hidden, head, init_cache, layer_loop
 from specjax.plan import plan_step
+from specjax.protocols import Decoder, DecoderModel, Drafter, check_model
 from specjax.sampling import SAMPLE, RowSampling, derive_seed, position_keys, probs, sample
 from specjax.sharding import DATA, agree_max, constrain, local_rows, put_rows, shard_model, shardings, state_specs
 from specjax.validate import MAX_DEPTH, eos_table, fail, resolve_depth, validate
@@ -83,7 +82,7 @@ class EngineState:
     seq: jax.Array  # int32 [B, C]: prompt + generated tokens
     known: jax.Array  # [B]: tokens known (prompt + generated)
     u: jax.Array  # [B]: known tokens not yet in the cache (1..w)
-    cache: ModelCache  # target caches; cache.lengths = known - u
+    cache: Any  # the target's caches (``Decoder.init_cache``: a ``ModelCache``); cache.lengths = known - u
     dstate: Any  # drafter state (caches, MTP hidden, ...)
     prompt_len: jax.Array  # [B]
     max_len: jax.Array  # [B]: prompt_len + max_new_tokens
@@ -109,7 +108,7 @@ class EngineConfig:
     """The static configuration of a generation: everything a compile depends on (hashable;
     a static argument of every jitted function). The state that changes is ``EngineState``."""
 
-    config: ModelConfig
+    target: Decoder  # the target model's static half (``specjax.protocols``); its params are ``params["target"]``
     drafter: Any
     depth: int
     kv_rule: KvAdvance
@@ -117,12 +116,9 @@ class EngineConfig:
     greedy: bool  # every row greedy: argmax, no distributions (else per-row ``RowSampling``)
     capacity: int  # cache slots per row (request-sized: ``request_capacity``)
     max_steps: int  # trace length (a step emits >= 1 token per active row, so capacity bounds it)
-    draft_config: ModelConfig | None = None
-    dtype: Any = jnp.float32
+    draft: Decoder | None = None  # a draft model's (drafter "draft_model"); its params are ``params["draft"]``
     attention_impl: str = "xla"  # resolved: "xla" | "pallas"
     num_pages: int | None = None  # paged pool size (None: every row's full capacity)
-    layer_loop: str = "unrolled"  # the target params' layout: "unrolled" | "scan" (stacked caches)
-    draft_layer_loop: str = "unrolled"  # the draft model's
     policy: DepthPolicy | None = None  # depth="auto": the windows the step picks from (depth = widest - 1)
     mesh: Any = None  # a ("data", "model") jax.sharding.Mesh (specjax.sharding), or None: one device
 
@@ -135,31 +131,36 @@ class EngineConfig:
     def windows(self) -> tuple[int, ...]:
         return (self.window,) if self.policy is None else self.policy.windows
 
-    def new_cache(self, cfg: ModelConfig, batch: int, loop: str = "unrolled") -> ModelCache:
-        """Empty caches for ``cfg`` run by layer loop ``loop`` (stacked for ``"scan"``). Rolling and
+    @property
+    def dtype(self) -> Any:
+        return self.target.dtype
+
+    def new_cache(self, dec: Decoder, batch: int) -> Any:
+        """Empty caches of ``dec`` (the target or the draft model) for ``batch`` rows. Rolling and
         compressed caches reach a window plus chained draft writes (``2w + 2``) past the committed
         length; the prefill, however wide, is bounded per row (``bound_write``), so it does not
         size their rings."""
-        return init_cache(cfg, batch, self.capacity, kind=self.cache_kind, slack=2 * self.window + 2,
-                          page_size=PAGE_SIZE, num_pages=self.num_pages, dtype=self.dtype, stacked=loop == "scan")
+        return dec.init_cache(batch, self.capacity, kind=self.cache_kind, slack=2 * self.window + 2,
+                              page_size=PAGE_SIZE, num_pages=self.num_pages)
 
 
 _TRACES = {"generate": 0}
 
 
 def _prefill(eng: EngineConfig, params: dict, prompts: jax.Array, prompt_len: jax.Array, max_len, eos, seeds,
-             sampling: RowSampling, cache: ModelCache, dstate: Any, live: jax.Array) -> EngineState:
+             sampling: RowSampling, cache: Any, dstate: Any, live: jax.Array) -> EngineState:
     """Run ``prompts [B, P]`` into the empty ``cache`` and drafter state ``dstate`` and take
     each row's first token. ``live [B]``: real rows (padding rows of a refill own no pages)."""
     b, p = prompts.shape
     c = eng.capacity
     seq = jnp.zeros((b, c), jnp.int32).at[:, :p].set(prompts)
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    hidden, cache = forward_hidden(params["target"], eng.config, prompts, positions,
-                                   cache.reserve(p, live).bound_write(prompt_len), attention_impl=eng.attention_impl)
+    hidden, cache = eng.target.forward_hidden(params["target"], prompts, positions,
+                                              cache.reserve(p, live).bound_write(prompt_len),
+                                              attention_impl=eng.attention_impl)
     cache = cache.advance(prompt_len)
     h_last = jnp.take_along_axis(hidden, (prompt_len - 1)[:, None, None], axis=1)[:, 0]
-    last = head(params["target"], eng.config, h_last)  # logits for the one position used
+    last = eng.target.head(params["target"], h_last)  # logits for the one position used
     if eng.greedy:
         first = jnp.argmax(last, axis=-1).astype(jnp.int32)
     else:
@@ -184,7 +185,7 @@ def _fresh_prefill(eng: EngineConfig, params: dict, prompts, prompt_len, max_len
     """``_prefill`` into new caches of the engine's full capacity (one static batch)."""
     b, p = prompts.shape
     return _prefill(eng, params, prompts, prompt_len, max_len, eos, seeds, sampling,
-                    eng.new_cache(eng.config, b, eng.layer_loop),
+                    eng.new_cache(eng.target, b),
                     eng.drafter.empty(eng, b, p), jnp.ones((b,), bool))
 
 
@@ -262,8 +263,9 @@ def _step_window(eng: EngineConfig, params: dict, st: EngineState, w: int, limit
         window = jnp.where(j < u[:, None], known_tok, draft_tok)
     else:
         window = known_tok
-    logits, hidden, cache = forward(params["target"], eng.config, window, pos, st.cache.reserve(w, st.live),
-                                    attention_impl=eng.attention_impl)
+    hidden, cache = eng.target.forward_hidden(params["target"], window, pos, st.cache.reserve(w, st.live),
+                                              attention_impl=eng.attention_impl)
+    logits = eng.target.head(params["target"], hidden)  # [B, w, V]
 
     if eng.greedy:
         a, nxt = greedy_verify(logits, drafts, u, proposed)
@@ -360,7 +362,7 @@ def prompt_bucket(prompts: list[list[int]]) -> int:
     return max(8, 1 << (max(len(p) for p in prompts) - 1).bit_length())
 
 
-def make_engine(model: Model, *, drafter, draft_model, depth, kv_advance_rule, cache, greedy: bool = True,
+def make_engine(model: DecoderModel, *, drafter, draft_model, depth, kv_advance_rule, cache, greedy: bool = True,
                 ngram_n: int = 3, capacity: int | None = None, attention_impl: str = "xla",
                 num_pages: int | None = None, policy: DepthPolicy | None = None, mesh=None) -> EngineConfig:
     """The static engine. ``capacity`` (cache slots per row; ``request_capacity``) defaults to
@@ -369,32 +371,30 @@ def make_engine(model: Model, *, drafter, draft_model, depth, kv_advance_rule, c
     samples under its own ``RowSampling`` (a temperature-0 row stays exactly greedy).
     ``policy`` (``depth="auto"``): the step picks its window from ``policy.windows`` and
     ``depth`` must be the widest minus one. ``mesh``: the ``("data", "model")`` mesh the
-    model was sharded for (``specjax.sharding``; ``None``: one device)."""
-    d = 0 if drafter is None else depth
-    if drafter is None:
+    model was sharded for (``specjax.sharding``; ``None``: one device). ``model`` and
+    ``draft_model`` follow the model protocol (``specjax.protocols``); ``drafter`` is a name,
+    ``None`` or a drafter object (``specjax.protocols.Drafter``)."""
+    kind = drafter_kind(drafter)
+    d = 0 if kind is None else depth
+    if kind is None:
         policy = None
     if policy is not None and policy.windows[-1] != d + 1:
         raise ValueError(f"policy windows {policy.windows} must end at depth + 1 = {d + 1}")
-    dr = {None: NoDrafter(), "ngram": NgramDrafter(ngram_n), "draft_model": DraftModelDrafter(),
-          "mtp": MtpDrafter()}[drafter]
-    cfg = model.config
+    target = check_model("model", model)
     if capacity is None:
-        capacity = request_capacity(0, cfg.max_seq_len, d)
+        capacity = request_capacity(0, target.max_seq_len, d)
     return EngineConfig(
-        config=cfg,
-        drafter=dr,
+        target=target,
+        drafter=resolve_drafter(drafter, ngram_n),
         depth=d,
         kv_rule=kv_advance_rule,
         cache_kind=cache,
         greedy=bool(greedy),
         capacity=capacity,
         max_steps=capacity,
-        draft_config=None if draft_model is None or drafter != "draft_model" else draft_model.config,
-        dtype=model.params["embed"].dtype,
+        draft=None if draft_model is None or kind != "draft_model" else check_model("draft_model", draft_model),
         attention_impl=resolve_attention_impl(attention_impl),
         num_pages=num_pages,
-        layer_loop=layer_loop(model.params),
-        draft_layer_loop="unrolled" if draft_model is None else layer_loop(draft_model.params),
         policy=policy,
         mesh=mesh,
     )
@@ -429,7 +429,7 @@ def _setup(model, prompts, max_new_tokens, drafter, draft_model, depth, kv_advan
         toks[i, : len(p)] = p
     plen = np.array([len(p) for p in prompts], np.int32)
     params = {"target": model.params}
-    if eng.draft_config is not None:
+    if eng.draft is not None:
         params["draft"] = draft_model.params
     args = (toks, plen, plen + np.array(news, np.int32), eos_table([stops] * b), np.array(seeds, np.uint32),
             RowSampling.rows([temperature] * b, [top_k] * b, [top_p] * b, host=True))
@@ -461,12 +461,12 @@ def check_mesh(mesh, rows: int, arg: str, value: object, hint: str = "", policy_
 
 
 def generate(
-    model: Model,
+    model: DecoderModel,
     prompts: list[list[int]],
     *,
     max_new_tokens: int | list[int],
-    drafter: str | None = "mtp",
-    draft_model: Model | None = None,
+    drafter: str | Drafter | None = "mtp",
+    draft_model: DecoderModel | None = None,
     depth: int | str = 3,
     kv_advance: str | KvAdvance | None = None,
     cache: str = "dense",
@@ -485,7 +485,10 @@ def generate(
     speculative decoding. One static batch: it runs until its slowest row finishes (for a
     stream of requests refilling finished rows, see ``batch_generate``).
 
-    ``drafter=None`` is plain autoregressive decoding on the same step (the baseline).
+    ``drafter=None`` is plain autoregressive decoding on the same step (the baseline); a
+    drafter object of your own follows ``specjax.protocols.Drafter``. ``model`` and
+    ``draft_model`` follow the model protocol (``specjax.protocols``: specjax's ``Model``, a
+    Flax NNX module through ``specjax.nnx_model``, or your own).
     ``kv_advance``: ``"per_sequence"`` | ``"cohort"`` | ``None`` (the latched rule).
     ``attention_impl``: ``"xla"`` | ``"pallas"`` | ``"auto"`` (Pallas on TPU/GPU, XLA on CPU).
     ``seed``: one int (each row's seed is derived from it and the row index, so rows

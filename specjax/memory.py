@@ -146,7 +146,7 @@ def memory_plan(config: ModelConfig, *, data: int = 1, model: int = 1, batch: in
     eng, params, st = _abstract_state(config, data, model, batch, prompt, context - prompt, depth, drafter, cache,
                                       dtype)
     specs = state_specs(st, mesh)
-    cfg2 = eng.config
+    cfg2 = eng.target.config
     kv = _per_device(st.cache, specs.cache, mesh)
     drafter_b = _per_device(st.dstate, specs.dstate, mesh) if st.dstate is not None else 0
     rows = _per_device(st.replace(cache=None, dstate=None), specs.replace(cache=None, dstate=None), mesh)

@@ -76,7 +76,7 @@ def metrics(st, eng: Any, compiles: int) -> dict:
         "depth": eng.depth,
         "kv_advance": eng.kv_rule.value,
         "cache": eng.cache_kind,
-        "layer_loop": eng.layer_loop,
+        "layer_loop": getattr(eng.target, "layer_loop", None),  # specjax's Llama: "unrolled" | "scan"
     }
     if eng.policy is not None:
         ws = np.asarray(st.auto.window_steps)

@@ -20,7 +20,8 @@ import numpy as np
 
 from specjax._pytree import pytree_dataclass
 
-__all__ = ["ACCEPT", "DRAFT", "SAMPLE", "RowSampling", "derive_seed", "position_keys", "probs", "sample"]
+__all__ = ["ACCEPT", "DRAFT", "SAMPLE", "RowSampling", "derive_seed", "draft_token", "position_keys", "probs",
+           "sample"]
 
 ACCEPT, SAMPLE, DRAFT = 0, 1, 2  # purpose tags
 
@@ -99,6 +100,17 @@ def sample(keys: jax.Array, p: jax.Array) -> jax.Array:
     flat_p = p.reshape(-1, p.shape[-1])
     tok = jax.vmap(lambda k, q: jax.random.categorical(k, jnp.log(q)))(flat_k, flat_p)
     return tok.reshape(keys.shape).astype(jnp.int32)
+
+
+def draft_token(logits: jax.Array, greedy: bool, seeds: jax.Array, sp: RowSampling,
+                at: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+    """A draft per row from ``logits [B, V]`` for absolute position ``at [B]``: the argmax when
+    ``greedy`` (probs ``None``), else a draw from the row's filtered ``probs [B, V]`` keyed by its
+    seed and ``at`` (a row's drafts never depend on its batch)."""
+    if greedy:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+    p = probs(logits, sp)
+    return sample(position_keys(seeds, at[:, None], DRAFT)[:, 0], p), p
 
 
 def derive_seed(base: int, key: object) -> int:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -38,7 +38,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from specjax.model.config import ModelConfig
+if TYPE_CHECKING:
+    from specjax.model.config import ModelConfig
 
 __all__ = [
     "DATA", "MODEL", "PARAM_RULES", "STATE_RULES", "agree_max", "constrain", "local_rows", "make_mesh", "parse_mesh",
@@ -293,6 +294,11 @@ def shard_model(model: Any, mesh: Mesh) -> Any:
     """``model`` laid out for ``mesh``'s model axis and placed by the table (a no-op when it
     already is). The result decodes exactly as ``model`` does (the same tokens); save the
     original, not this (its config records the sharded layout)."""
+    from specjax.model.config import ModelConfig  # the model imports this module (per_shard)
+
+    if not isinstance(getattr(model, "config", None), ModelConfig):
+        raise ValueError(f"model={type(model).__name__} is invalid with mesh=: the sharding table lays out specjax's "
+                         "Llama (specjax.model.Model); run other models on one device")
     if is_sharded_for(model, mesh):
         return model
     params, cfg = sharded_layout(model.params, model.config, mesh.shape[MODEL])

@@ -30,7 +30,7 @@ from specjax.engine import (
     warm_steps,
 )
 from specjax.metrics import GenerationResult, metrics, tokens
-from specjax.model.llama import Model
+from specjax.protocols import DecoderModel
 from specjax.sharding import local_rows
 
 __all__ = ["StreamChunk", "stream"]
@@ -53,7 +53,7 @@ class StreamChunk:
     result: GenerationResult | None  # set on the last chunk only
 
 
-def stream(model: Model, prompts: list[list[int]], **kwargs: Any) -> Iterator[StreamChunk]:
+def stream(model: DecoderModel, prompts: list[list[int]], **kwargs: Any) -> Iterator[StreamChunk]:
     """``generate`` one step at a time, for interactive output: the same jitted ``prefill``
     and ``step`` (same tokens, same metrics), but the host reads the new tokens after
     every step (one device sync per step; ``generate`` has none). Same keyword arguments

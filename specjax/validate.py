@@ -8,11 +8,11 @@ import math
 import numpy as np
 
 from specjax.depth_policy import DepthPolicy
-from specjax.drafter import DRAFTERS
-from specjax.model.llama import Model
+from specjax.drafter import DRAFTERS, drafter_kind, resolve_drafter
+from specjax.protocols import check_model
 from specjax.sampling import derive_seed
 
-__all__ = ["EOS_WIDTH", "check_eos", "eos_table", "fail", "resolve_depth", "validate"]
+__all__ = ["EOS_WIDTH", "check_drafter_models", "check_eos", "eos_table", "fail", "resolve_depth", "validate"]
 
 EOS_WIDTH = 4  # stop ids a row holds on device (a longer list widens every row: one more compile)
 
@@ -27,7 +27,7 @@ def fail(arg: str, value: object, allowed: str) -> None:
 def resolve_depth(depth: object, max_depth: object, drafter: object) -> tuple[int, DepthPolicy | None]:
     """``depth`` (an int, ``"auto"`` with ``max_depth``, or a ``DepthPolicy``) -> (the engine's
     depth, its policy). Plain decoding (``drafter=None``) has neither."""
-    if drafter is None:
+    if drafter_kind(drafter) is None:
         return 0, None
     if isinstance(depth, DepthPolicy):
         depth.check(MAX_DEPTH)
@@ -44,7 +44,7 @@ def resolve_depth(depth: object, max_depth: object, drafter: object) -> tuple[in
 
 def validate(model, prompts, max_new_tokens, drafter, draft_model, cache, temperature, top_k, top_p, seed, eos_id):
     """Everything but the depth (``resolve_depth``); returns (seeds, max_new_tokens per row, stop ids)."""
-    cfg = model.config
+    cfg = check_model("model", model)
     if not isinstance(prompts, list | tuple) or len(prompts) == 0:
         fail("prompts", prompts, "must be a non-empty list of token-id lists")
     if all(isinstance(p, int | np.integer) for p in prompts):
@@ -81,19 +81,7 @@ def validate(model, prompts, max_new_tokens, drafter, draft_model, cache, temper
         fail("max_new_tokens", max_new_tokens,
               f"prompt length {longest} (prompts[{which}]) + max_new_tokens must be <= the model's "
               f"max_seq_len={cfg.max_seq_len}: at most {cfg.max_seq_len - longest} new tokens fit")
-    if drafter is not None and drafter not in DRAFTERS:
-        fail("drafter", drafter, f"must be one of {list(DRAFTERS)} or None")
-    if drafter == "mtp" and cfg.mtp_depth < 1:
-        fail("drafter", drafter, "the model has no MTP module (mtp_depth=0)")
-    if drafter == "draft_model":
-        if not isinstance(draft_model, Model):
-            fail("draft_model", draft_model, "drafter='draft_model' needs a specjax Model")
-        if draft_model.config.vocab_size != cfg.vocab_size:
-            fail("draft_model", f"vocab_size {draft_model.config.vocab_size}",
-                  f"must equal the target's vocab_size {cfg.vocab_size}")
-        if draft_model.config.max_seq_len < cfg.max_seq_len:
-            fail("draft_model", f"max_seq_len {draft_model.config.max_seq_len}",
-                  f"must be >= the target's max_seq_len {cfg.max_seq_len}")
+    check_drafter_models(drafter, model, draft_model, need_context=True)
     if cache not in ("dense", "paged"):
         fail("cache", cache, "must be 'dense' or 'paged'")
     if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not math.isfinite(temperature) \
@@ -109,6 +97,30 @@ def validate(model, prompts, max_new_tokens, drafter, draft_model, cache, temper
     if isinstance(seed, int):  # one base seed: each row's own stream, from (seed, row)
         seeds = [derive_seed(seed, i) for i in range(len(prompts))]
     return seeds, [int(n) for n in news], check_eos("eos_id", eos_id, cfg.vocab_size)
+
+
+def check_drafter_models(drafter, model, draft_model, need_context: bool = False) -> None:
+    """``drafter`` is ``None``, a name in ``DRAFTERS`` or a drafter object, and the models give it
+    what it needs: an MTP module for ``"mtp"``; for ``"draft_model"`` a draft model (the model
+    protocol) with the target's vocabulary (and, with ``need_context``, at least its context)."""
+    if isinstance(drafter, str) and drafter not in DRAFTERS:
+        fail("drafter", drafter, f"must be one of {list(DRAFTERS)}, None or a drafter object (specjax.protocols)")
+    if not isinstance(drafter, str | type(None)):
+        resolve_drafter(drafter)  # a user's drafter: name, propose and a hash
+    kind = drafter_kind(drafter)
+    cfg = check_model("model", model)
+    if kind == "mtp" and cfg.mtp_depth < 1:
+        fail("drafter", drafter, "the model has no MTP module (mtp_depth=0)")
+    if kind == "draft_model":
+        if draft_model is None:
+            fail("draft_model", draft_model, "drafter='draft_model' needs a draft model (a specjax Model, "
+                 "specjax.nnx_model(...) or any model following specjax.protocols)")
+        dcfg = check_model("draft_model", draft_model)
+        if dcfg.vocab_size != cfg.vocab_size:
+            fail("draft_model", f"vocab_size {dcfg.vocab_size}", f"must equal the target's vocab_size {cfg.vocab_size}")
+        if need_context and dcfg.max_seq_len < cfg.max_seq_len:
+            fail("draft_model", f"max_seq_len {dcfg.max_seq_len}",
+                 f"must be >= the target's max_seq_len {cfg.max_seq_len}")
 
 
 def check_eos(arg: str, eos: object, vocab_size: int) -> tuple[int, ...]:

@@ -7,6 +7,17 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # depth="auto" keeps measured step costs on disk: never in the user's ~/.cache from tests
 os.environ["SPECJAX_CACHE_DIR"] = tempfile.mkdtemp(prefix="specjax-test-cache-")
 
+# XLA's persistent compilation cache, shared by the test workers, their subprocesses and the
+# mutation check's runs (whose unchanged programs are then not compiled again): keyed by the
+# program and the jax/XLA versions, so a changed program always compiles. SPECJAX_XLA_CACHE
+# picks the folder; "off" disables it.
+_XLA_CACHE = os.environ.get("SPECJAX_XLA_CACHE") or os.path.join(tempfile.gettempdir(), "specjax-xla-cache")
+if _XLA_CACHE != "off":
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _XLA_CACHE)
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))  # bytes; least recently used go first
+
 from hypothesis import settings  # noqa: E402
 
 settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True)

@@ -308,7 +308,7 @@ def test_sampling_rows_are_batch_invariant_and_seeded(tiny):
         (dict(cache="ring"), r"cache='ring' is invalid: must be 'dense' or 'paged'"),
         (dict(kv_advance="min"), r"kv_advance must be one of \['cohort', 'per_sequence'\], got 'min'"),
         (dict(drafter="draft_model", draft_model=sharp(TINY)), r"draft_model='vocab_size 4' is invalid"),
-        (dict(drafter="draft_model"), r"draft_model=None is invalid: drafter='draft_model' needs a specjax Model"),
+        (dict(drafter="draft_model"), r"draft_model=None is invalid: drafter='draft_model' needs a draft model"),
         (dict(top_p=0.0), r"top_p=0.0 is invalid: must lie in \(0, 1\]"),
         (dict(top_p=1.5), r"top_p=1.5 is invalid"),
         (dict(temperature=-1.0), r"temperature=-1.0 is invalid: must be a finite float >= 0"),

@@ -199,7 +199,7 @@ def test_the_layer_scan_writes_the_caches_in_place(kind, cache):
     model = with_layer_loop(MODELS[kind], "scan")
     eng = make_engine(model, drafter="mtp", draft_model=None, depth=3, cache=cache, capacity=128,
                       kv_advance_rule=engine_mod.KvAdvance.PER_SEQUENCE)
-    assert eng.layer_loop == "scan"
+    assert eng.target.layer_loop == "scan"
     params = {"target": model.params}
     st = engine_mod.prefill(eng, params, np.ones((2, 8), np.int32), np.array([3, 8], np.int32),
                             np.array([40, 40], np.int32), np.full(2, -1, np.int32), np.zeros(2, np.uint32))

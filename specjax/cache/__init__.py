@@ -16,20 +16,25 @@ from specjax.cache.base import (
 from specjax.cache.capability import cache_supports_per_sequence_advance
 from specjax.cache.compressed import CompressedKVCache
 from specjax.cache.dense import DenseKVCache
+from specjax.cache.model_cache import CACHE_KINDS, ModelCache, global_cache, kv_cache
 from specjax.cache.paged import PagedKVCache
 from specjax.cache.rolling import RollingKVCache
 
 __all__ = [
+    "CACHE_KINDS",
     "CAPACITY_EXCEEDED",
     "OUT_OF_PAGES",
     "ROLLBACK_INVALID",
     "STATUS_OK",
     "CompressedKVCache",
     "DenseKVCache",
+    "ModelCache",
     "PagedKVCache",
     "RollingKVCache",
     "cache_supports_per_sequence_advance",
     "describe_status",
     "front_align_batch",
     "front_pad_kv_cache",
+    "global_cache",
+    "kv_cache",
 ]

@@ -18,24 +18,28 @@ XLA live-range path or the Pallas kernels; the uncached forward uses the same co
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specjax._pytree import pytree_dataclass, static_field
 from specjax.attention import attend_visible
-from specjax.cache import CompressedKVCache, DenseKVCache, PagedKVCache, RollingKVCache
+from specjax.cache import CompressedKVCache, DenseKVCache, RollingKVCache
 from specjax.cache.base import is_stacked
 from specjax.cache.compressed import compressed_attention
+from specjax.cache.model_cache import ModelCache, global_cache
 from specjax.masks import visible
 from specjax.model.config import ModelConfig
 from specjax.model.rope import rope, rope_frequencies
 from specjax.sharding import per_shard
 
 __all__ = [
-    "LAYER_LOOPS", "Model", "ModelCache", "embed", "forward", "forward_hidden", "fuse_params", "head", "init_cache",
-    "init_model", "init_mtp_params", "layer_loop", "layer_params", "logits", "mtp_forward", "mtp_hidden", "mtp_input",
-    "rms_norm", "unfuse_params", "with_layer_loop",
+    "LAYER_LOOPS", "LlamaDecoder", "Model", "ModelCache", "embed", "forward", "forward_hidden", "fuse_params", "head",
+    "init_cache", "init_model", "init_mtp_params", "layer_loop", "layer_params", "logits", "mtp_forward", "mtp_hidden",
+    "mtp_input", "rms_norm", "unfuse_params", "with_layer_loop",
 ]
 
 
@@ -53,6 +57,11 @@ class Model:
 
     params: dict
     config: ModelConfig = static_field()
+
+    @property
+    def decoder(self) -> LlamaDecoder:
+        """The engine's view of this model (``specjax.protocols``): static, hashable."""
+        return LlamaDecoder(self.config, layer_loop(self.params), jnp.dtype(self.params["embed"].dtype))
 
 
 def _block_params(key: jax.Array, cfg: ModelConfig, dtype) -> dict:
@@ -258,78 +267,6 @@ def head(params: dict, cfg: ModelConfig, x: jax.Array) -> jax.Array:
 # ----------------------------------------------------------------------------- cache
 
 
-GlobalCache = DenseKVCache | PagedKVCache
-
-
-@pytree_dataclass
-class ModelCache:
-    """Per-row KV state of a whole model: global layers in a dense or paged cache,
-    sliding-window layers in a rolling cache, compressed-memory layers in a compressed
-    cache. All parts share the same ``lengths``."""
-
-    global_kv: GlobalCache | None
-    local_kv: RollingKVCache | None
-    memory_kv: CompressedKVCache | None = None
-
-    @property
-    def parts(self) -> tuple:
-        return tuple(c for c in (self.global_kv, self.local_kv, self.memory_kv) if c is not None)
-
-    @property
-    def lengths(self) -> jax.Array:
-        return self.parts[0].lengths
-
-    @property
-    def status(self) -> jax.Array:
-        out = self.parts[0].status
-        for c in self.parts[1:]:
-            out = out | c.status
-        return out
-
-    def _map(self, fn) -> ModelCache:
-        each = lambda c: None if c is None else fn(c)  # noqa: E731
-        return ModelCache(each(self.global_kv), each(self.local_kv), each(self.memory_kv))
-
-    def reserve(self, t: int, live: jax.Array | None = None) -> ModelCache:
-        """Paged global layers: own pages for ``t`` more tokens in ``live [B]`` rows (default
-        all; no-op for other kinds)."""
-        return self._map(lambda c: c.reserve(t, live) if isinstance(c, PagedKVCache) else c)
-
-    def bound_write(self, n: jax.Array) -> ModelCache:
-        """The next write's tokens past ``n [B]`` per row are padding (a right-padded prefill):
-        rolling and compressed layers neither keep nor pool them (a no-op for other kinds)."""
-        return self._map(lambda c: c.bound_write(n) if isinstance(c, RollingKVCache | CompressedKVCache) else c)
-
-    def release(self, idle: jax.Array) -> ModelCache:
-        """Paged global layers: return every page of ``idle [B]`` rows to the pool."""
-        return self._map(lambda c: c.release(idle) if isinstance(c, PagedKVCache) else c)
-
-    def rows_view(self, rows: jax.Array, width: int) -> ModelCache:
-        """Empty caches for refilling ``rows [R]`` with prompts of ``width`` tokens (a paged
-        view shares the pool: ``put_rows`` must follow)."""
-        return self._map(lambda c: c.rows_view(rows, width))
-
-    def put_rows(self, rows: jax.Array, sub: ModelCache) -> ModelCache:
-        """Rows ``rows [R]`` replaced by ``sub``'s (index ``batch``: a padding row, dropped)."""
-        put = lambda big, small: None if big is None else big.put_rows(rows, small)  # noqa: E731
-        return ModelCache(put(self.global_kv, sub.global_kv), put(self.local_kv, sub.local_kv),
-                          put(self.memory_kv, sub.memory_kv))
-
-    def advance(self, n: jax.Array | int) -> ModelCache:
-        return self._map(lambda c: c.advance(n))
-
-    def apply_plan(self, plan) -> ModelCache:
-        return self._map(lambda c: c.apply_plan(plan))
-
-    def rollback(self, new_lengths: jax.Array) -> ModelCache:
-        return self._map(lambda c: c.rollback(new_lengths))
-
-    def with_lengths(self, lengths: jax.Array) -> ModelCache:
-        """Same buffers, write offset moved to ``lengths`` (scratch writes past the
-        committed length, e.g. chained drafting; restore with ``with_lengths`` after)."""
-        return self._map(lambda c: c.replace(lengths=lengths))
-
-
 def init_cache(
     config: ModelConfig,
     batch: int,
@@ -358,12 +295,8 @@ def init_cache(
     hkv, hd = config.n_kv_heads, config.head_dim
     glob = None
     if n_g:
-        if kind == "dense":
-            glob = DenseKVCache.create(n_g, batch, capacity, hkv, hd, dtype, stacked)
-        else:
-            max_pages = -(-capacity // page_size)
-            pages = batch * max_pages if num_pages is None else num_pages
-            glob = PagedKVCache.create(n_g, batch, pages, page_size, max_pages, hkv, hd, dtype, stacked)
+        glob = global_cache(kind, n_g, batch, capacity, hkv, hd, page_size=page_size, num_pages=num_pages,
+                            dtype=dtype, stacked=stacked)
     reach = slack if reach is None else reach
     loc = RollingKVCache.create(n_l, batch, config.sliding_window, reach, hkv, hd, dtype, stacked) if n_l else None
     n_m = len(config.compressed_layers)
@@ -563,3 +496,51 @@ def mtp_forward(
     """``mtp_hidden`` plus float32 logits ``[B, t, V]`` at every position: ``(logits, hidden, cache)``."""
     x, cache = mtp_hidden(params, config, hidden, next_tokens, positions, cache, attention_impl=attention_impl)
     return head(params, config, x), x, cache
+
+
+# ----------------------------------------------------------------------------- the model protocol
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaDecoder:
+    """This model as the engine sees it (``specjax.protocols.Decoder``): the config, the
+    params' layer layout (``"scan"`` needs stacked caches) and the dtype; every function is one
+    of this module's, bound to them."""
+
+    config: ModelConfig
+    layer_loop: str = "unrolled"
+    dtype: Any = jnp.float32
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.config.max_seq_len
+
+    @property
+    def mtp_depth(self) -> int:
+        return self.config.mtp_depth
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.d_model
+
+    def init_cache(self, batch: int, capacity: int, *, kind: str, slack: int, page_size: int,
+                   num_pages: int | None) -> ModelCache:
+        return init_cache(self.config, batch, capacity, kind=kind, slack=slack, page_size=page_size,
+                          num_pages=num_pages, dtype=self.dtype, stacked=self.layer_loop == "scan")
+
+    def forward_hidden(self, params, tokens, positions, cache, *, attention_impl="xla"):
+        return forward_hidden(params, self.config, tokens, positions, cache, attention_impl=attention_impl)
+
+    def head(self, params, hidden):
+        return head(params, self.config, hidden)
+
+    def init_mtp_cache(self, batch: int, capacity: int) -> DenseKVCache:
+        """The MTP block's own per-row cache (one layer)."""
+        return DenseKVCache.create(1, batch, capacity, self.config.n_kv_heads, self.config.head_dim, self.dtype)
+
+    def mtp_hidden(self, params, hidden, next_tokens, positions, cache, *, attention_impl="xla"):
+        return mtp_hidden(params, self.config, hidden, next_tokens, positions, cache, attention_impl=attention_impl)
