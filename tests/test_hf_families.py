@@ -195,7 +195,7 @@ def test_bf16_end_to_end(name):
 
     eng = make_engine(bf, drafter=None, draft_model=None, depth=1, kv_advance_rule=KvAdvance.PER_SEQUENCE,
                       cache="dense", capacity=32)
-    assert all(c.k[0].dtype == jnp.bfloat16 for c in eng.new_cache(bf.config, 2).parts)
+    assert all(c.k[0].dtype == jnp.bfloat16 for c in eng.new_cache(eng.target, 2).parts)
 
 
 def test_cli_chat_and_dtype_flags(capsys):
