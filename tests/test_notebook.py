@@ -14,7 +14,8 @@ NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parent.parent / "notebooks"
 
 
 def test_the_notebooks_are_there():
-    assert {p.name for p in NOTEBOOKS} >= {"quickstart.ipynb", "bring_your_own.ipynb"}
+    want = {"quickstart", "bring_your_own", "cohort_vs_per_sequence", "acceptance", "kernels"}
+    assert {p.stem for p in NOTEBOOKS} >= want
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
