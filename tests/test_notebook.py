@@ -25,7 +25,7 @@ def test_notebook_executes(path):
         if cell.cell_type == "code":
             cell.outputs = []
     t0 = time.perf_counter()
-    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     assert any(o.output_type == "display_data" and "image/png" in o.data for o in outputs)  # its plot
