@@ -100,6 +100,15 @@ class Trace:
 
     prefix: jax.Array
 
+    @classmethod
+    def from_rows(cls, row_traces: list[list[int]]) -> Trace:
+        """A trace from per-row recorded counts (``GenerationResult.metrics["row_accepted_trace"]``:
+        each row's accepted drafts per step), cut to the steps every row ran."""
+        if not row_traces or not all(len(t) for t in row_traces):
+            raise ValueError("row_traces must hold at least one step for every row")
+        steps = min(len(t) for t in row_traces)
+        return cls(np.array([t[:steps] for t in row_traces], np.int32).T)
+
     def check(self, depth: int) -> None:
         arr = np.asarray(self.prefix)
         if arr.ndim != 2 or not np.issubdtype(arr.dtype, np.integer):

@@ -44,6 +44,14 @@ def test_row_is_batch_invariant_under_per_sequence(runs):
     np.testing.assert_array_equal(small.row_accepted, runs["per_sequence"].row_accepted[:32])
 
 
+def test_trace_from_recorded_rows():
+    t = Trace.from_rows([[1, 2, 3], [0, 3]])  # rows ran 3 and 2 steps: the common 2 are kept
+    np.testing.assert_array_equal(t.prefix, [[1, 0], [2, 3]])
+    assert t.prefix.dtype == np.int32
+    with pytest.raises(ValueError, match="at least one step for every row"):
+        Trace.from_rows([[1], []])
+
+
 def test_no_ratchet_with_control():
     rng = np.random.default_rng(3)
     prefix = rng.integers(0, D + 1, size=(60, 16)).astype(np.int32)
