@@ -21,6 +21,12 @@ its slot, so a seeded request gives the same tokens alone, in any batch, in any 
 Paged pools are sized by ``pages`` (default: every slot's full capacity). A request is
 admitted only when its worst-case page need fits beside the worst cases of the running
 rows; otherwise it waits for a row to finish (no request fails for lack of pages).
+
+On a mesh the slots split into one group per data shard, each with its own paged pool
+(``pages / data`` pages: ``PagedKVCache.split_pool``). An admit fills up to
+``ceil(refill_rows / data)`` slots of every group (group-major, so each shard prefills and
+allocates only for its own slots); a request goes to the group with the most free slots
+among those whose pool fits its worst case.
 """
 
 from __future__ import annotations
@@ -61,7 +67,7 @@ from specjax.engine import (
 )
 from specjax.protocols import DecoderModel, check_model
 from specjax.sampling import RowSampling, derive_seed
-from specjax.sharding import constrain, shard_model, shardings, state_specs
+from specjax.sharding import DATA, constrain, shard_model, shardings, state_specs
 from specjax.validate import EOS_WIDTH, check_drafter_models, check_eos, eos_table, fail, resolve_depth
 
 __all__ = ["Completion", "Request", "batch_generate"]
@@ -219,6 +225,7 @@ class _Job:
     pages: int | None
     bounded: bool  # a stream: max_new_tokens bounds each request (it sized the caches)
     eos_width: int | None  # stop ids per row a stream's requests must fit (None: listed, the list sizes it)
+    groups: int = 1  # pool groups (the mesh's data axis): a request must fit one group's pool
 
     def row(self, r: Request, index: int, where: str | None = None) -> _Row:
         """Validate one request against the model and the job; errors name the request
@@ -263,9 +270,12 @@ class _Job:
                   "widest list, at least EOS_WIDTH, sizes every row's stops)")
         w = self.depth + 1
         pages = -(-max(prompt_bucket([prompt]), len(arr) + n_new + 2 * w - 1) // PAGE_SIZE)
-        if self.pages is not None and pages > self.pages:
+        if self.pages is not None and pages > self.pages // self.groups:
+            g = self.groups
+            held = f"pool holds pages={self.pages}" if g == 1 else \
+                f"pool of each of the mesh's {g} data shards holds pages/{g}={self.pages // g}"
             fail(f"{where}", f"{len(arr)} + {n_new} tokens", f"needs {pages} pages of {PAGE_SIZE} tokens but the "
-                  f"pool holds pages={self.pages}")
+                 f"{held}")
         seed = derive_seed(self.seed, r.id) if r.seed is None else int(r.seed)
         return _Row(r.id, [int(t) for t in arr], int(n_new), float(temp), top_k, top_p, seed, eos, pages)
 
@@ -322,7 +332,8 @@ def batch_generate(
     ``depth="auto"`` (with ``max_depth``, ``cost``): as in ``generate``; without a table the
     first rounds time a few real decode steps at each window (then kept on disk).
     ``mesh`` (``specjax.make_mesh``; one process): slots split over ``"data"`` (``slots`` must
-    divide by it), the model over ``"model"``, as in ``generate``.
+    divide by it), the model over ``"model"``, as in ``generate``. A paged pool is one pool per
+    data shard (``pages`` must divide by ``data``; a request must fit ``pages / data``).
     Compiles: one decode loop per (slots, ...) and one admit per prompt bucket; sampling
     settings, seeds and lengths are data.
     """
@@ -341,6 +352,10 @@ def batch_generate(
     if not _is_int(seed) or not 0 <= seed < 2**32:
         fail("seed", seed, "must be an int in [0, 2**32)")
     check_mesh(mesh, slots, "slots", slots)
+    groups = 1 if mesh is None else mesh.shape[DATA]
+    if pages is not None and pages % groups:
+        fail("pages", pages, f"must divide by the mesh's data axis ({groups}): each data shard holds its own pool "
+             "of pages / data")
     if mesh is not None:
         if jax.process_count() > 1:
             fail("mesh", mesh, "batch_generate runs in one process (each host its own job); generate takes many")
@@ -356,7 +371,8 @@ def batch_generate(
         fail("max_prompt_len", bound, "must be an int >= 1")
     job = _Job(model, max_new_tokens, bound if not listed else cfg.max_seq_len - 1, d, float(temperature), top_k,
                top_p, seed, eos_id, pages, bounded=not listed,
-               eos_width=None if listed else max(EOS_WIDTH, len(check_eos("eos_id", eos_id, cfg.vocab_size))))
+               eos_width=None if listed else max(EOS_WIDTH, len(check_eos("eos_id", eos_id, cfg.vocab_size))),
+               groups=groups)
     job.row(Request([0], max_new_tokens=1), -1, where="batch_generate")  # the defaults (temperature, ...)
     rows_iter: Iterator[_Row]
     if listed:  # everything checked before any compile; the list sizes the caches
@@ -414,18 +430,11 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
                 queue.append(nxt)
         # admit, refill rows at a time, while free slots, requests and pages allow
         while queue:
-            free = [s for s in range(slots) if held[s] is None]
-            committed = sum(r.pages for r in held if r is not None)
-            batch: list[tuple[int, _Row]] = []
-            while queue and len(batch) < min(refill, len(free)):
-                if pool is not None and committed + queue[0].pages > pool:
-                    break  # FIFO: the head waits for pages; later requests do not jump it
-                committed += queue[0].pages
-                batch.append((free[len(batch)], queue.popleft()))
-            if not batch:
+            batch = _pick(held, queue, refill, pool, eng.pool_groups)
+            if not any(batch):
                 break
             idle = np.array([held[s] is None for s in range(slots)])
-            for s, r in batch:
+            for s, r in (x for group in batch for x in group):
                 held[s] = r
             with mesh_context(eng):
                 st = _admit(eng, params, st, jnp.asarray(idle), *_admit_inputs(batch, refill, slots, eos_width))
@@ -442,6 +451,30 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
         with mesh_context(eng):
             st = _decode(eng, params, st, jnp.int32(target), st.i + sync_every)
         yield from _harvest(eng, st, held)
+
+
+def _pick(held: list[_Row | None], queue: collections.deque[_Row], refill: int, pool: int | None,
+          groups: int) -> list[list[tuple[int, _Row]]]:
+    """One admit's ``(slot, request)`` pairs per slot group (one group per data shard, each with
+    its own paged pool of ``pool / groups`` pages), taken from the head of ``queue``: at most
+    ``ceil(refill / groups)`` per group. The head goes to the group with the most free slots
+    left among those whose pool fits its worst case beside the running rows'; when none can
+    take it, it waits (FIFO: later requests do not jump it)."""
+    per, rg = len(held) // groups, -(-refill // groups)
+    share = None if pool is None else pool // groups
+    free = [[s for s in range(g * per, (g + 1) * per) if held[s] is None] for g in range(groups)]
+    committed = [sum(r.pages for r in held[g * per : (g + 1) * per] if r is not None) for g in range(groups)]
+    picks: list[list[tuple[int, _Row]]] = [[] for _ in range(groups)]
+    while queue:
+        head = queue[0]
+        room = [g for g in range(groups) if len(picks[g]) < min(rg, len(free[g]))
+                and (share is None or committed[g] + head.pages <= share)]
+        if not room:
+            break
+        g = max(room, key=lambda g: (len(free[g]) - len(picks[g]), -g))
+        picks[g].append((free[g][len(picks[g])], queue.popleft()))
+        committed[g] += head.pages
+    return picks
 
 
 def _set_cost(eng: EngineConfig, params: dict, st: EngineState, slots: int, width: int, cost: Any) -> EngineState:
@@ -470,15 +503,19 @@ def _set_cost(eng: EngineConfig, params: dict, st: EngineState, slots: int, widt
     return st.replace(auto=auto_state(eng, table, slots))
 
 
-def _admit_inputs(batch: list[tuple[int, _Row]], refill: int, slots: int, eos_width: int = EOS_WIDTH):
-    """Host arrays for one admit: ``refill`` rows, padding rows pointing at slot ``slots``."""
-    width = prompt_bucket([r.prompt for _, r in batch])
-    pad = refill - len(batch)
-    rows = np.array([s for s, _ in batch] + [slots] * pad, np.int32)
-    toks = np.zeros((refill, width), np.int32)
-    for i, (_, r) in enumerate(batch):  # host-side batch assembly
+def _admit_inputs(batch: list[list[tuple[int, _Row]]], refill: int, slots: int, eos_width: int = EOS_WIDTH):
+    """Host arrays for one admit: ``batch``'s slot groups in order (group-major; ``_pick``), each
+    padded to ``ceil(refill / groups)`` rows; padding rows point at slot ``slots``."""
+    rg = -(-refill // len(batch))
+    real = [x for g in batch for x in g]
+    filler = real[0]
+    laid = [x for g in batch for x in g + [(slots, filler[1])] * (rg - len(g))]  # padding copies a real row
+    width = prompt_bucket([r.prompt for _, r in real])
+    rows = np.array([s for s, _ in laid], np.int32)
+    toks = np.zeros((len(laid), width), np.int32)
+    for i, (_, r) in enumerate(laid):  # host-side batch assembly
         toks[i, : len(r.prompt)] = r.prompt
-    req = [r for _, r in batch] + [batch[0][1]] * pad  # padding rows copy a real one (then dropped)
+    req = [r for _, r in laid]
     plen = np.array([len(r.prompt) for r in req], np.int32)
     return (
         jnp.asarray(rows), jnp.asarray(toks), jnp.asarray(plen),

@@ -121,6 +121,7 @@ class EngineConfig:
     num_pages: int | None = None  # paged pool size (None: every row's full capacity)
     policy: DepthPolicy | None = None  # depth="auto": the windows the step picks from (depth = widest - 1)
     mesh: Any = None  # a ("data", "model") jax.sharding.Mesh (specjax.sharding), or None: one device
+    pool_groups: int = 1  # paged pools: one per data shard (the mesh's data axis; ``PagedKVCache.split_pool``)
 
     @property
     def window(self) -> int:
@@ -139,9 +140,13 @@ class EngineConfig:
         """Empty caches of ``dec`` (the target or the draft model) for ``batch`` rows. Rolling and
         compressed caches reach a window plus chained draft writes (``2w + 2``) past the committed
         length; the prefill, however wide, is bounded per row (``bound_write``), so it does not
-        size their rings."""
-        return dec.init_cache(batch, self.capacity, kind=self.cache_kind, slack=2 * self.window + 2,
-                              page_size=PAGE_SIZE, num_pages=self.num_pages)
+        size their rings. A paged pool is split into ``pool_groups`` pools (one per data shard)
+        when the cache can be (``split_pool``)."""
+        cache = dec.init_cache(batch, self.capacity, kind=self.cache_kind, slack=2 * self.window + 2,
+                               page_size=PAGE_SIZE, num_pages=self.num_pages)
+        if self.pool_groups > 1 and hasattr(cache, "split_pool"):
+            cache = cache.split_pool(self.pool_groups)
+        return cache
 
 
 _TRACES = {"generate": 0}
@@ -364,14 +369,16 @@ def prompt_bucket(prompts: list[list[int]]) -> int:
 
 def make_engine(model: DecoderModel, *, drafter, draft_model, depth, kv_advance_rule, cache, greedy: bool = True,
                 ngram_n: int = 3, capacity: int | None = None, attention_impl: str = "xla",
-                num_pages: int | None = None, policy: DepthPolicy | None = None, mesh=None) -> EngineConfig:
+                num_pages: int | None = None, policy: DepthPolicy | None = None, mesh=None,
+                pool_groups: int | None = None) -> EngineConfig:
     """The static engine. ``capacity`` (cache slots per row; ``request_capacity``) defaults to
     what the model's longest sequence would need; ``generate`` passes the request's.
     ``greedy``: every row decodes greedily (no distributions are built); otherwise each row
     samples under its own ``RowSampling`` (a temperature-0 row stays exactly greedy).
     ``policy`` (``depth="auto"``): the step picks its window from ``policy.windows`` and
     ``depth`` must be the widest minus one. ``mesh``: the ``("data", "model")`` mesh the
-    model was sharded for (``specjax.sharding``; ``None``: one device). ``model`` and
+    model was sharded for (``specjax.sharding``; ``None``: one device). ``pool_groups``: paged
+    pools per batch (default: the mesh's data axis, one pool per data shard; 1 without). ``model`` and
     ``draft_model`` follow the model protocol (``specjax.protocols``); ``drafter`` is a name,
     ``None`` or a drafter object (``specjax.protocols.Drafter``)."""
     kind = drafter_kind(drafter)
@@ -397,6 +404,7 @@ def make_engine(model: DecoderModel, *, drafter, draft_model, depth, kv_advance_
         num_pages=num_pages,
         policy=policy,
         mesh=mesh,
+        pool_groups=(1 if mesh is None else mesh.shape[DATA]) if pool_groups is None else pool_groups,
     )
 
 

@@ -113,7 +113,7 @@ def _abstract_state(cfg: ModelConfig, data: int, model: int, batch: int, prompt:
     cfg2 = sharded_config(cfg, model)
     capacity = request_capacity(prompt, new, depth)
     eng = make_engine(Model(laid, cfg2), drafter=drafter, draft_model=None, depth=depth,
-                      kv_advance_rule=KvAdvance.PER_SEQUENCE, cache=cache, capacity=capacity)
+                      kv_advance_rule=KvAdvance.PER_SEQUENCE, cache=cache, capacity=capacity, pool_groups=data)
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
     f32 = jax.ShapeDtypeStruct((batch,), jnp.float32)
     args = (i32(batch, prompt), i32(batch), i32(batch), i32(batch, 4), jax.ShapeDtypeStruct((batch,), jnp.uint32),

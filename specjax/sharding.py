@@ -18,11 +18,13 @@ each KV head to ``lcm(n_kv_heads, model)`` heads. The model's output is unchange
 head still reads a copy of its own KV head); the cost is ``lcm / n_kv_heads`` times the KV
 cache bytes and the K/V projection FLOPs.
 
-The paged pool is split over ``"model"`` (heads) and replicated over ``"data"``: a block
-table's page ids are global (one allocator), so every data shard holds the whole pool and a
-page write reaches every data shard. A per-data-shard allocator (one pool per shard, each
-1/data of the pages) is not built yet: the paged cache costs ``data`` times its pool on a
-data-parallel mesh.
+The paged pool is one pool per data shard: the engine splits it into ``data`` groups
+(``PagedKVCache.split_pool``), each serving the rows of one data shard from its own pages and
+free stack, so the pool's pages, free stacks and free counts are split over ``"data"`` (and
+the pages' KV heads over ``"model"``). Each device holds ``1/data`` of the pages; block
+tables hold page ids within the group, so a shard's allocation, writes and attention touch
+only its own pages. A paged cache made with one pool (``num_free`` a scalar) is replicated
+over ``"data"`` instead (``ONE_POOL_RULES``): correct on any mesh, ``data`` times the bytes.
 """
 
 from __future__ import annotations
@@ -42,9 +44,9 @@ if TYPE_CHECKING:
     from specjax.model.config import ModelConfig
 
 __all__ = [
-    "DATA", "MODEL", "PARAM_RULES", "STATE_RULES", "agree_max", "constrain", "local_rows", "make_mesh", "parse_mesh",
-    "param_specs", "per_shard", "place", "placed_shapes", "put_rows", "shard_model", "sharded_config", "sharded_layout",
-    "shardings", "spec_mismatches", "state_specs",
+    "DATA", "MODEL", "ONE_POOL_RULES", "PARAM_RULES", "STATE_RULES", "agree_max", "constrain", "local_rows",
+    "make_mesh", "parse_mesh", "param_specs", "per_shard", "place", "placed_shapes", "put_rows", "shard_model",
+    "sharded_config", "sharded_layout", "shardings", "spec_mismatches", "state_specs",
 ]
 
 DATA, MODEL = "data", "model"
@@ -76,14 +78,18 @@ STATE_RULES: dict[tuple[str, str], P] = {
     ("RollingKVCache", "k"): KV_ROWS, ("RollingKVCache", "v"): KV_ROWS,
     ("CompressedKVCache", "k"): KV_ROWS, ("CompressedKVCache", "v"): KV_ROWS,
     ("CompressedKVCache", "mem_k"): KV_ROWS, ("CompressedKVCache", "mem_v"): KV_ROWS,
-    ("PagedKVCache", "k"): P(None, MODEL, None, None),  # the pool [pages, Hkv, page, D]: global page ids
-    ("PagedKVCache", "v"): P(None, MODEL, None, None),
-    ("PagedKVCache", "free_pages"): P(),  # one allocator for the pool
-    ("PagedKVCache", "num_free"): P(),
+    ("PagedKVCache", "k"): P(DATA, MODEL, None, None),  # the pool [G * pages, Hkv, page, D]: group g's on shard g
+    ("PagedKVCache", "v"): P(DATA, MODEL, None, None),
+    ("PagedKVCache", "free_pages"): P(DATA),  # [G * pages]: each group's free stack on its shard
+    ("PagedKVCache", "num_free"): P(DATA),  # [G]
     ("EngineState", "i"): P(),  # the step counter
     ("EngineState", "auto"): P(),  # depth="auto"'s cost table and window counts
 }
 ROWS = P(DATA)
+# A paged cache with one pool for all rows (``num_free`` a scalar: not ``split_pool``-ed):
+# global page ids, so the pool is replicated over "data" (split over "model" by heads).
+ONE_POOL_RULES: dict[str, P] = {"k": P(None, MODEL, None, None), "v": P(None, MODEL, None, None),
+                                "free_pages": P(), "num_free": P()}
 
 
 def make_mesh(data: int | None = None, model: int = 1, *, devices: list | None = None) -> Mesh:
@@ -137,7 +143,7 @@ def state_specs(tree: Any, mesh: Mesh) -> Any:
             return None
         fields = getattr(type(x), "__dataclass_fields__", None)
         if fields is not None and rule is None and hasattr(x, "replace"):  # a registered state class
-            kids = {f: walk(getattr(x, f), STATE_RULES.get((type(x).__name__, f)))
+            kids = {f: walk(getattr(x, f), _state_rule(x, f, mesh))
                     for f, fd in fields.items() if not fd.metadata.get("static", False)}
             return x.replace(**kids)
         if isinstance(x, tuple | list):
@@ -151,6 +157,18 @@ def state_specs(tree: Any, mesh: Mesh) -> Any:
             rule = P(*ROWS, *[None] * (len(shape) - 1))
         return _fit(rule or P(), shape, mesh)
     return walk(tree, None)
+
+
+def _state_rule(x: Any, field: str, mesh: Mesh) -> P | None:
+    """The table's rule for ``field`` of the state class ``x`` (a paged cache's pool by its groups)."""
+    name = type(x).__name__
+    if name == "PagedKVCache" and field in ONE_POOL_RULES:
+        if np.ndim(x.num_free) == 0:
+            return ONE_POOL_RULES[field]
+        if np.shape(x.num_free)[0] != mesh.shape[DATA]:
+            raise ValueError(f"a paged cache split into {np.shape(x.num_free)[0]} pools cannot run on a mesh with "
+                             f"data={mesh.shape[DATA]}: make it with split_pool({mesh.shape[DATA]}) (one per shard)")
+    return STATE_RULES.get((name, field))
 
 
 def shardings(specs: Any, mesh: Mesh) -> Any:

@@ -53,15 +53,16 @@ def param_problems(params) -> list[str]:
 
 def state_problems(st, batch: int) -> list[str]:
     """Every per-row leaf ([B, ...]) split over "data" on its first axis, every KV buffer's
-    heads over "model" (the paged pool: heads only), the step counter replicated."""
+    heads over "model" and its rows (the paged pool: its pages, one pool per data shard) over
+    "data", the paged free stacks and counts over "data", the step counter replicated."""
     out = []
     for path, x in jax.tree_util.tree_flatten_with_path(st)[0]:
         key = jax.tree_util.keystr(path)
         if key.endswith((".k", ".v")) or ".k[" in key or ".v[" in key:
-            want = (None, "model", None, None) if "global_kv" in key and "paged" in CACHE else \
-                ("data", "model", None, None)
-            want = (None,) * (x.ndim - 4) + want  # stacked layers: [L] whole
-        elif ".auto" in key or key == ".i" or key.endswith(("free_pages", "num_free")):
+            want = (None,) * (x.ndim - 4) + ("data", "model", None, None)  # stacked layers: [L] whole
+        elif key.endswith(("free_pages", "num_free")):
+            want = ("data",)
+        elif ".auto" in key or key == ".i":
             want = (None,) * x.ndim
         elif x.ndim and x.shape[0] == batch:
             want = ("data",) + (None,) * (x.ndim - 1)
@@ -71,9 +72,6 @@ def state_problems(st, batch: int) -> list[str]:
         if not x.sharding.is_equivalent_to(NamedSharding(x.sharding.mesh, P(*want)), x.ndim):
             out.append(f"{key} {x.sharding.spec} != {want}")
     return out
-
-
-CACHE = ""
 
 
 DRAFTERS = ("mtp", "ngram", "draft_model")
@@ -89,7 +87,6 @@ def cover(drafter: str) -> list[tuple[tuple[int, int], str, str]]:
 
 def main(drafter: str, runs, pallas: bool = False) -> None:
     """``runs``: ``(mesh, rule, cache)`` triples, each compared with the unsharded run."""
-    global CACHE
     target = sharp(CFG, seed=1)
     draft = noisy(target, 0.5) if drafter == "draft_model" else None
     rng = np.random.default_rng(0)
@@ -97,7 +94,6 @@ def main(drafter: str, runs, pallas: bool = False) -> None:
     result = {"tokens": {}, "params": {}, "state": {}}
     refs = {}
     for (d, m), rule, cache in runs:
-        CACHE = cache
         kw = dict(max_new_tokens=8, drafter=drafter, draft_model=draft, depth=2, kv_advance=rule, cache=cache)
         if (rule, cache) not in refs:
             refs[rule, cache] = specjax.generate(target, prompts, **kw).tokens
@@ -158,6 +154,11 @@ def extras() -> None:
     for cache in ("dense", "paged"):
         got = {c.id: c.tokens for c in specjax.batch_generate(target, reqs, slots=4, depth=2, cache=cache, mesh=mesh)}
         result["tokens"][f"batch_generate {cache}"] = [got[i] for i in range(len(reqs))] == ref * 3
+    # one pool per data shard, each of one page (pages=4 on data=4): 2 slots per shard, one request
+    # per shard at a time; every request its unsharded tokens
+    got = {c.id: c.tokens for c in specjax.batch_generate(target, reqs, slots=8, depth=2, cache="paged", pages=4,
+                                                          mesh=mesh)}
+    result["tokens"]["batch_generate paged, a page per shard"] = [got[i] for i in range(len(reqs))] == ref * 3
 
     # sizing: the plan's resident bytes are what XLA allocates for the compiled step's arguments
     from specjax.memory import check_compiled
@@ -172,6 +173,8 @@ def extras() -> None:
     for name, call in (
         ("rows", lambda: specjax.generate(target, prompts[:3], max_new_tokens=4, mesh=make_mesh(4, 2))),
         ("slots", lambda: list(specjax.batch_generate(target, reqs, slots=6, mesh=make_mesh(4, 2)))),
+        ("pages", lambda: list(specjax.batch_generate(target, reqs, slots=8, cache="paged", pages=6,
+                                                      mesh=make_mesh(4, 2)))),
         ("heads", lambda: shard_model(target, make_mesh(1, 8).__class__(
             np.asarray(jax.devices()[:3], dtype=object).reshape(1, 3), ("data", "model")))),
     ):

@@ -76,6 +76,39 @@ def test_a_paged_pool_smaller_than_every_slot_makes_requests_wait_not_fail():
         assert out[r.id] == _alone(MODEL, r, drafter="mtp", cache="paged")
 
 
+def test_admits_fill_each_slot_group_from_its_own_pool():
+    """One pool per data shard: ``_pick`` gives each slot group at most ``ceil(refill / groups)``
+    rows per admit, sends the head to the group with the most free slots whose pool fits its
+    worst case, and keeps FIFO order when no group can take it."""
+    import collections
+
+    row = lambda i, pages: batch_mod._Row(i, [1], 4, 0.0, None, None, 0, (), pages)  # noqa: E731
+    held = [None] * 4  # groups: slots 0-1 and 2-3, each with a pool of 6 / 2 = 3 pages
+    queue = collections.deque([row("a", 3), row("b", 1), row("c", 1)])
+    got = batch_mod._pick(held, queue, refill=2, pool=6, groups=2)
+    assert [[(s, r.id) for s, r in g] for g in got] == [[(0, "a")], [(2, "b")]] and len(queue) == 1
+    held[0], held[2] = got[0][0][1], got[1][0][1]
+    queue.append(row("d", 3))
+    got = batch_mod._pick(held, queue, refill=2, pool=6, groups=2)  # "c" fits only group 1's pool (1 + 1 <= 3)
+    assert [[(s, r.id) for s, r in g] for g in got] == [[], [(3, "c")]] and [r.id for r in queue] == ["d"]
+    held[3] = got[1][0][1]
+    assert batch_mod._pick(held, queue, refill=2, pool=6, groups=2) == [[], []]  # "d" waits: no pool has 3 free
+    rows = np.asarray(batch_mod._admit_inputs([[(1, row("x", 1))], []], 4, 4)[0])
+    np.testing.assert_array_equal(rows, [1, 4, 4, 4])  # group-major, each group padded to 2 rows
+
+
+def test_slot_groups_with_their_own_pools_give_every_request_its_alone_tokens(monkeypatch):
+    """The engine of a data-parallel mesh on one device: 4 slots in 2 groups, each with its own
+    pool of 4 pages, where long requests need 3; every request still equals its alone run."""
+    import functools
+
+    monkeypatch.setattr(batch_mod, "make_engine", functools.partial(batch_mod.make_engine, pool_groups=2))
+    reqs = [Request(prompt=[1, 2, 3], id=i, max_new_tokens=n) for i, n in enumerate([30, 30, 30, 30, 4, 8, 20])]
+    out = {c.id: c.tokens for c in batch_generate(MODEL, reqs, slots=4, cache="paged", pages=8, drafter="mtp")}
+    for r in reqs:
+        assert out[r.id] == _alone(MODEL, r, drafter="mtp", cache="paged")
+
+
 def test_admit_returns_the_pages_of_every_idle_slot():
     """A refill gives back the pages of every idle slot, not only of the slots it refills."""
     from specjax.advance import KvAdvance
@@ -86,10 +119,10 @@ def test_admit_returns_the_pages_of_every_idle_slot():
     params = {"target": MODEL.params}
     st = batch_mod._empty_state(eng, 4, 8)
     first = [(s, batch_mod._Row(s, [1, 2, 3, 4, 5], 20, 0.0, None, None, 0, (), 2)) for s in range(4)]
-    st = batch_mod._admit(eng, params, st, np.ones(4, bool), *batch_mod._admit_inputs(first, 4, 4))
+    st = batch_mod._admit(eng, params, st, np.ones(4, bool), *batch_mod._admit_inputs([first], 4, 4))
     assert int(st.cache.global_kv.num_free) == 40 - 4  # one 16-token page per 8-token prefill
     one = [(0, batch_mod._Row("new", [1, 2], 20, 0.0, None, None, 0, (), 2))]
-    st = batch_mod._admit(eng, params, st, np.ones(4, bool), *batch_mod._admit_inputs(one, 4, 4))
+    st = batch_mod._admit(eng, params, st, np.ones(4, bool), *batch_mod._admit_inputs([one], 4, 4))
     assert int(st.cache.global_kv.num_free) == 40 - 1
     np.testing.assert_array_equal(np.asarray(st.live), [True, False, False, False])
 
@@ -106,11 +139,11 @@ def test_a_refilled_slot_holds_exactly_a_fresh_prefill_of_its_request():
     row = lambda rid, prompt, n: batch_mod._Row(rid, prompt, n, 0.0, None, None, 0, (), 1)  # noqa: E731
     st = batch_mod._empty_state(eng, 2, 8)
     old = [(0, row("a", [3, 1, 4, 1, 5, 9, 2], 30)), (1, row("b", [2, 7, 1, 8], 30))]
-    st = batch_mod._admit(eng, params, st, np.ones(2, bool), *batch_mod._admit_inputs(old, 2, 2))
+    st = batch_mod._admit(eng, params, st, np.ones(2, bool), *batch_mod._admit_inputs([old], 2, 2))
     st = batch_mod._decode(eng, params, st, np.int32(2), st.i + 3)  # both rows move on
     before = np.asarray(st.dstate.h[0]).copy(), int(st.known[0])
     new = [(1, row("c", [6, 6], 12))]
-    st = batch_mod._admit(eng, params, st, np.array([False, True]), *batch_mod._admit_inputs(new, 2, 2))
+    st = batch_mod._admit(eng, params, st, np.array([False, True]), *batch_mod._admit_inputs([new], 2, 2))
     ref = prefill(eng, params, np.array([[6, 6, 0, 0, 0, 0, 0, 0]], np.int32), np.array([2], np.int32),
                   np.array([14], np.int32), np.array([-1], np.int32), np.array([0], np.uint32))
     assert int(st.cache.lengths[1]) == 2 and int(st.known[1]) == 3 and int(st.max_len[1]) == 14

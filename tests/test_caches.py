@@ -6,12 +6,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specjax.cache import (
     CAPACITY_EXCEEDED,
     OUT_OF_PAGES,
+    POOL_GROUP_MISMATCH,
     ROLLBACK_INVALID,
     DenseKVCache,
     PagedKVCache,
@@ -311,6 +312,80 @@ def test_release_returns_all_pages_of_finished_rows():
     np.testing.assert_array_equal(np.asarray(c.pages_held), [0, 3, 0, 3])
     assert int(c.num_free) == 40 - 6
     _check_page_accounting(c)
+
+
+_G_RESERVE = jax.jit(lambda c, live, t: c.reserve(t, live), static_argnums=2)
+_G_WRITE = jax.jit(lambda c, x, n: c.write(1, x, -x).advance(n))
+_G_ATTEND = jax.jit(lambda c, q: (c.attend(q, 1), c.gather(1)))
+_G_ROLLBACK = jax.jit(lambda c, n: c.rollback(n))
+_G_RELEASE = jax.jit(lambda c, done: c.release(done))
+_G_REFILL = jax.jit(lambda c, rows, live: c.put_rows(rows, c.rows_view(rows, 4).reserve(6, live)))
+
+
+@settings(max_examples=10)
+@given(seed=st.integers(0, 10_000), groups=st.sampled_from([2, 4]), stacked=st.booleans())
+def test_a_pool_split_in_groups_is_its_groups_pools_side_by_side(seed, groups, stacked):
+    """One pool per data shard (``split_pool``): a grouped cache behaves exactly as ``groups``
+    separate caches over its row blocks, each with ``1/groups`` of the pages. A tight pool runs
+    one group out of pages without touching another; a row never owns another group's page;
+    attention, refills and rollbacks agree block by block."""
+    rng = np.random.default_rng(seed)
+    pages, mp, per = 4 * groups, 5, B // groups  # tight: 4 pages per group for its rows of up to 5 pages
+    big = PagedKVCache.create(L, B, pages, PAGE, mp, HKV, D, stacked=stacked, groups=groups)
+    assert big.groups == groups and np.asarray(big.num_free).tolist() == [4] * groups
+    parts = [PagedKVCache.create(L, per, pages // groups, PAGE, mp, HKV, D, stacked=stacked) for _ in range(groups)]
+    block = lambda x, i: x[i * per : (i + 1) * per]  # noqa: E731  (group i's rows)
+
+    def both(fn, *rows):
+        nonlocal big, parts
+        big = fn(big, *rows)
+        parts = [fn(c, *[block(r, i) for r in rows]) for i, c in enumerate(parts)]
+
+    for _ in range(6):
+        t = int(rng.integers(1, 7))
+        both(lambda c, live, t=t: _G_RESERVE(c, live, t), jnp.asarray(rng.random(B) < 0.8))
+        both(_G_WRITE, jnp.asarray(rng.normal(size=(B, t, HKV, D)), jnp.float32),
+             jnp.asarray(rng.integers(0, t + 1, B), jnp.int32))
+        q = jnp.asarray(rng.normal(size=(B, 2, HQ, D)), jnp.float32)
+        out, (k, _, pos) = _G_ATTEND(big, q)
+        for i, c in enumerate(parts):
+            out_i, (k_i, _, pos_i) = _G_ATTEND(c, block(q, i))
+            np.testing.assert_allclose(block(np.asarray(out), i), np.asarray(out_i), atol=1e-5)
+            np.testing.assert_array_equal(block(np.asarray(pos), i), np.asarray(pos_i))
+            owned = (np.asarray(pos_i) >= 0)[:, None, :, None]  # the pages the row owns (the rest is never read)
+            np.testing.assert_array_equal(np.where(owned, block(np.asarray(k), i), 0), np.where(owned, k_i, 0))
+        if rng.random() < 0.5:
+            both(_G_ROLLBACK, jnp.maximum(big.lengths - jnp.asarray(rng.integers(0, 5, B)), 0))
+        else:
+            both(_G_RELEASE, jnp.asarray(rng.random(B) < 0.3))
+        # a group-major refill: group g's block lists one of its own rows, or padding (index B)
+        rows = np.array([g * per + rng.integers(per) if rng.random() < 0.5 else B for g in range(groups)])
+        big = _G_REFILL(big, jnp.asarray(rows), jnp.asarray(rows < B))
+        parts = [_G_REFILL(c, jnp.asarray([rows[i] - i * per if rows[i] < B else per]), jnp.asarray([rows[i] < B]))
+                 for i, c in enumerate(parts)]
+        for name in ("block_table", "pages_held", "lengths", "status"):
+            np.testing.assert_array_equal(np.asarray(getattr(big, name)),
+                                          np.concatenate([np.asarray(getattr(c, name)) for c in parts]), err_msg=name)
+        assert np.asarray(big.num_free).tolist() == [int(c.num_free) for c in parts]
+        np.testing.assert_array_equal(np.asarray(big.free_pages).reshape(groups, -1),
+                                      np.stack([np.asarray(c.free_pages) for c in parts]))
+        assert (np.asarray(big.block_table) < pages // groups).all()  # group-local page ids
+
+
+def test_rows_view_flags_a_row_listed_in_another_groups_block():
+    """A refill must list each group's rows in that group's block of the view: a row put in
+    another block would take its pages from another data shard's pool, so it is flagged."""
+    c = PagedKVCache.create(L, B, 8, PAGE, 3, HKV, D, groups=2)  # rows 0-1: group 0, rows 2-3: group 1
+    ok = c.rows_view(jnp.array([1, B, 2, 3]), 4)
+    np.testing.assert_array_equal(np.asarray(ok.status), 0)
+    bad = c.rows_view(jnp.array([2, 0, 1, B]), 4)  # row 2 in group 0's block, row 1 in group 1's
+    np.testing.assert_array_equal(np.asarray(bad.status), [POOL_GROUP_MISMATCH, 0, POOL_GROUP_MISMATCH, 0])
+    assert describe_status(c.put_rows(jnp.array([2, 0, 1, B]), bad).status) == {
+        1: ["refilled from another pool group"], 2: ["refilled from another pool group"]}
+    with pytest.raises(ValueError, match="pool groups"):
+        c.rows_view(jnp.array([0, 1, 2]), 4)
+    with pytest.raises(ValueError, match="num_pages=9 is invalid for groups=2"):
+        PagedKVCache.create(L, B, 9, PAGE, 3, HKV, D, groups=2)
 
 
 # ---------------------------------------------------------------- alignment

@@ -19,7 +19,15 @@ import pytest
 import specjax
 from specjax import engine
 from specjax.model import ModelConfig, init_model, logits, with_layer_loop
-from specjax.sharding import PARAM_RULES, make_mesh, param_specs, parse_mesh, sharded_layout, spec_mismatches
+from specjax.sharding import (
+    PARAM_RULES,
+    make_mesh,
+    param_specs,
+    parse_mesh,
+    sharded_layout,
+    spec_mismatches,
+    state_specs,
+)
 
 HERE = Path(__file__).parent
 
@@ -82,13 +90,15 @@ def test_loaders_stream_batch_memory_and_errors_on_a_mesh():
     one clear error."""
     result = _worker("extras")
     _check(result)
-    assert set(result["tokens"]) == {"hf", "bundle", "stream", "batch_generate dense", "batch_generate paged"}
+    assert set(result["tokens"]) == {"hf", "bundle", "stream", "batch_generate dense", "batch_generate paged",
+                                     "batch_generate paged, a page per shard"}
     for plan_args, xla_args, act, xla_temp in result["memory"]:
         assert plan_args == xla_args and 0 < act <= xla_temp
     errors = result["errors"]
     assert "3 rows" in errors["rows"] and "data axis (4)" in errors["rows"], errors
     assert "slots=6" in errors["slots"] and "data axis (4)" in errors["slots"], errors
     assert "model=3 must divide n_heads=8" in errors["heads"], errors
+    assert "pages=6" in errors["pages"] and "data axis (4)" in errors["pages"], errors
 
 
 def _free_port() -> int:
@@ -166,6 +176,28 @@ def test_generate_brings_back_no_cache(monkeypatch):
     assert len(out.tokens) == 2 and fetched
     kv_elems = 2 * 128 * cfg.n_kv_heads * cfg.head_dim  # one layer's K buffer: [B, Hkv, capacity, D]
     assert max(int(np.prod(s)) for s in fetched) < kv_elems, fetched
+
+
+def test_a_paged_pool_is_split_over_the_data_shards():
+    """One pool per data shard: a split cache's pages, free stacks and counts go over "data"
+    (a one-pool cache stays whole on each data shard), and per device a paged cache on 8 data
+    shards holds 1/8 of what one device holds (sizing from abstract shapes: no devices)."""
+    from jax.sharding import PartitionSpec as P
+
+    from specjax.cache import PagedKVCache
+    from specjax.memory import _mesh_like, memory_plan
+
+    mesh = _mesh_like(4, 2)
+    split = state_specs(PagedKVCache.create(1, 8, 16, 4, 4, 2, 8, groups=4), mesh)
+    assert (split.k[0], split.free_pages, split.num_free) == (P("data", "model", None, None), P("data"), P("data"))
+    one = state_specs(PagedKVCache.create(1, 8, 16, 4, 4, 2, 8), mesh)
+    assert (one.k[0], one.free_pages, one.num_free) == (P(None, "model", None, None), P(None), P())
+    with pytest.raises(ValueError, match="split into 2 pools cannot run on a mesh with data=4"):
+        state_specs(PagedKVCache.create(1, 8, 16, 4, 4, 2, 8, groups=2), mesh)
+    cfg = ModelConfig(vocab_size=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=256)
+    alone = memory_plan(cfg, batch=16, context=256, cache="paged", drafter=None).kv_cache
+    per_device = memory_plan(cfg, data=8, batch=16, context=256, cache="paged", drafter=None).kv_cache
+    assert 0 <= per_device * 8 - alone <= 8 * 4, (alone, per_device)  # the free counts: one int32 per shard
 
 
 @pytest.mark.parametrize("text,err", [("4x", "DATAxMODEL"), ("0x2", "DATAxMODEL"), ("a", "DATAxMODEL")])

@@ -9,6 +9,7 @@ from specjax.cache.align import front_align_batch, front_pad_kv_cache
 from specjax.cache.base import (
     CAPACITY_EXCEEDED,
     OUT_OF_PAGES,
+    POOL_GROUP_MISMATCH,
     ROLLBACK_INVALID,
     STATUS_OK,
     describe_status,
@@ -24,6 +25,7 @@ __all__ = [
     "CACHE_KINDS",
     "CAPACITY_EXCEEDED",
     "OUT_OF_PAGES",
+    "POOL_GROUP_MISMATCH",
     "ROLLBACK_INVALID",
     "STATUS_OK",
     "CompressedKVCache",

@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 
 __all__ = [
-    "ATTENTION_IMPLS", "CAPACITY_EXCEEDED", "OUT_OF_PAGES", "ROLLBACK_INVALID", "STATUS_OK", "describe_status",
-    "positions", "resolve_attention_impl",
+    "ATTENTION_IMPLS", "CAPACITY_EXCEEDED", "OUT_OF_PAGES", "POOL_GROUP_MISMATCH", "ROLLBACK_INVALID", "STATUS_OK",
+    "describe_status", "positions", "resolve_attention_impl",
 ]
 
 # How a cache's ``attend`` runs: "xla" (specjax.attention.live_attention), "pallas"
@@ -22,10 +22,12 @@ STATUS_OK = 0
 CAPACITY_EXCEEDED = 1  # write/advance past the row's capacity (dense) or page budget (paged)
 OUT_OF_PAGES = 2  # the shared page pool had no free page for this row
 ROLLBACK_INVALID = 4  # rollback target outside [start, lengths] (or past a ring's slack)
+POOL_GROUP_MISMATCH = 8  # a paged row refilled through another pool group's view (rows_view)
 
 UNBOUNDED = 2**30  # a write bound (``bound_write``) that is not set
 
-_NAMES = {CAPACITY_EXCEEDED: "capacity exceeded", OUT_OF_PAGES: "out of pages", ROLLBACK_INVALID: "invalid rollback"}
+_NAMES = {CAPACITY_EXCEEDED: "capacity exceeded", OUT_OF_PAGES: "out of pages", ROLLBACK_INVALID: "invalid rollback",
+          POOL_GROUP_MISMATCH: "refilled from another pool group"}
 
 
 def describe_status(status: jax.Array) -> dict[int, list[str]]:

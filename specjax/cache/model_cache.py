@@ -66,6 +66,11 @@ class ModelCache:
         """Paged global layers: return every page of ``idle [B]`` rows to the pool."""
         return self._map(lambda c: c.release(idle) if isinstance(c, PagedKVCache) else c)
 
+    def split_pool(self, groups: int) -> ModelCache:
+        """Paged global layers (empty): one pool per ``groups`` contiguous row blocks, i.e. one
+        per data shard of a mesh (``PagedKVCache.split_pool``; a no-op for other kinds)."""
+        return self._map(lambda c: c.split_pool(groups) if isinstance(c, PagedKVCache) else c)
+
     def rows_view(self, rows: jax.Array, width: int) -> ModelCache:
         """Empty caches for refilling ``rows [R]`` with prompts of ``width`` tokens (a paged
         view shares the pool: ``put_rows`` must follow)."""

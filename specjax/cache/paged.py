@@ -9,6 +9,15 @@ Allocation serves rows in batch order: rows needing pages get them from the top 
 the stack while the running total fits; a row that does not fit takes nothing and
 gets ``OUT_OF_PAGES`` (its write is then dropped and flagged, never routed into a
 page it does not own).
+
+**Pool groups** (``split_pool(G)``: one pool per data shard of a mesh). The ``B`` rows and
+the ``N`` pages split into ``G`` contiguous groups: rows ``[g * B/G, (g + 1) * B/G)`` take
+pages only from pages ``[g * N/G, (g + 1) * N/G)``, through group ``g``'s own free stack
+(``free_pages[g * N/G : (g + 1) * N/G]``, ``num_free [G]``). Block tables hold page ids
+*within the group*, so on a mesh whose data axis is ``G`` each shard's rows, block tables,
+free stack and pages are one ungrouped cache (``per_shard`` hands the kernels exactly that)
+and no page, allocation or attention read crosses a shard. Allocation is the ungrouped
+code ``vmap``-ed over the groups. With one pool (``num_free`` a scalar) every row shares it.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from specjax.attention import gather_pages, live_attention
 from specjax.cache.base import (
     CAPACITY_EXCEEDED,
     OUT_OF_PAGES,
+    POOL_GROUP_MISMATCH,
     ROLLBACK_INVALID,
     Layers,
     as_rows,
@@ -46,8 +56,8 @@ class PagedKVCache:
     block_table: jax.Array  # int32 [B, max_pages]
     pages_held: jax.Array  # int32 [B]: block_table[b, :pages_held[b]] are owned pages
     lengths: jax.Array  # int32 [B]
-    free_pages: jax.Array  # int32 [num_pages]: stack, valid below num_free
-    num_free: jax.Array  # int32 []: shared pool state
+    free_pages: jax.Array  # int32 [num_pages]: stack(s), valid below num_free (per group: see split_pool)
+    num_free: jax.Array  # int32 [] (one pool) or [G] (one per group): shared pool state
     status: jax.Array  # int32 [B]
 
     # batch-wide fields that are pool state, not a time base (cache_supports_per_sequence_advance)
@@ -65,7 +75,9 @@ class PagedKVCache:
         head_dim: int,
         dtype: jnp.dtype = jnp.float32,
         stacked: bool = False,
+        groups: int = 1,
     ) -> PagedKVCache:
+        """An empty cache; ``groups > 1``: ``split_pool(groups)`` (one pool per data shard)."""
         for name, val in (("num_pages", num_pages), ("page_size", page_size), ("max_pages_per_seq", max_pages_per_seq)):
             if val < 1:
                 raise ValueError(f"{name} must be >= 1, got {val}")
@@ -80,7 +92,56 @@ class PagedKVCache:
             free_pages=jnp.arange(num_pages, dtype=jnp.int32)[::-1],  # pop page 0 first
             num_free=jnp.asarray(num_pages, jnp.int32),
             status=zeros(),
-        )
+        ).split_pool(groups)
+
+    def split_pool(self, groups: int) -> PagedKVCache:
+        """This *empty* cache with its pool split into ``groups`` pools, one per contiguous block
+        of ``batch / groups`` rows, each of ``num_pages / groups`` pages (one per data shard of a
+        mesh: ``specjax.sharding``). ``groups=1`` on a one-pool cache returns it unchanged."""
+        if not isinstance(groups, int) or groups < 1:
+            raise ValueError(f"groups={groups!r} is invalid: must be an int >= 1")
+        if groups == 1 and self.num_free.ndim == 0:
+            return self
+        for name, n in (("batch", self.batch), ("num_pages", self.num_pages)):
+            if n % groups:
+                raise ValueError(f"{name}={n} is invalid for groups={groups}: each group takes an equal share, "
+                                 f"so it must divide by {groups}")
+        n = self.num_pages // groups
+        return self.replace(free_pages=jnp.tile(jnp.arange(n, dtype=jnp.int32)[::-1], groups),
+                            num_free=jnp.full((groups,), n, jnp.int32))
+
+    @property
+    def groups(self) -> int:
+        """How many pools the pages are split into (``split_pool``); 1 for one shared pool."""
+        return int(self.num_free.size)
+
+    def _page_base(self) -> jax.Array | int:
+        """Each row's first pool page ``[B]`` (its group's), or 0 with one pool."""
+        if self.num_free.ndim == 0:
+            return 0
+        g = self.groups
+        return (jnp.arange(self.batch, dtype=jnp.int32) // (self.batch // g)) * (self.num_pages // g)
+
+    def _pool_table(self) -> jax.Array:
+        """``block_table`` with pool page ids (group-local ids plus the group's base; -1 kept)."""
+        base = self._page_base()
+        if isinstance(base, int):
+            return self.block_table
+        return jnp.where(self.block_table >= 0, self.block_table + base[:, None], -1)
+
+    def _groupwise(self, fn, *rows: jax.Array) -> PagedKVCache:
+        """``fn(cache, *rows)`` (the ungrouped allocator code, which never touches the pool's
+        K/V) on each group: ``vmap`` over ``[G, B/G, ...]`` views; with one pool, directly."""
+        if self.num_free.ndim == 0:
+            return fn(self, *rows)
+        g = self.groups
+        split = lambda x: x.reshape(g, x.shape[0] // g, *x.shape[1:])  # noqa: E731
+        merge = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731
+        per_row = ("block_table", "pages_held", "lengths", "status")
+        axes = self.replace(k=None, v=None, **{f: 0 for f in (*per_row, "free_pages", "num_free")})
+        view = self.replace(free_pages=self.free_pages.reshape(g, -1), **{f: split(getattr(self, f)) for f in per_row})
+        out = jax.vmap(fn, in_axes=(axes, *[0] * len(rows)), out_axes=axes)(view, *map(split, rows))
+        return out.replace(free_pages=out.free_pages.reshape(-1), **{f: merge(getattr(out, f)) for f in per_row})
 
     @property
     def batch(self) -> int:
@@ -102,10 +163,14 @@ class PagedKVCache:
         """Own enough pages for ``lengths[b] + t`` tokens in every ``live [B]`` row (default: all).
 
         Grants go smallest request first (ties in batch order) while the running total fits
-        the free stack: a row needing no new page is always served, and a refused row could
-        not have fit in what is left. Refused rows take nothing and get ``OUT_OF_PAGES``.
+        the free stack (the row's group's): a row needing no new page is always served, and a
+        refused row could not have fit in what is left. Refused rows take nothing and get
+        ``OUT_OF_PAGES``.
         """
         live = jnp.ones((self.batch,), bool) if live is None else live
+        return self._groupwise(lambda c, lv: c._reserve(t, lv), live)
+
+    def _reserve(self, t: int, live: jax.Array) -> PagedKVCache:
         want = _ceil_div(self.lengths + t, self.page_size)
         over_budget = (want > self.max_pages) & live
         need = jnp.where(over_budget | ~live, 0, jnp.maximum(want - self.pages_held, 0))
@@ -137,7 +202,7 @@ class PagedKVCache:
         fits = self.lengths + t <= self.pages_held * self.page_size
         pos = positions(self.lengths, t)
         logical = jnp.minimum(pos // self.page_size, self.max_pages - 1)  # in range when fits
-        page = jnp.take_along_axis(self.block_table, logical, axis=1)
+        page = jnp.take_along_axis(self._pool_table(), logical, axis=1)
         page = jnp.where(fits[:, None], page, self.num_pages)  # explicit out-of-range: dropped
         slot = pos % self.page_size
         idx = (page, slice(None), slot)
@@ -160,7 +225,7 @@ class PagedKVCache:
         """Return the pages marked in ``freed [B, max_pages]`` to the free stack."""
         flat = freed.reshape(-1)
         rank = jnp.cumsum(flat) - 1
-        dest = jnp.where(flat, self.num_free + rank, self.num_pages)  # out of range: dropped
+        dest = jnp.where(flat, self.num_free + rank, self.free_pages.shape[0])  # out of range: dropped
         return self.replace(
             block_table=jnp.where(freed, -1, self.block_table),
             pages_held=self.pages_held - jnp.sum(freed, axis=1).astype(jnp.int32),
@@ -170,7 +235,9 @@ class PagedKVCache:
 
     def rollback(self, new_lengths: jax.Array | int) -> PagedKVCache:
         """Shrink rows to ``new_lengths`` (``<= lengths``); pages past it return to the pool."""
-        new = as_rows(new_lengths, self.batch)
+        return self._groupwise(PagedKVCache._rollback, as_rows(new_lengths, self.batch))
+
+    def _rollback(self, new: jax.Array) -> PagedKVCache:
         ok = (new >= 0) & (new <= self.lengths)
         new = jnp.where(ok, new, self.lengths)
         keep = _ceil_div(new, self.page_size)
@@ -182,6 +249,9 @@ class PagedKVCache:
     def release(self, done: jax.Array) -> PagedKVCache:
         """Return every page of rows where ``done [B]`` is true (their length becomes 0);
         other rows keep everything they hold, pages reserved ahead included."""
+        return self._groupwise(PagedKVCache._release, done)
+
+    def _release(self, done: jax.Array) -> PagedKVCache:
         m = jnp.arange(self.max_pages, dtype=jnp.int32)[None]
         freed = done[:, None] & (m < self.pages_held[:, None])
         return self._push_free(freed).replace(lengths=jnp.where(done, 0, self.lengths))
@@ -189,15 +259,26 @@ class PagedKVCache:
     def rows_view(self, rows: jax.Array, width: int) -> PagedKVCache:
         """An empty cache over ``rows [R]`` (index ``batch``: a padding row), for refilling
         them: their pages go back to the pool first, and the view shares the pool, so
-        ``put_rows(rows, view)`` must follow (the pool's state moves with the view)."""
+        ``put_rows(rows, view)`` must follow (the pool's state moves with the view).
+
+        With ``G`` pool groups the view has them too: ``rows`` is group-major, its ``g``-th
+        block of ``R / G`` entries rows of group ``g`` (or padding). A row listed in another
+        group's block gets ``POOL_GROUP_MISMATCH`` (its pages would come from a foreign pool)."""
         mask = jnp.zeros((self.batch,), bool).at[rows].set(True, mode="drop")
         pool = self.release(mask)
-        r = rows.shape[0]
+        r, g = rows.shape[0], self.groups
+        if r % g:
+            raise ValueError(f"rows_view: {r} rows cannot be split over the cache's {g} pool groups (R % G != 0)")
+        status = jnp.zeros((r,), jnp.int32)
+        if g > 1:
+            slot = jnp.arange(r, dtype=jnp.int32)
+            wrong = (rows < self.batch) & (rows // (self.batch // g) != slot // (r // g))
+            status = jnp.where(wrong, POOL_GROUP_MISMATCH, 0)
         return pool.replace(
             block_table=jnp.full((r, self.max_pages), -1, jnp.int32),
             pages_held=jnp.zeros((r,), jnp.int32),
             lengths=jnp.zeros((r,), jnp.int32),
-            status=jnp.zeros((r,), jnp.int32),
+            status=status,
         )
 
     def put_rows(self, rows: jax.Array, sub: PagedKVCache) -> PagedKVCache:
@@ -213,7 +294,7 @@ class PagedKVCache:
     def gather(self, layer: int | jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Per-row contiguous ``k, v [B, Hkv, max_pages * page_size, D]`` and ``key_pos``
         (``-1`` where the row owns no page)."""
-        return self._gather(layer, self.block_table)
+        return self._gather(layer, self._pool_table())
 
     def _gather(self, layer: int | jax.Array, block_table: jax.Array, first_page: jax.Array | int = 0):
         k, v, at = kernel_operands(self.k, self.v, layer)
@@ -234,18 +315,19 @@ class PagedKVCache:
         longest live row; the Pallas kernel visits each row's own live pages."""
         t_q = q.shape[1]
         zeros = jnp.zeros((self.batch,), jnp.int32)
+        table = self._pool_table()
         if impl == "pallas":
             from pallas_kernels.paged_attention import paged_attention  # lazy: pallas_kernels imports specjax
 
             k, v, at = kernel_operands(self.k, self.v, layer)
-            return paged_attention(q, k, v, self.block_table, zeros, self.lengths, window=window, scale=scale,
+            return paged_attention(q, k, v, table, zeros, self.lengths, window=window, scale=scale,
                                    layer=at)
         ps, mp = self.page_size, self.max_pages
         block = key_block(mp * ps)
         ppb = block // ps if block % ps == 0 and mp % (block // ps) == 0 else mp  # pages per key block
 
         def read(j):  # key block j: logical pages j * ppb .. (j + 1) * ppb - 1 of every row
-            bt = jax.lax.dynamic_slice_in_dim(self.block_table, j * ppb, ppb, axis=1)  # [B, ppb]
+            bt = jax.lax.dynamic_slice_in_dim(table, j * ppb, ppb, axis=1)  # [B, ppb]
             return self._gather(layer, bt, first_page=j * ppb)
 
         return live_attention(q, read, positions(self.lengths, t_q), zeros, block=ppb * ps, num_blocks=mp // ppb,
