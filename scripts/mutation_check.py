@@ -574,8 +574,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "depth policy: goodput ignores the step cost",
         "specjax/depth_policy.py",
-        "tokens / table.at(jnp.maximum(load, 1))",
-        "tokens",
+        "        rate = jnp.where(feasible, tokens / cost, -jnp.inf)",
+        "        rate = jnp.where(feasible, tokens, -jnp.inf)",
         ("tests/test_depth_policy.py",),
     ),
     Mutation(
@@ -629,6 +629,34 @@ MUTATIONS: list[Mutation] = [
         "    return jnp.where(forced, jnp.maximum(at, narrowest), idx), jnp.where(forced, eng.depth, drafts)\n",
         "    return idx, drafts\n",
         ("tests/test_depth_auto.py::test_a_forced_window_runs_with_every_row_drafting",),
+    ),
+    Mutation(
+        "makespan: the batch's time summed over its rows, not set by its slowest row",
+        "specjax/depth_policy.py",
+        "        steps = jax.vmap(lambda k: jnp.max(jnp.where(live, left / expected_tokens(pooled, k), 0.0)))(drafts)",
+        "        steps = jax.vmap(lambda k: jnp.sum(jnp.where(live, left / expected_tokens(pooled, k), 0.0)))(drafts)",
+        ("tests/test_depth_policy.py::test_makespan_follows_the_row_that_finishes_last",),
+    ),
+    Mutation(
+        "makespan: each row's own noisy estimate, not pooled towards the batch mean",
+        "specjax/depth_policy.py",
+        "        pooled = (1.0 - shrink) * est + shrink * mean[None]\n",
+        "        pooled = est\n",
+        ("tests/test_depth_policy.py::test_makespan_follows_the_row_that_finishes_last",),
+    ),
+    Mutation(
+        "makespan ignores the step cost",
+        "specjax/depth_policy.py",
+        "        rate = jnp.where(feasible, -steps * cost, -jnp.inf)",
+        "        rate = jnp.where(feasible, -steps, -jnp.inf)",
+        ("tests/test_depth_policy.py::test_makespan_follows_the_row_that_finishes_last",),
+    ),
+    Mutation(
+        "auto depth: a static batch chooses by goodput (tokens of rows that finish early)",
+        "specjax/validate.py",
+        '"makespan" if static_batch else "goodput"',
+        '"goodput"',
+        ("tests/test_depth_auto.py::test_stream_and_batch_jobs_run_auto_depth",),
     ),
     # --- many devices (specjax.sharding, specjax.memory) ---
     Mutation(

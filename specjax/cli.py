@@ -101,20 +101,21 @@ def _simulate_policies(args: argparse.Namespace, acc) -> int:
     try:
         table = _cost_table(args.cost, args.windows)
         if args.policy == "compare":
-            rows = compare_policies(args.batch, args.steps, acc, table, seed=args.seed)
+            rows = compare_policies(args.batch, args.steps, acc, table, seed=args.seed, tokens=args.tokens)
         else:
-            policy = "goodput" if args.policy == "auto" else args.policy
-            rows = [simulate_policy(args.batch, args.steps, acc, table, policy, seed=args.seed).to_dict()]
+            policy = ("makespan" if args.tokens else "goodput") if args.policy == "auto" else args.policy
+            rows = [simulate_policy(args.batch, args.steps, acc, table, policy, seed=args.seed,
+                                    tokens=args.tokens).to_dict()]
     except ValueError as e:
         print(f"specjax simulate: error: {e}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({"config": {"batch": args.batch, "steps": args.steps, "cost": args.cost,
+        print(json.dumps({"config": {"batch": args.batch, "steps": args.steps, "tokens": args.tokens, "cost": args.cost,
                                      "windows": list(table.windows), "acceptance": type(acc).__name__},
                           "rows": rows}))
         return 0
-    print(f"batch {args.batch}, {args.steps} steps, {type(acc).__name__}, cost {args.cost}, windows "
-          f"{list(table.windows)}")
+    run = f"{args.steps} steps" if args.tokens is None else f"{args.tokens} tokens a row (a static batch)"
+    print(f"batch {args.batch}, {run}, {type(acc).__name__}, cost {args.cost}, windows {list(table.windows)}")
     print(f"{'policy':<9} | {'tok/s':>9} | {'tok/step':>8} | {'vs plain':>8} | {'vs best fixed':>13} | window share")
     for r in rows:
         vs_plain = f"{r['vs_plain']:.3f}x" if r.get("vs_plain") else "-"
@@ -596,9 +597,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "roofline:FLOOR,PER_TOKEN (seconds = max(FLOOR, PER_TOKEN * rows * window)) or a JSON "
                         "file {windows, batches, seconds}")
     s.add_argument("--windows", default="1,2,4", help="verify windows of a roofline --cost (1 = plain decoding)")
-    s.add_argument("--policy", choices=["compare", "fixed", "ema", "goodput", "auto"], default="compare",
-                   help="with --cost: every fixed window, ema and goodput side by side (compare), or one policy "
-                        "(auto = goodput)")
+    s.add_argument("--policy", choices=["compare", "fixed", "ema", "goodput", "makespan", "auto"],
+                   default="compare",
+                   help="with --cost: every fixed window, ema and goodput (and makespan with --tokens) side by side "
+                        "(compare), or one policy (auto = makespan with --tokens, else goodput)")
+    s.add_argument("--tokens", type=int, default=None,
+                   help="with --cost: a static batch, every row emits TOKENS and the run lasts until the slowest "
+                        "is done (--steps bounds it); default: rows never finish (slots refilled)")
     s.set_defaults(func=cmd_simulate)
 
     g = sub.add_parser("generate", help="generate text with speculative decoding (default: the bundled model)")

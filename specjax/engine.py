@@ -201,7 +201,8 @@ def _choice(eng: EngineConfig, st: EngineState) -> tuple[jax.Array, jax.Array]:
     active = ~st.done
     need = jnp.max(jnp.where(active, st.u, 1))  # the window must hold every row's re-fed tokens (cohort)
     idx, drafts = choose(st.est, active, st.auto.cost, pol.rule, min_window=need, threshold=pol.threshold,
-                         min_gain=pol.min_gain, load=st.seq.shape[0])  # every slot computes: static shapes
+                         min_gain=pol.min_gain, load=st.seq.shape[0],  # every slot computes: static shapes
+                         remaining=st.max_len - st.known, shrink=pol.shrink)
     narrowest = jnp.argmax(jnp.asarray(pol.windows) >= need).astype(jnp.int32)
     forced = st.auto.force >= 0  # cost measurement: this window, every row drafting (the widest before force_from)
     at = jnp.where(st.i < st.auto.force_from, len(pol.windows) - 1, st.auto.force)
@@ -412,7 +413,7 @@ def _setup(model, prompts, max_new_tokens, drafter, draft_model, depth, kv_advan
            seed, eos_id, ngram_n, attention_impl, max_depth=3, cost=None, mesh=None):
     """Validate (before any compile), build the static engine and the host-side batch (placed
     on the mesh's data shards under ``mesh``; the model and draft model sharded for it)."""
-    depth, policy = resolve_depth(depth, max_depth, drafter)
+    depth, policy = resolve_depth(depth, max_depth, drafter, static_batch=True)
     check_cost(cost, policy)
     total = len(prompts) * jax.process_count()
     check_mesh(mesh, total, "prompts", f"{total} rows", ": pad the batch", policy is not None and cost is None)

@@ -32,7 +32,8 @@ class GenerationResult:
       before any EOS/budget cut (what a drafter's quality is judged by).
     * ``proposed_drafts``: drafts the rows offered; ``mean_proposed_drafts`` per row-step.
     * ``depth="auto"`` adds ``max_depth``, ``windows`` and ``window_share`` (the share of steps
-      taken at each window), and ``cost_source`` (``"given"``, ``"cached"``, ``"measured"``).
+      taken at each window), ``depth_rule`` (``"makespan"`` for a static batch, or the given
+      ``DepthPolicy``'s rule) and ``cost_source`` (``"given"``, ``"cached"``, ``"measured"``).
     * ``compiles``: traces of the generate loop in this call (0 when the shapes were seen);
       ``seconds_compile`` (0.0 when cached), ``seconds_run`` (prefill + decode + reading the
       result back) and ``tok_per_s`` = new tokens (the first included) / ``seconds_run``.
@@ -81,5 +82,5 @@ def metrics(st, eng: Any, compiles: int) -> dict:
     if eng.policy is not None:
         ws = np.asarray(st.auto.window_steps)
         out.update(depth="auto", max_depth=eng.depth, windows=list(eng.policy.windows),
-                   window_share=[float(x) for x in ws / max(int(ws.sum()), 1)])
+                   window_share=[float(x) for x in ws / max(int(ws.sum()), 1)], depth_rule=eng.policy.rule)
     return out

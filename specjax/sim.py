@@ -311,35 +311,40 @@ class PolicyResult:
         return dataclasses.asdict(self)
 
 
-def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: CostTable, *, policy: str, steps: int,
-                rule: KvAdvance, rate: float, threshold: float, min_gain: float, prior: float,
-                relax: float) -> dict[str, jax.Array]:
-    """The plan steps of ``_run`` with the window and each row's drafts chosen per step by ``policy``."""
+def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: CostTable, budget: jax.Array, *,
+                policy: str, steps: int, rule: KvAdvance, rate: float, threshold: float, min_gain: float,
+                prior: float, relax: float, shrink: float) -> dict[str, jax.Array]:
+    """The plan steps of ``_run`` with the window and each row's drafts chosen per step by
+    ``policy``. ``budget [B]``: tokens each row emits before it is done (a static batch); a
+    step costs the whole batch while any row is left, and nothing after."""
     depth = max(max(table.windows) - 1, 1)
     draw = _prefix_draws(acceptance, seed, row_ids, depth)
     windows = jnp.asarray(table.windows, jnp.int32)
     branches = [lambda u, a, w=w: plan_step(u, a, w, rule) for w in table.windows]
-    live = jnp.ones(row_ids.shape, bool)
-    cost = table.at(row_ids.shape[0])  # [NW]: every simulated row steps every step
+    cost = table.at(row_ids.shape[0])  # [NW]: every simulated row computes every step (static shapes)
 
     def body(carry, step):
-        u, est = carry
-        idx, drafts = choose(est, live, table, policy, min_window=jnp.max(u), threshold=threshold,
-                             min_gain=min_gain)
+        u, est, left = carry
+        live = left > 0
+        idx, drafts = choose(est, live, table, policy, min_window=jnp.max(jnp.where(live, u, 1)),
+                             threshold=threshold, min_gain=min_gain, load=row_ids.shape[0], remaining=left,
+                             shrink=shrink)
         drafts = jnp.minimum(drafts, windows[idx] - u)  # room left after the re-fed tokens
         a = accepted_from_prefix(draw(step), drafts)
         plan = jax.lax.switch(idx, branches, u, a)
         est = update_estimates(est, drafts, a, rate, prior, relax)
-        out = {"emitted": plan.emitted, "drafts": drafts, "accepted": a, "seconds": cost[idx], "window": idx}
-        return (plan.next_uncached, est), out
+        emitted = jnp.where(live, jnp.minimum(plan.emitted, left), 0)
+        out = {"emitted": emitted, "drafts": jnp.where(live, drafts, 0), "accepted": jnp.where(live, a, 0),
+               "seconds": jnp.where(jnp.any(live), cost[idx], 0.0), "window": idx, "any": jnp.any(live)}
+        return (plan.next_uncached, est, left - emitted), out
 
-    init = (jnp.ones(row_ids.shape, jnp.int32), init_estimates(row_ids.shape[0], depth, prior))
+    init = (jnp.ones(row_ids.shape, jnp.int32), init_estimates(row_ids.shape[0], depth, prior), budget)
     _, outs = jax.lax.scan(body, init, jnp.arange(steps, dtype=jnp.int32))
     return outs
 
 
 _run_policy_jit = jax.jit(_run_policy, static_argnames=("policy", "steps", "rule", "rate", "threshold", "min_gain",
-                                                         "prior", "relax"))
+                                                         "prior", "relax", "shrink"))
 
 
 def simulate_policy(
@@ -356,46 +361,65 @@ def simulate_policy(
     min_gain: float = 0.05,
     prior: float = 0.5,
     relax: float = 0.01,
+    tokens: int | None = None,
+    shrink: float = 0.5,
 ) -> PolicyResult:
     """Simulate ``steps`` steps of ``batch`` rows whose window (one of ``cost.windows``) and
     per-row draft counts ``policy`` picks each step (``specjax.depth_policy``), each step
-    costing ``cost`` seconds at ``batch`` active rows. The same row draws as ``simulate``.
+    costing ``cost`` seconds at ``batch`` rows. The same row draws as ``simulate``.
     Estimates start at ``prior``, move by ``rate`` on every revealed position and drift back
-    to ``prior`` by ``relax`` on the others."""
+    to ``prior`` by ``relax`` on the others.
+
+    ``tokens``: a static batch (``generate``): every row emits ``tokens`` tokens and the run
+    lasts until the slowest row is done (every step until then costs the whole batch;
+    ``steps`` bounds it). Without it, rows never finish (a batch job refilling its slots).
+    ``"makespan"`` needs ``tokens``."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {list(POLICIES)}, got {policy!r}")
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+        raise ValueError(f"tokens={tokens!r} is invalid: must be an int >= 1 or None")
+    if policy == "makespan" and tokens is None:
+        raise ValueError("policy 'makespan' needs tokens= (a static batch: rows that finish)")
     if not isinstance(cost, CostTable):
         raise ValueError(f"cost must be a CostTable, got {type(cost).__name__}")
     for name, v, lo, hi in (("rate", rate, 0.0, 1.0), ("threshold", threshold, 0.0, 1.0),
-                            ("min_gain", min_gain, 0.0, 1.0), ("prior", prior, 0.0, 1.0), ("relax", relax, 0.0, 1.0)):
+                            ("min_gain", min_gain, 0.0, 1.0), ("prior", prior, 0.0, 1.0), ("relax", relax, 0.0, 1.0),
+                            ("shrink", shrink, 0.0, 1.0)):
         if not lo <= float(v) <= hi:
             raise ValueError(f"{name} must lie in [{lo}, {hi}], got {v!r}")
     b, _, s, acc = _validate(batch, max(max(cost.windows) - 1, 1), steps, acceptance, seed)
     r = parse_kv_advance(rule, what="rule")
-    o = jax.device_get(_run_policy_jit(acc, jnp.uint32(seed), jnp.arange(b, dtype=jnp.int32), cost, policy=policy,
-                                       steps=s, rule=r, rate=float(rate), threshold=float(threshold),
-                                       min_gain=float(min_gain), prior=float(prior), relax=float(relax)))
+    budget = jnp.full((b,), 2**30 if tokens is None else tokens, jnp.int32)
+    o = jax.device_get(_run_policy_jit(acc, jnp.uint32(seed), jnp.arange(b, dtype=jnp.int32), cost, budget,
+                                       policy=policy, steps=s, rule=r, rate=float(rate), threshold=float(threshold),
+                                       min_gain=float(min_gain), prior=float(prior), relax=float(relax),
+                                       shrink=float(shrink)))
     emitted, drafts, accepted = (np.asarray(o[k], np.int64) for k in ("emitted", "drafts", "accepted"))
+    ran = np.asarray(o["any"])  # the steps some row was left for
+    if tokens is not None and emitted.sum() < b * tokens:
+        raise ValueError(f"steps={s} is too few for every row to emit tokens={tokens}: raise steps")
+    n = int(ran.sum())
     seconds = float(np.sum(o["seconds"], dtype=np.float64))
-    share = np.bincount(np.asarray(o["window"]), minlength=len(cost.windows)) / s
-    return PolicyResult(policy=policy, batch=b, steps=s, tok_per_s=float(emitted.sum()) / seconds,
-                        tok_per_step=float(emitted.mean()), seconds=seconds,
+    share = np.bincount(np.asarray(o["window"])[ran], minlength=len(cost.windows)) / n
+    return PolicyResult(policy=policy, batch=b, steps=n, tok_per_s=float(emitted.sum()) / seconds,
+                        tok_per_step=float(emitted.sum()) / (n * b), seconds=seconds,
                         accept_rate=float(accepted.sum() / drafts.sum()) if drafts.sum() else 0.0,
                         windows=cost.windows, window_share=tuple(float(x) for x in share),
-                        mean_drafts=float(drafts.mean()))
+                        mean_drafts=float(drafts.sum()) / (n * b))
 
 
 def compare_policies(batch: int, steps: int, acceptance: Acceptance | float, cost: CostTable, seed: int = 0,
                      **kwargs: Any) -> list[dict[str, Any]]:
     """Every fixed window of ``cost`` (window 1: plain decoding) and the ``"ema"`` and
-    ``"goodput"`` policies over all of them, same rows and costs: one dict per row with
-    ``tok_per_s`` and its ratios to plain and to the best fixed window."""
+    ``"goodput"`` policies over all of them (and ``"makespan"`` for a static batch: ``tokens=``),
+    same rows and costs: one dict per row with ``tok_per_s`` and its ratios to plain and to the
+    best fixed window."""
     rows = []
     for i, w in enumerate(cost.windows):
         one = CostTable(cost.batches, cost.seconds[:, i : i + 1], (w,))
         res = simulate_policy(batch, steps, acceptance, one, "fixed", seed=seed, **kwargs)
         rows.append({**res.to_dict(), "policy": "plain" if w == 1 else f"depth {w - 1}"})
-    for policy in ("ema", "goodput"):
+    for policy in ("ema", "goodput") + (("makespan",) if kwargs.get("tokens") else ()):
         rows.append(simulate_policy(batch, steps, acceptance, cost, policy, seed=seed, **kwargs).to_dict())
     plain = next((r["tok_per_s"] for r in rows if r["policy"] == "plain"), None)
     best = max(r["tok_per_s"] for r in rows[: len(cost.windows)])

@@ -24,9 +24,13 @@ def fail(arg: str, value: object, allowed: str) -> None:
     raise ValueError(f"{arg}={value!r} is invalid: {allowed}")
 
 
-def resolve_depth(depth: object, max_depth: object, drafter: object) -> tuple[int, DepthPolicy | None]:
+def resolve_depth(depth: object, max_depth: object, drafter: object,
+                  static_batch: bool = False) -> tuple[int, DepthPolicy | None]:
     """``depth`` (an int, ``"auto"`` with ``max_depth``, or a ``DepthPolicy``) -> (the engine's
-    depth, its policy). Plain decoding (``drafter=None``) has neither."""
+    depth, its policy). Plain decoding (``drafter=None``) has neither. ``"auto"`` chooses by
+    ``"makespan"`` for a ``static_batch`` (``generate``, ``stream``: the batch lasts as long as
+    its slowest row) and by ``"goodput"`` otherwise (``batch_generate``: a finished row's slot
+    takes new work, so tokens per second summed over rows is what counts)."""
     if drafter_kind(drafter) is None:
         return 0, None
     if isinstance(depth, DepthPolicy):
@@ -36,7 +40,7 @@ def resolve_depth(depth: object, max_depth: object, drafter: object) -> tuple[in
         if isinstance(max_depth, bool) or not isinstance(max_depth, int | np.integer) \
                 or not 1 <= max_depth <= MAX_DEPTH:
             fail("max_depth", max_depth, f"must be an int in [1, {MAX_DEPTH}] (the widest depth='auto' may draft)")
-        return int(max_depth), DepthPolicy.auto(int(max_depth))
+        return int(max_depth), DepthPolicy.auto(int(max_depth), "makespan" if static_batch else "goodput")
     if isinstance(depth, bool) or not isinstance(depth, int | np.integer) or not 1 <= depth <= MAX_DEPTH:
         fail("depth", depth, f"must be an int in [1, {MAX_DEPTH}], 'auto' or a DepthPolicy")
     return int(depth), None
