@@ -720,8 +720,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "pool groups: every group's rows write into group 0's pages",
         "specjax/cache/paged.py",
-        "        if self.num_free.ndim == 0:\n            return 0\n",
-        "        if True:\n            return 0\n",
+        "        return jnp.where(self.block_table >= 0, self.block_table + base[:, None], -1)\n",
+        "        return self.block_table\n",
         ("tests/test_caches.py::test_a_pool_split_in_groups_is_its_groups_pools_side_by_side",),
     ),
     Mutation(

@@ -67,7 +67,7 @@ from specjax.engine import (
 )
 from specjax.protocols import DecoderModel, check_model
 from specjax.sampling import RowSampling, derive_seed
-from specjax.sharding import DATA, constrain, shard_model, shardings, state_specs
+from specjax.sharding import constrain, data_shards, shard_model, shardings, state_specs
 from specjax.validate import EOS_WIDTH, check_drafter_models, check_eos, eos_table, fail, resolve_depth
 
 __all__ = ["Completion", "Request", "batch_generate"]
@@ -352,7 +352,7 @@ def batch_generate(
     if not _is_int(seed) or not 0 <= seed < 2**32:
         fail("seed", seed, "must be an int in [0, 2**32)")
     check_mesh(mesh, slots, "slots", slots)
-    groups = 1 if mesh is None else mesh.shape[DATA]
+    groups = data_shards(mesh)
     if pages is not None and pages % groups:
         fail("pages", pages, f"must divide by the mesh's data axis ({groups}): each data shard holds its own pool "
              "of pages / data")
@@ -508,8 +508,7 @@ def _admit_inputs(batch: list[list[tuple[int, _Row]]], refill: int, slots: int, 
     padded to ``ceil(refill / groups)`` rows; padding rows point at slot ``slots``."""
     rg = -(-refill // len(batch))
     real = [x for g in batch for x in g]
-    filler = real[0]
-    laid = [x for g in batch for x in g + [(slots, filler[1])] * (rg - len(g))]  # padding copies a real row
+    laid = [x for g in batch for x in g + [(slots, real[0][1])] * (rg - len(g))]  # padding copies a real row
     width = prompt_bucket([r.prompt for _, r in real])
     rows = np.array([s for s, _ in laid], np.int32)
     toks = np.zeros((len(laid), width), np.int32)

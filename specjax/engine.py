@@ -43,7 +43,17 @@ from specjax.metrics import GenerationResult, metrics, tokens
 from specjax.plan import plan_step
 from specjax.protocols import Decoder, DecoderModel, Drafter, check_model
 from specjax.sampling import SAMPLE, RowSampling, derive_seed, position_keys, probs, sample
-from specjax.sharding import DATA, agree_max, constrain, local_rows, put_rows, shard_model, shardings, state_specs
+from specjax.sharding import (
+    DATA,
+    agree_max,
+    constrain,
+    data_shards,
+    local_rows,
+    put_rows,
+    shard_model,
+    shardings,
+    state_specs,
+)
 from specjax.validate import MAX_DEPTH, eos_table, fail, resolve_depth, validate
 from specjax.verify import greedy_verify, rejection_verify
 
@@ -405,7 +415,7 @@ def make_engine(model: DecoderModel, *, drafter, draft_model, depth, kv_advance_
         num_pages=num_pages,
         policy=policy,
         mesh=mesh,
-        pool_groups=(1 if mesh is None else mesh.shape[DATA]) if pool_groups is None else pool_groups,
+        pool_groups=data_shards(mesh) if pool_groups is None else pool_groups,
     )
 
 

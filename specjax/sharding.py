@@ -44,9 +44,9 @@ if TYPE_CHECKING:
     from specjax.model.config import ModelConfig
 
 __all__ = [
-    "DATA", "MODEL", "ONE_POOL_RULES", "PARAM_RULES", "STATE_RULES", "agree_max", "constrain", "local_rows",
-    "make_mesh", "parse_mesh", "param_specs", "per_shard", "place", "placed_shapes", "put_rows", "shard_model",
-    "sharded_config", "sharded_layout", "shardings", "spec_mismatches", "state_specs",
+    "DATA", "MODEL", "ONE_POOL_RULES", "PARAM_RULES", "STATE_RULES", "agree_max", "constrain", "data_shards",
+    "local_rows", "make_mesh", "parse_mesh", "param_specs", "per_shard", "place", "placed_shapes", "put_rows",
+    "shard_model", "sharded_config", "sharded_layout", "shardings", "spec_mismatches", "state_specs",
 ]
 
 DATA, MODEL = "data", "model"
@@ -104,6 +104,11 @@ def make_mesh(data: int | None = None, model: int = 1, *, devices: list | None =
     if not isinstance(data, int) or data < 1 or data * model != len(devices):
         raise ValueError(f"mesh data={data!r} x model={model} must cover the {len(devices)} devices exactly")
     return Mesh(np.asarray(devices, dtype=object).reshape(data, model), (DATA, MODEL))
+
+
+def data_shards(mesh: Mesh | None) -> int:
+    """The size of ``mesh``'s data axis (how many ways the rows split); 1 without a mesh."""
+    return 1 if mesh is None else mesh.shape[DATA]
 
 
 def parse_mesh(text: str) -> tuple[int, int]:
@@ -165,8 +170,8 @@ def _state_rule(x: Any, field: str, mesh: Mesh) -> P | None:
     if name == "PagedKVCache" and field in ONE_POOL_RULES:
         if np.ndim(x.num_free) == 0:
             return ONE_POOL_RULES[field]
-        if np.shape(x.num_free)[0] != mesh.shape[DATA]:
-            raise ValueError(f"a paged cache split into {np.shape(x.num_free)[0]} pools cannot run on a mesh with "
+        if x.groups != mesh.shape[DATA]:
+            raise ValueError(f"a paged cache split into {x.groups} pools cannot run on a mesh with "
                              f"data={mesh.shape[DATA]}: make it with split_pool({mesh.shape[DATA]}) (one per shard)")
     return STATE_RULES.get((name, field))
 

@@ -334,8 +334,9 @@ def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: Cos
         plan = jax.lax.switch(idx, branches, u, a)
         est = update_estimates(est, drafts, a, rate, prior, relax)
         emitted = jnp.where(live, jnp.minimum(plan.emitted, left), 0)
+        running = jnp.any(live)
         out = {"emitted": emitted, "drafts": jnp.where(live, drafts, 0), "accepted": jnp.where(live, a, 0),
-               "seconds": jnp.where(jnp.any(live), cost[idx], 0.0), "window": idx, "any": jnp.any(live)}
+               "seconds": jnp.where(running, cost[idx], 0.0), "window": idx, "any": running}
         return (plan.next_uncached, est, left - emitted), out
 
     init = (jnp.ones(row_ids.shape, jnp.int32), init_estimates(row_ids.shape[0], depth, prior), budget)

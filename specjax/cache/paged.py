@@ -115,18 +115,13 @@ class PagedKVCache:
         """How many pools the pages are split into (``split_pool``); 1 for one shared pool."""
         return int(self.num_free.size)
 
-    def _page_base(self) -> jax.Array | int:
-        """Each row's first pool page ``[B]`` (its group's), or 0 with one pool."""
-        if self.num_free.ndim == 0:
-            return 0
-        g = self.groups
-        return (jnp.arange(self.batch, dtype=jnp.int32) // (self.batch // g)) * (self.num_pages // g)
-
     def _pool_table(self) -> jax.Array:
-        """``block_table`` with pool page ids (group-local ids plus the group's base; -1 kept)."""
-        base = self._page_base()
-        if isinstance(base, int):
+        """``block_table`` with pool page ids: each group-local id plus its group's first page
+        (-1 kept); with one pool, the table itself."""
+        if self.num_free.ndim == 0:
             return self.block_table
+        g = self.groups
+        base = (jnp.arange(self.batch, dtype=jnp.int32) // (self.batch // g)) * (self.num_pages // g)  # [B]
         return jnp.where(self.block_table >= 0, self.block_table + base[:, None], -1)
 
     def _groupwise(self, fn, *rows: jax.Array) -> PagedKVCache:
