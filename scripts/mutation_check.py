@@ -203,8 +203,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "MTP cache never advances",
         "specjax/drafter.py",
-        "return MtpState(cache.advance(advance), h, tok, first_probs)",
-        "return MtpState(cache, h, tok, first_probs)",
+        "return dstate.replace(cache=cache.advance(advance), h=h, first=tok, first_probs=first_probs)",
+        "return dstate.replace(cache=cache, h=h, first=tok, first_probs=first_probs)",
         ("tests/test_engine.py::test_mtp_first_draft_matches_uncached_mtp",),
     ),
     # --- lean step: live range, request-sized capacity, kernels in the model ---
@@ -631,10 +631,31 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_depth_auto.py::test_a_forced_window_runs_with_every_row_drafting",),
     ),
     Mutation(
+        "deferred MTP: a window-1 commit drops the target's hidden (the block later runs on stale input)",
+        "specjax/drafter.py",
+        ".set(hidden[:, 0], mode=\"drop\"),",
+        ".set(dstate.pending[:, 0], mode=\"drop\"),",
+        ("tests/test_depth_auto.py::test_mtp_deferred_over_window_1_equals_running_it_every_step",),
+    ),
+    Mutation(
+        "deferred MTP: settle runs the block but never advances its cache",
+        "specjax/drafter.py",
+        "        return s.replace(cache=cache.advance(n), h=keep(h, s.h),",
+        "        return s.replace(cache=cache, h=keep(h, s.h),",
+        ("tests/test_depth_auto.py::test_mtp_deferred_over_window_1_equals_running_it_every_step",),
+    ),
+    Mutation(
+        "deferred MTP: a drafting window runs without settling the backlog first (stale first draft)",
+        "specjax/engine.py",
+        "        return lambda s: chosen(s) & (drafter.backlog(s.dstate) > 0), chosen",
+        "        return lambda s: chosen(s) & (drafter.backlog(s.dstate) < 0), chosen",
+        ("tests/test_depth_auto.py::test_mtp_deferred_over_window_1_equals_running_it_every_step",),
+    ),
+    Mutation(
         "makespan: the batch's time summed over its rows, not set by its slowest row",
         "specjax/depth_policy.py",
-        "        steps = jax.vmap(lambda k: jnp.max(jnp.where(live, left / expected_tokens(pooled, k), 0.0)))(drafts)",
-        "        steps = jax.vmap(lambda k: jnp.sum(jnp.where(live, left / expected_tokens(pooled, k), 0.0)))(drafts)",
+        "            return jnp.max(jnp.where(live, left / mu + z * sd",
+        "            return jnp.sum(jnp.where(live, left / mu + z * sd",
         ("tests/test_depth_policy.py::test_makespan_follows_the_row_that_finishes_last",),
     ),
     Mutation(
@@ -643,6 +664,20 @@ MUTATIONS: list[Mutation] = [
         "        pooled = (1.0 - shrink) * est + shrink * mean[None]\n",
         "        pooled = est\n",
         ("tests/test_depth_policy.py::test_makespan_follows_the_row_that_finishes_last",),
+    ),
+    Mutation(
+        "makespan: the slowest row's spread ignored (the makespan of expected steps)",
+        "specjax/depth_policy.py",
+        "            return jnp.max(jnp.where(live, left / mu + z * sd, 0.0))\n",
+        "            return jnp.max(jnp.where(live, left / mu, 0.0))\n",
+        ("tests/test_depth_policy.py::test_makespan_counts_the_spread_of_the_slowest_row",),
+    ),
+    Mutation(
+        "yield variance: E[accepted^2] without the mean's square taken off",
+        "specjax/depth_policy.py",
+        "    return jnp.maximum(jnp.sum((2 * j + 1) * r, axis=1) - mean * mean, 0.0)\n",
+        "    return jnp.maximum(jnp.sum((2 * j + 1) * r, axis=1), 0.0)\n",
+        ("tests/test_depth_policy.py::test_yield_variance_matches_the_distribution",),
     ),
     Mutation(
         "makespan ignores the step cost",

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 
 from specjax._pytree import pytree_dataclass
 from specjax.cache import DenseKVCache
+from specjax.cache.base import CAPACITY_BLOCK
 from specjax.protocols import DraftContext, check_drafter
 from specjax.sampling import draft_token
 
@@ -165,17 +166,33 @@ class DraftModelDrafter:
 
 @pytree_dataclass
 class MtpState:
+    """The MTP drafter's state. Invariant: ``cache.lengths + pending_n`` = the target's
+    committed lengths; ``h``/``first`` belong to the last position the block has run over."""
+
     cache: DenseKVCache  # the MTP block's own per-row cache (one layer)
     h: jax.Array  # [B, d_model]: MTP hidden at the last committed position
     first: jax.Array  # [B]: first draft (predicted from the last commit)
     first_probs: jax.Array | None  # [B, V] when sampling
+    pending: jax.Array  # [B, R, d_model]: target hiddens of window-1 commits the block has not run over yet
+    pending_n: jax.Array  # int32 [B]: how many of ``pending`` each row holds (R = 0: nothing is deferred)
 
 
 @dataclasses.dataclass(frozen=True)
 class MtpDrafter:
-    """DeepSeek-V3-style MTP head of the target, chained to ``depth`` drafts."""
+    """DeepSeek-V3-style MTP head of the target, chained to ``depth`` drafts.
+
+    Under ``depth="auto"`` a window-1 step (no drafts) does not run the MTP block: its commit
+    keeps the target's hidden in ``MtpState.pending``, and ``settle`` runs the block over all
+    pending positions in one call before the next drafting step (or when ``R`` are pending).
+    The block's cache, ``h`` and first draft come out exactly as if it had run every step;
+    plain-decoding stretches then cost the block one call per ``R`` tokens, not one per token."""
 
     name: str = "mtp"
+    backlog_limit: int = 16  # R: window-1 commits the block may defer (0: it runs on every commit)
+
+    def backlog_size(self, eng) -> int:
+        """``R`` in this engine (a window-1 step exists only under a depth policy)."""
+        return self.backlog_limit if eng.policy is not None and 1 in eng.windows else 0
 
     def _after(self, eng, params, st, cache, hidden, lengths, count):
         """MTP over ``hidden [B, t, d]`` at ``lengths + [0, t)``; keep the output at slot
@@ -192,10 +209,14 @@ class MtpDrafter:
 
     def empty(self, eng, batch, width, capacity=None):
         dec = eng.target
-        cache = dec.init_mtp_cache(batch, eng.capacity if capacity is None else capacity)
+        r = self.backlog_size(eng)
+        if capacity is None:  # a settle writes R slots from the block's own (lagging) length: room past the target's
+            capacity = eng.capacity + (-(-r // CAPACITY_BLOCK) * CAPACITY_BLOCK)
+        cache = dec.init_mtp_cache(batch, capacity)
         first_probs = None if eng.greedy else jnp.zeros((batch, dec.vocab_size), jnp.float32)
         return MtpState(cache, jnp.zeros((batch, dec.hidden_size), eng.dtype), jnp.zeros((batch,), jnp.int32),
-                        first_probs)
+                        first_probs, jnp.zeros((batch, r, dec.hidden_size), eng.dtype),
+                        jnp.zeros((batch,), jnp.int32))
 
     def rows_view(self, eng, dstate, rows, width):
         return self.empty(eng, rows.shape[0], width, capacity=width)
@@ -207,12 +228,12 @@ class MtpDrafter:
         put = lambda big, small: big.at[rows].set(small.astype(big.dtype), mode="drop")  # noqa: E731
         probs_ = None if dstate.first_probs is None else put(dstate.first_probs, sub.first_probs)
         return MtpState(dstate.cache.put_rows(rows, sub.cache), put(dstate.h, sub.h), put(dstate.first, sub.first),
-                        probs_)
+                        probs_, dstate.pending, put(dstate.pending_n, sub.pending_n))
 
     def prefill(self, eng, params, st, hidden, positions, live):
         zeros = jnp.zeros_like(st.prompt_len)
         cache, h, tok, first_probs = self._after(eng, params, st, st.dstate.cache, hidden, zeros, st.prompt_len)
-        return MtpState(cache.advance(st.prompt_len), h, tok, first_probs)
+        return st.dstate.replace(cache=cache.advance(st.prompt_len), h=h, first=tok, first_probs=first_probs)
 
     def propose(self, eng, params, st):
         dec, d = eng.target, eng.depth
@@ -232,8 +253,32 @@ class MtpDrafter:
         return jnp.stack(drafts, axis=1), _stack_probs(probs_all, eng.greedy), s.replace(cache=cache)
 
     def commit(self, eng, params, st, dstate, hidden, old_lengths, u, a, advance):
+        r = dstate.pending.shape[1]
+        if eng.depth == 0 and r:  # a window-1 step: keep the hidden of its one position for ``settle``
+            b = hidden.shape[0]
+            slot = jnp.where(advance > 0, dstate.pending_n, r)  # a row that commits nothing writes nothing
+            return dstate.replace(pending=dstate.pending.at[jnp.arange(b), slot].set(hidden[:, 0], mode="drop"),
+                                  pending_n=dstate.pending_n + advance)
         cache, h, tok, first_probs = self._after(eng, params, st, dstate.cache, hidden, old_lengths, u + a)
-        return MtpState(cache.advance(advance), h, tok, first_probs)
+        return dstate.replace(cache=cache.advance(advance), h=h, first=tok, first_probs=first_probs)
+
+    def backlog(self, dstate) -> jax.Array:
+        """int32 []: the most commits any row has deferred (``settle`` is due at ``R``)."""
+        return jnp.max(dstate.pending_n)
+
+    def settle(self, eng, params, st) -> MtpState:
+        """Run the block over every row's pending positions (one call over ``R``); a row with
+        none pending keeps its state."""
+        s: MtpState = st.dstate
+        if not s.pending.shape[1]:  # nothing is ever deferred
+            return s
+        n = s.pending_n
+        cache, h, tok, probs_ = self._after(eng, params, st, s.cache, s.pending, s.cache.lengths, jnp.maximum(n, 1))
+        has = n > 0
+        keep = lambda new, old: None if old is None else jnp.where(  # noqa: E731
+            has.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)
+        return s.replace(cache=cache.advance(n), h=keep(h, s.h), first=keep(tok, s.first),
+                         first_probs=keep(probs_, s.first_probs), pending_n=jnp.zeros_like(n))
 
 
 @dataclasses.dataclass(frozen=True)

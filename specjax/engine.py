@@ -27,7 +27,7 @@ from specjax._pytree import pytree_dataclass
 from specjax.advance import KvAdvance
 from specjax.advance import kv_advance as resolve_kv_advance
 from specjax.cache import describe_status
-from specjax.cache.base import resolve_attention_impl
+from specjax.cache.base import CAPACITY_BLOCK, resolve_attention_impl
 from specjax.depth_policy import (
     AutoState,
     CostTable,
@@ -62,7 +62,6 @@ __all__ = [
     "prompt_bucket", "request_capacity", "step",
 ]
 
-CAPACITY_BLOCK = 128  # request-sized capacities are multiples of this (kernel key blocks divide them)
 PAGE_SIZE = 16  # tokens per page of a paged cache
 
 
@@ -234,14 +233,36 @@ def run_steps(eng: EngineConfig, params: dict, st: EngineState, keep_going) -> E
     Under a depth policy the window is dispatched by one inner ``while_loop`` per window
     (each runs while the policy keeps choosing it), not by ``lax.switch``: XLA copies every
     buffer a conditional's branches update in place (the caches, each step), while a loop
-    updates its carry in place. Each outer trip runs at least one step."""
+    updates its carry in place. Each outer trip runs at least one step.
+
+    A drafter that defers work over window-1 steps (``settle`` / ``backlog``: the MTP block)
+    settles it before a drafting window runs, and when its backlog reaches ``R``; those
+    settles are loops of at most one trip, for the same in-place reason."""
     if eng.policy is None:
         return jax.lax.while_loop(keep_going, lambda s: _step(eng, params, s), st)
+    drafter = eng.drafter
+    full = drafter.backlog_size(eng) if hasattr(drafter, "settle") else 0  # R; 0: the drafter defers nothing
+
+    def settle(s):
+        return s.replace(dstate=drafter.settle(eng, params, s))
+
+    def dispatch(k: int, w: int):
+        """(when a settle is due before window k's loop, or None; while window k's loop runs)"""
+        def chosen(s):
+            return keep_going(s) & (_choice(eng, s)[0] == k)
+        if not full:
+            return None, chosen
+        if w == 1:  # plain steps pile up until the backlog is full
+            return (lambda s: chosen(s) & (drafter.backlog(s.dstate) >= full),
+                    lambda s: chosen(s) & (drafter.backlog(s.dstate) < full))
+        return lambda s: chosen(s) & (drafter.backlog(s.dstate) > 0), chosen  # a drafting step starts settled
 
     def trip(st):
-        for k in range(len(eng.windows)):
-            st = jax.lax.while_loop(lambda s, k=k: keep_going(s) & (_choice(eng, s)[0] == k),
-                                    _chosen_step(eng, params, k), st)
+        for k, w in enumerate(eng.windows):
+            due, runs = dispatch(k, w)
+            if due is not None:
+                st = jax.lax.while_loop(due, settle, st)
+            st = jax.lax.while_loop(runs, _chosen_step(eng, params, k), st)
         return st
     return jax.lax.while_loop(keep_going, trip, st)
 

@@ -13,6 +13,7 @@ from specjax import batch_generate, generate
 from specjax import engine as engine_mod
 from specjax.advance import kv_advance
 from specjax.depth_policy import CostTable, DepthPolicy, cost_cache_path
+from specjax.drafter import MtpDrafter
 from specjax.engine import auto_state, make_engine, prefill, step
 from specjax.sampling import RowSampling
 from specjax.streaming import stream
@@ -60,11 +61,11 @@ def test_the_cost_table_steers_the_window():
     assert steep["compiles"] == 0  # the table is data: the same compiled loop
 
 
-def _stepper(draft, policy, batch=4, cost=FREE, greedy=True):
-    eng = make_engine(TARGET, drafter="draft_model", draft_model=draft, depth=policy.windows[-1] - 1,
+def _stepper(draft, policy, batch=4, cost=FREE, greedy=True, drafter="draft_model"):
+    eng = make_engine(TARGET, drafter=drafter, draft_model=draft, depth=policy.windows[-1] - 1,
                       kv_advance_rule=kv_advance("per_sequence"), cache="dense", capacity=256, policy=policy,
                       greedy=greedy)
-    params = {"target": TARGET.params, "draft": draft.params}
+    params = {"target": TARGET.params} if draft is None else {"target": TARGET.params, "draft": draft.params}
     prompts = np.array([[1, 2, 3, 4]] * batch, np.int32)
     sampling = RowSampling.rows([0.0 if greedy else 1.0] * batch, [None] * batch, [None] * batch)
     st = prefill(eng, params, prompts, np.full(batch, 4, np.int32), np.full(batch, 200, np.int32),
@@ -113,6 +114,40 @@ def test_a_forced_window_runs_with_every_row_drafting():
     assert np.asarray(st.proposed).tolist() == [2, 2, 2, 2]
     st = step(eng, params, st.replace(est=jnp.zeros_like(st.est), auto=st.auto.replace(force=jnp.int32(-1))))
     assert np.asarray(st.auto.window_steps).tolist() == [1, 0, 1]
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_mtp_deferred_over_window_1_equals_running_it_every_step(greedy):
+    """Window-1 steps defer the MTP block (``settle`` runs it over the pending positions in
+    one call, before a drafting window or when ``R`` are pending): the tokens, the accepted
+    counts and the block's own state equal running the block on every step."""
+    r = MtpDrafter().backlog_limit
+    schedule = [0] * 3 + [2] * 2 + [0] * (r + 3) + [1, 0, 2, 2]  # window indices: settles of 3, R (full), 3 and 1
+
+    def run(drafter):
+        eng, params, st = _stepper(None, EMA, greedy=greedy, drafter=drafter)
+        for k in schedule:
+            st = step(eng, params, st.replace(auto=st.auto.replace(force=jnp.int32(k))))
+        return st
+
+    deferred = run(MtpDrafter())
+    assert deferred.dstate.pending.shape[1] == r
+    eager = run(MtpDrafter(backlog_limit=0))  # no backlog: the block runs on every commit
+    assert eager.dstate.pending.shape[1] == 0
+    for name in ("seq", "known", "trace", "accepted", "proposed"):
+        np.testing.assert_array_equal(getattr(deferred, name), getattr(eager, name), err_msg=name)
+    assert np.asarray(deferred.auto.window_steps).tolist() == [r + 7, 1, 4]
+    d, e = deferred.dstate, eager.dstate
+    np.testing.assert_array_equal(d.cache.lengths, e.cache.lengths)
+    np.testing.assert_array_equal(d.cache.lengths, deferred.cache.lengths)  # the block caught up with the target
+    np.testing.assert_array_equal(d.first, e.first)
+    np.testing.assert_allclose(np.asarray(d.h, np.float32), np.asarray(e.h, np.float32), atol=1e-5)
+    if not greedy:
+        np.testing.assert_allclose(d.first_probs, e.first_probs, atol=1e-5)
+    n = int(np.min(e.cache.lengths))
+    for a, b in ((d.cache.k, e.cache.k), (d.cache.v, e.cache.v)):
+        a, b = (np.asarray(x[0] if isinstance(x, tuple | list) else x, np.float32) for x in (a, b))
+        np.testing.assert_allclose(a[..., :n, :], b[..., :n, :], atol=1e-5)
 
 
 def test_the_measured_table_is_kept_on_disk_and_reused(tmp_path, monkeypatch):

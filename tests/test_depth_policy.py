@@ -10,7 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specjax import cli
-from specjax.depth_policy import CostTable, choose, expected_tokens, update_estimates
+from specjax.depth_policy import (
+    CostTable,
+    choose,
+    expected_max_normal,
+    expected_tokens,
+    update_estimates,
+    yield_variance,
+)
 from specjax.sim import BetaRows, compare_policies, simulate_policy
 
 WINDOWS = (1, 2, 4)
@@ -128,6 +135,42 @@ def test_makespan_follows_the_row_that_finishes_last():
     assert WINDOWS[int(choose(alike, jnp.ones(32, bool), c32, "makespan", remaining=left)[0])] == 2
     with pytest.raises(ValueError, match="'makespan' needs remaining="):
         choose(est, live, cost, "makespan")
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 4), st.integers(0, 2**31 - 1))
+def test_yield_variance_matches_the_distribution(b, d, seed):
+    """``Var[accepted + 1]`` against the distribution written out: P(accepted = j) =
+    reach_j - reach_{j+1} (reach_0 = 1) for j up to the row's draft count."""
+    rng = np.random.default_rng(seed)
+    est = rng.uniform(0, 1, (b, d)).astype(np.float32)
+    drafts = rng.integers(0, d + 1, b)
+    got = np.asarray(yield_variance(jnp.asarray(est), jnp.asarray(drafts, jnp.int32)))
+    for i in range(b):
+        reach = np.concatenate([[1.0], np.cumprod(est[i])[: drafts[i]], [0.0]])
+        p = reach[:-1] - reach[1:]  # P(accepted = j), j = 0 .. drafts
+        j = np.arange(len(p))
+        want = np.sum(p * j**2) - np.sum(p * j) ** 2
+        np.testing.assert_allclose(got[i], want, atol=1e-5)
+
+
+def test_expected_max_normal():
+    draws = np.random.default_rng(0).standard_normal((20000, 64))
+    for n in (2, 8, 64):
+        assert abs(float(expected_max_normal(n)) - draws[:, :n].max(axis=1).mean()) < 0.05, n
+    assert float(expected_max_normal(1)) == 0.0 and float(expected_max_normal(0)) == 0.0
+
+
+def test_makespan_counts_the_spread_of_the_slowest_row():
+    """Drafting shortens a row's expected run but spreads it; plain decoding finishes every row
+    on time. Alone a row drafts; the slowest of 64 alike rows lands late enough that plain wins."""
+    windows = (1, 2)
+    cost = CostTable.create(windows, [1, 64], [[1.0, 1.6]] * 2)  # 1.7 tokens for 1.6x a step: a 6% gain on average
+    est = jnp.full((64, 1), 0.7)
+    left = jnp.full(64, 20)
+    one = choose(est[:1], jnp.ones(1, bool), cost, "makespan", remaining=left[:1])
+    many = choose(est, jnp.ones(64, bool), cost, "makespan", remaining=left)
+    assert windows[int(one[0])] == 2 and windows[int(many[0])] == 1
 
 
 @pytest.mark.parametrize("batch", [1, 8, 32, 64])

@@ -13,6 +13,7 @@ __all__ = [
 # How a cache's ``attend`` runs: "xla" (specjax.attention.live_attention), "pallas"
 # (pallas_kernels, interpret mode on CPU) or "auto" (Pallas on TPU/GPU, XLA on CPU).
 ATTENTION_IMPLS = ("xla", "pallas", "auto")
+CAPACITY_BLOCK = 128  # request-sized capacities are multiples of this (kernel key blocks divide them)
 XLA_SINGLE_PASS = 512  # up to this many key slots the XLA path is one fused pass (no loop)
 
 # Per-row status bits (sticky: OR-ed into ``cache.status [B]``). A row whose write
