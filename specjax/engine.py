@@ -211,7 +211,7 @@ def _choice(eng: EngineConfig, st: EngineState) -> tuple[jax.Array, jax.Array]:
     need = jnp.max(jnp.where(active, st.u, 1))  # the window must hold every row's re-fed tokens (cohort)
     idx, drafts = choose(st.est, active, st.auto.cost, pol.rule, min_window=need, threshold=pol.threshold,
                          min_gain=pol.min_gain, load=st.seq.shape[0],  # every slot computes: static shapes
-                         remaining=st.max_len - st.known, shrink=pol.shrink)
+                         remaining=st.max_len - st.known, shrink=pol.shrink, spread=pol.spread)
     narrowest = jnp.argmax(jnp.asarray(pol.windows) >= need).astype(jnp.int32)
     forced = st.auto.force >= 0  # cost measurement: this window, every row drafting (the widest before force_from)
     at = jnp.where(st.i < st.auto.force_from, len(pol.windows) - 1, st.auto.force)

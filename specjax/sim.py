@@ -313,7 +313,7 @@ class PolicyResult:
 
 def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: CostTable, budget: jax.Array, *,
                 policy: str, steps: int, rule: KvAdvance, rate: float, threshold: float, min_gain: float,
-                prior: float, relax: float, shrink: float) -> dict[str, jax.Array]:
+                prior: float, relax: float, shrink: float, spread: float = 0.0) -> dict[str, jax.Array]:
     """The plan steps of ``_run`` with the window and each row's drafts chosen per step by
     ``policy``. ``budget [B]``: tokens each row emits before it is done (a static batch); a
     step costs the whole batch while any row is left, and nothing after."""
@@ -328,7 +328,7 @@ def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: Cos
         live = left > 0
         idx, drafts = choose(est, live, table, policy, min_window=jnp.max(jnp.where(live, u, 1)),
                              threshold=threshold, min_gain=min_gain, load=row_ids.shape[0], remaining=left,
-                             shrink=shrink)
+                             shrink=shrink, spread=spread)
         drafts = jnp.minimum(drafts, windows[idx] - u)  # room left after the re-fed tokens
         a = accepted_from_prefix(draw(step), drafts)
         plan = jax.lax.switch(idx, branches, u, a)
@@ -345,7 +345,7 @@ def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: Cos
 
 
 _run_policy_jit = jax.jit(_run_policy, static_argnames=("policy", "steps", "rule", "rate", "threshold", "min_gain",
-                                                         "prior", "relax", "shrink"))
+                                                         "prior", "relax", "shrink", "spread"))
 
 
 def simulate_policy(
@@ -364,6 +364,7 @@ def simulate_policy(
     relax: float = 0.01,
     tokens: int | None = None,
     shrink: float = 0.5,
+    spread: float = 0.0,
 ) -> PolicyResult:
     """Simulate ``steps`` steps of ``batch`` rows whose window (one of ``cost.windows``) and
     per-row draft counts ``policy`` picks each step (``specjax.depth_policy``), each step
@@ -374,7 +375,7 @@ def simulate_policy(
     ``tokens``: a static batch (``generate``): every row emits ``tokens`` tokens and the run
     lasts until the slowest row is done (every step until then costs the whole batch;
     ``steps`` bounds it). Without it, rows never finish (a batch job refilling its slots).
-    ``"makespan"`` needs ``tokens``."""
+    ``"makespan"`` needs ``tokens``; ``shrink`` and ``spread`` are its knobs (``choose``)."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {list(POLICIES)}, got {policy!r}")
     if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
@@ -385,7 +386,7 @@ def simulate_policy(
         raise ValueError(f"cost must be a CostTable, got {type(cost).__name__}")
     for name, v, lo, hi in (("rate", rate, 0.0, 1.0), ("threshold", threshold, 0.0, 1.0),
                             ("min_gain", min_gain, 0.0, 1.0), ("prior", prior, 0.0, 1.0), ("relax", relax, 0.0, 1.0),
-                            ("shrink", shrink, 0.0, 1.0)):
+                            ("shrink", shrink, 0.0, 1.0), ("spread", spread, 0.0, 1.0)):
         if not lo <= float(v) <= hi:
             raise ValueError(f"{name} must lie in [{lo}, {hi}], got {v!r}")
     b, _, s, acc = _validate(batch, max(max(cost.windows) - 1, 1), steps, acceptance, seed)
@@ -394,7 +395,7 @@ def simulate_policy(
     o = jax.device_get(_run_policy_jit(acc, jnp.uint32(seed), jnp.arange(b, dtype=jnp.int32), cost, budget,
                                        policy=policy, steps=s, rule=r, rate=float(rate), threshold=float(threshold),
                                        min_gain=float(min_gain), prior=float(prior), relax=float(relax),
-                                       shrink=float(shrink)))
+                                       shrink=float(shrink), spread=float(spread)))
     emitted, drafts, accepted = (np.asarray(o[k], np.int64) for k in ("emitted", "drafts", "accepted"))
     ran = np.asarray(o["any"])  # the steps some row was left for
     if tokens is not None and emitted.sum() < b * tokens:

@@ -162,15 +162,17 @@ def test_expected_max_normal():
 
 
 def test_makespan_counts_the_spread_of_the_slowest_row():
-    """Drafting shortens a row's expected run but spreads it; plain decoding finishes every row
-    on time. Alone a row drafts; the slowest of 64 alike rows lands late enough that plain wins."""
+    """With ``spread=1``: drafting shortens a row's expected run but spreads it, plain decoding
+    finishes every row on time. Alone a row drafts; the slowest of 64 alike rows lands late
+    enough that plain wins. ``spread=0`` (the default) compares expected steps only."""
     windows = (1, 2)
     cost = CostTable.create(windows, [1, 64], [[1.0, 1.6]] * 2)  # 1.7 tokens for 1.6x a step: a 6% gain on average
     est = jnp.full((64, 1), 0.7)
     left = jnp.full(64, 20)
-    one = choose(est[:1], jnp.ones(1, bool), cost, "makespan", remaining=left[:1])
-    many = choose(est, jnp.ones(64, bool), cost, "makespan", remaining=left)
+    one = choose(est[:1], jnp.ones(1, bool), cost, "makespan", remaining=left[:1], spread=1.0)
+    many = choose(est, jnp.ones(64, bool), cost, "makespan", remaining=left, spread=1.0)
     assert windows[int(one[0])] == 2 and windows[int(many[0])] == 1
+    assert windows[int(choose(est, jnp.ones(64, bool), cost, "makespan", remaining=left)[0])] == 2
 
 
 @pytest.mark.parametrize("batch", [1, 8, 32, 64])
