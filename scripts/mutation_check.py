@@ -597,8 +597,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "auto depth: the engine ignores the cost table",
         "specjax/engine.py",
-        "    idx, drafts = choose(st.est, active, st.auto.cost, pol.rule,",
-        "    idx, drafts = choose(st.est, active, placeholder_cost(eng, 1), pol.rule,",
+        "    idx, drafts = choose(est, active, st.auto.cost, pol.rule,",
+        "    idx, drafts = choose(est, active, placeholder_cost(eng, 1), pol.rule,",
         ("tests/test_depth_auto.py::test_the_cost_table_steers_the_window",),
     ),
     Mutation(
@@ -650,6 +650,20 @@ MUTATIONS: list[Mutation] = [
         "        return lambda s: chosen(s) & (drafter.backlog(s.dstate) > 0), chosen",
         "        return lambda s: chosen(s) & (drafter.backlog(s.dstate) < 0), chosen",
         ("tests/test_depth_auto.py::test_mtp_deferred_over_window_1_equals_running_it_every_step",),
+    ),
+    Mutation(
+        "optimistic: the lift never fades however often a position was tried",
+        "specjax/depth_policy.py",
+        "    lift = jnp.where(j >= 1, bonus / jnp.sqrt(1.0 + proposed.astype(jnp.float32)), 0.0)\n",
+        "    lift = jnp.where(j >= 1, bonus, 0.0)\n",
+        ("tests/test_depth_policy.py::test_optimistic_lifts_little_tried_deeper_positions",),
+    ),
+    Mutation(
+        "auto depth: the step judges windows on the plain estimates (deeper positions never tried)",
+        "specjax/engine.py",
+        "    est = optimistic(st.est, st.prop_pos, pol.explore)",
+        "    est = st.est",
+        ("tests/test_depth_auto.py::test_the_step_lifts_deeper_positions_it_has_hardly_tried",),
     ),
     Mutation(
         "makespan: the batch's time summed over its rows, not set by its slowest row",

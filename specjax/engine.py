@@ -35,6 +35,7 @@ from specjax.depth_policy import (
     choose,
     init_estimates,
     load_cached_cost,
+    optimistic,
     store_cached_cost,
     update_estimates,
 )
@@ -209,7 +210,8 @@ def _choice(eng: EngineConfig, st: EngineState) -> tuple[jax.Array, jax.Array]:
     pol = eng.policy
     active = ~st.done
     need = jnp.max(jnp.where(active, st.u, 1))  # the window must hold every row's re-fed tokens (cohort)
-    idx, drafts = choose(st.est, active, st.auto.cost, pol.rule, min_window=need, threshold=pol.threshold,
+    est = optimistic(st.est, st.prop_pos, pol.explore)  # deeper positions a row has hardly tried look good
+    idx, drafts = choose(est, active, st.auto.cost, pol.rule, min_window=need, threshold=pol.threshold,
                          min_gain=pol.min_gain, load=st.seq.shape[0],  # every slot computes: static shapes
                          remaining=st.max_len - st.known, shrink=pol.shrink, spread=pol.spread)
     narrowest = jnp.argmax(jnp.asarray(pol.windows) >= need).astype(jnp.int32)

@@ -18,7 +18,7 @@ import numpy as np
 
 from specjax._pytree import pytree_dataclass
 from specjax.advance import KvAdvance, parse_kv_advance
-from specjax.depth_policy import POLICIES, CostTable, choose, init_estimates, update_estimates
+from specjax.depth_policy import POLICIES, CostTable, choose, init_estimates, optimistic, update_estimates
 from specjax.plan import accepted_from_prefix, plan_step
 
 __all__ = [
@@ -313,7 +313,8 @@ class PolicyResult:
 
 def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: CostTable, budget: jax.Array, *,
                 policy: str, steps: int, rule: KvAdvance, rate: float, threshold: float, min_gain: float,
-                prior: float, relax: float, shrink: float, spread: float = 0.0) -> dict[str, jax.Array]:
+                prior: float, relax: float, shrink: float, spread: float = 0.0,
+                explore: float = 0.0) -> dict[str, jax.Array]:
     """The plan steps of ``_run`` with the window and each row's drafts chosen per step by
     ``policy``. ``budget [B]``: tokens each row emits before it is done (a static batch); a
     step costs the whole batch while any row is left, and nothing after."""
@@ -324,9 +325,10 @@ def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: Cos
     cost = table.at(row_ids.shape[0])  # [NW]: every simulated row computes every step (static shapes)
 
     def body(carry, step):
-        u, est, left = carry
+        u, est, left, props = carry
         live = left > 0
-        idx, drafts = choose(est, live, table, policy, min_window=jnp.max(jnp.where(live, u, 1)),
+        idx, drafts = choose(optimistic(est, props, explore), live, table, policy,
+                             min_window=jnp.max(jnp.where(live, u, 1)),
                              threshold=threshold, min_gain=min_gain, load=row_ids.shape[0], remaining=left,
                              shrink=shrink, spread=spread)
         drafts = jnp.minimum(drafts, windows[idx] - u)  # room left after the re-fed tokens
@@ -337,15 +339,17 @@ def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: Cos
         running = jnp.any(live)
         out = {"emitted": emitted, "drafts": jnp.where(live, drafts, 0), "accepted": jnp.where(live, a, 0),
                "seconds": jnp.where(running, cost[idx], 0.0), "window": idx, "any": running}
-        return (plan.next_uncached, est, left - emitted), out
+        props = props + (jnp.arange(depth)[None] < jnp.where(live, drafts, 0)[:, None])
+        return (plan.next_uncached, est, left - emitted, props), out
 
-    init = (jnp.ones(row_ids.shape, jnp.int32), init_estimates(row_ids.shape[0], depth, prior), budget)
+    b = row_ids.shape[0]
+    init = (jnp.ones((b,), jnp.int32), init_estimates(b, depth, prior), budget, jnp.zeros((b, depth), jnp.int32))
     _, outs = jax.lax.scan(body, init, jnp.arange(steps, dtype=jnp.int32))
     return outs
 
 
 _run_policy_jit = jax.jit(_run_policy, static_argnames=("policy", "steps", "rule", "rate", "threshold", "min_gain",
-                                                         "prior", "relax", "shrink", "spread"))
+                                                         "prior", "relax", "shrink", "spread", "explore"))
 
 
 def simulate_policy(
@@ -365,6 +369,7 @@ def simulate_policy(
     tokens: int | None = None,
     shrink: float = 0.5,
     spread: float = 0.0,
+    explore: float = 0.0,
 ) -> PolicyResult:
     """Simulate ``steps`` steps of ``batch`` rows whose window (one of ``cost.windows``) and
     per-row draft counts ``policy`` picks each step (``specjax.depth_policy``), each step
@@ -375,7 +380,9 @@ def simulate_policy(
     ``tokens``: a static batch (``generate``): every row emits ``tokens`` tokens and the run
     lasts until the slowest row is done (every step until then costs the whole batch;
     ``steps`` bounds it). Without it, rows never finish (a batch job refilling its slots).
-    ``"makespan"`` needs ``tokens``; ``shrink`` and ``spread`` are its knobs (``choose``)."""
+    ``"makespan"`` needs ``tokens``; ``shrink`` and ``spread`` are its knobs (``choose``).
+    ``explore``: the lift of little-tried deeper positions (``depth_policy.optimistic``; the
+    engine's ``DepthPolicy.explore``)."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {list(POLICIES)}, got {policy!r}")
     if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
@@ -386,7 +393,8 @@ def simulate_policy(
         raise ValueError(f"cost must be a CostTable, got {type(cost).__name__}")
     for name, v, lo, hi in (("rate", rate, 0.0, 1.0), ("threshold", threshold, 0.0, 1.0),
                             ("min_gain", min_gain, 0.0, 1.0), ("prior", prior, 0.0, 1.0), ("relax", relax, 0.0, 1.0),
-                            ("shrink", shrink, 0.0, 1.0), ("spread", spread, 0.0, 1.0)):
+                            ("shrink", shrink, 0.0, 1.0), ("spread", spread, 0.0, 1.0),
+                            ("explore", explore, 0.0, 1.0)):
         if not lo <= float(v) <= hi:
             raise ValueError(f"{name} must lie in [{lo}, {hi}], got {v!r}")
     b, _, s, acc = _validate(batch, max(max(cost.windows) - 1, 1), steps, acceptance, seed)
@@ -395,7 +403,7 @@ def simulate_policy(
     o = jax.device_get(_run_policy_jit(acc, jnp.uint32(seed), jnp.arange(b, dtype=jnp.int32), cost, budget,
                                        policy=policy, steps=s, rule=r, rate=float(rate), threshold=float(threshold),
                                        min_gain=float(min_gain), prior=float(prior), relax=float(relax),
-                                       shrink=float(shrink), spread=float(spread)))
+                                       shrink=float(shrink), spread=float(spread), explore=float(explore)))
     emitted, drafts, accepted = (np.asarray(o[k], np.int64) for k in ("emitted", "drafts", "accepted"))
     ran = np.asarray(o["any"])  # the steps some row was left for
     if tokens is not None and emitted.sum() < b * tokens:

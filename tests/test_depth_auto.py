@@ -105,6 +105,17 @@ def test_each_row_drafts_its_own_count(greedy):
     assert np.asarray(st.accepted).tolist() == [2, 1, 0, 0]
 
 
+def test_the_step_lifts_deeper_positions_it_has_hardly_tried():
+    """With ``explore`` the step judges windows on ``optimistic`` estimates: rows that never
+    proposed a second draft try window 3, where their plain estimates would keep window 2; once
+    they have tried it often, their estimates decide."""
+    cost = CostTable.create(WINDOWS, [1, 64], [[1.0, 1.3, 1.755]] * 2)  # window 3 pays only if draft 2 mostly passes
+    eng, params, st = _stepper(DRAFT, DepthPolicy(WINDOWS, explore=0.3), cost=cost)
+    st = st.replace(est=jnp.tile(jnp.asarray([[0.71, 0.7]], jnp.float32), (4, 1)))
+    assert WINDOWS[int(engine_mod._choice(eng, st)[0])] == 3
+    assert WINDOWS[int(engine_mod._choice(eng, st.replace(prop_pos=jnp.full_like(st.prop_pos, 400)))[0])] == 2
+
+
 def test_a_forced_window_runs_with_every_row_drafting():
     """Cost measurement forces a window: it runs whatever the policy would choose."""
     eng, params, st = _stepper(TARGET, EMA)

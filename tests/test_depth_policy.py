@@ -15,6 +15,7 @@ from specjax.depth_policy import (
     choose,
     expected_max_normal,
     expected_tokens,
+    optimistic,
     update_estimates,
     yield_variance,
 )
@@ -152,6 +153,23 @@ def test_yield_variance_matches_the_distribution(b, d, seed):
         j = np.arange(len(p))
         want = np.sum(p * j**2) - np.sum(p * j) ** 2
         np.testing.assert_allclose(got[i], want, atol=1e-5)
+
+
+def test_optimistic_lifts_little_tried_deeper_positions():
+    est = jnp.asarray([[0.71, 0.7, 0.7], [0.2, 0.9, 0.5]])
+    tried = jnp.asarray([[50, 0, 0], [50, 3, 99]])
+    got = np.asarray(optimistic(est, tried, 0.3))
+    np.testing.assert_allclose(got, [[0.71, 1.0, 1.0], [0.2, 1.0, 0.53]], atol=1e-6)  # position 0 never lifted
+    np.testing.assert_allclose(np.asarray(optimistic(est, tried, 0.0)), est)
+    # B=1, a cost table measured here: at the 0.7 prior window 2 looks best; with the untried
+    # positions lifted the widest window is tried; once tried often, the estimates decide
+    windows = (1, 2, 3, 4)
+    cost = CostTable.create(windows, [1, 64], [[1.24, 1.62, 2.14, 2.54]] * 2)
+    one = jnp.asarray([[0.71, 0.7, 0.7]])
+    pick = lambda e: windows[int(choose(e, jnp.ones(1, bool), cost, "makespan", remaining=jnp.full(1, 100))[0])]  # noqa: E731
+    assert pick(one) == 2
+    assert pick(optimistic(one, jnp.zeros((1, 3), jnp.int32), 0.3)) == 4
+    assert pick(optimistic(one, jnp.full((1, 3), 400), 0.3)) == 2
 
 
 def test_expected_max_normal():
