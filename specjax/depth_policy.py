@@ -199,7 +199,6 @@ def expected_max_normal(n: jax.Array) -> jax.Array:
     return jnp.where(n > 1, jax.scipy.special.ndtri((n - 0.375) / (n + 0.25)), 0.0)
 
 
-
 def optimistic(est: jax.Array, proposed: jax.Array, bonus: float) -> jax.Array:
     """``est [B, D]`` lifted by ``bonus / sqrt(1 + proposed)`` at draft positions ``j >= 1``
     (``proposed [B, D]``: how often each row has proposed its ``j``-th draft), clipped to 1.

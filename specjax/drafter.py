@@ -11,7 +11,11 @@ Protocol (all pure, traced inside the engine's jitted step):
 * ``propose(eng, params, st) -> (drafts [B, d], draft_probs [B, d, V] | None, dstate)``: ``draft_probs`` is
   the draft distribution (``None`` when drafts are deterministic, i.e. one-hot);
 * ``commit(eng, params, st, dstate, hidden, old_lengths, u, a, advance) -> dstate``
-  after verification (``st.seq`` already holds the emitted tokens).
+  after verification (``st.seq`` already holds the emitted tokens);
+* optional, for work a window-1 step (``depth="auto"``) may defer: ``backlog_size(eng) -> R``
+  (0: nothing deferred), ``backlog(dstate) -> int32 []`` (the most any row has deferred) and
+  ``settle(eng, params, st) -> dstate`` (do it now). ``engine.run_steps`` settles before a
+  drafting window and when the backlog reaches ``R`` (``MtpDrafter``).
 
 Drafter caches mirror the target's per-row lengths and advance by the same plan.
 
