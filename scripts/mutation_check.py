@@ -673,6 +673,20 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_depth_policy.py::test_makespan_follows_the_row_that_finishes_last",),
     ),
     Mutation(
+        "cache write: a batch of one writing one token goes through the one-entry scatter (cache copies)",
+        "specjax/cache/base.py",
+        "    if len(idx) == 3 and isinstance(idx[1], slice) and np.size(idx[0]) == 1 and np.size(idx[2]) == 1:\n",
+        "    if False:\n",
+        ("tests/test_lean_step.py::test_one_row_one_token_writes_the_caches_in_place",),
+    ),
+    Mutation(
+        "cache write: the spare entry of a one-entry write lands in range (overwrites the last slot)",
+        "specjax/cache/base.py",
+        "        spare = layer_spec(buf).shape[2]\n",
+        "        spare = layer_spec(buf).shape[2] - 1\n",
+        ("tests/test_caches.py::test_one_row_one_token_write_matches_numpy_and_drops_past_capacity",),
+    ),
+    Mutation(
         "makespan: each row's own noisy estimate, not pooled towards the batch mean",
         "specjax/depth_policy.py",
         "        pooled = (1.0 - shrink) * est + shrink * mean[None]\n",

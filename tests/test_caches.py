@@ -80,6 +80,23 @@ def test_dense_write_advance_rollback_matches_numpy(start, grow, seed):
         np.testing.assert_array_equal(_tok_major(cache.k)[:, b, live[b]], ref_k[:, b, live[b]])
 
 
+@pytest.mark.parametrize("stacked", [False, True])
+def test_one_row_one_token_write_matches_numpy_and_drops_past_capacity(stacked):
+    """A batch of one writing one token takes ``set_rows``' one-entry path: the entry lands at
+    the row's length; at capacity nothing is written and the row is flagged."""
+    cache = DenseKVCache.create(L, 1, CAP, HKV, D, stacked=stacked)
+    kn = jnp.arange(HKV * D, dtype=jnp.float32).reshape(1, 1, HKV, D) + 1
+    for length, layer in ((7, 1), (0, 0), (CAP - 1, 1)):
+        out = _write(cache.replace(lengths=jnp.array([length], jnp.int32)), layer, kn, 2 * kn)
+        want = np.zeros((L, 1, CAP, HKV, D), np.float32)
+        want[layer, 0, length] = np.asarray(kn[0, 0])
+        np.testing.assert_array_equal(_tok_major(out.k), want)
+        np.testing.assert_array_equal(_tok_major(out.v), 2 * want)
+        assert int(out.status[0]) == 0
+    full = _write(cache.replace(lengths=jnp.array([CAP], jnp.int32)), 1, kn, kn)
+    assert not _tok_major(full.k).any() and int(full.status[0]) == CAPACITY_EXCEEDED
+
+
 def test_dense_write_is_per_row_not_shared_offset():
     cache = _dense().replace(lengths=jnp.array([0, 5, 9, 30], jnp.int32))
     kn = jnp.ones((B, 2, HKV, D)) * jnp.arange(1, B + 1, dtype=jnp.float32)[:, None, None, None]

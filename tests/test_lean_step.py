@@ -211,6 +211,30 @@ def test_the_layer_scan_writes_the_caches_in_place(kind, cache):
     assert not shapes & _copied_shapes(hlo), (shapes, _copied_shapes(hlo))
 
 
+@pytest.mark.parametrize("kind,cache", KINDS)
+@pytest.mark.parametrize("loop", ["unrolled", "scan"])
+def test_one_row_one_token_writes_the_caches_in_place(kind, cache, loop):
+    """A batch of one decoding plain (one token a step) writes one cache entry per layer: XLA
+    made that scatter a dynamic update slice and duplicated it into the attention reading the
+    buffer, copying every layer's K and V each step (48 copies in the bundled model's step).
+    ``set_rows`` keeps it a scatter: no cache-sized copy; the tokens are unchanged."""
+    import jax.numpy as jnp
+
+    model = with_layer_loop(MODELS[kind], loop)
+    eng = make_engine(model, drafter=None, draft_model=None, depth=0, cache=cache, capacity=128,
+                      kv_advance_rule=engine_mod.KvAdvance.PER_SEQUENCE)
+    params = {"target": model.params}
+    st = engine_mod.prefill(eng, params, np.ones((1, 8), np.int32), np.array([5], np.int32), np.array([40], np.int32),
+                            np.full(1, -1, np.int32), np.zeros(1, np.uint32))
+    bufs = [x for part in st.cache.parts for kv in (part.k, part.v) for x in (kv if isinstance(kv, tuple) else [kv])]
+    shapes = {f"{jnp.dtype(x.dtype).name.replace('float', 'f')}[{','.join(map(str, x.shape))}]" for x in bufs}
+    hlo = engine_mod.step.lower(eng, params, st).compile().as_text()
+    assert not shapes & _copied_shapes(hlo), (shapes, _copied_shapes(hlo))
+    prompt = [[3, 1, 4, 1, 5]]
+    assert generate(model, prompt, max_new_tokens=12, drafter=None, cache=cache).tokens == \
+        [generate(model, prompt * 2, max_new_tokens=12, drafter=None, cache=cache).tokens[0]]
+
+
 @pytest.mark.parametrize("cache", ["dense", "paged"])
 def test_scan_layout_gives_the_unrolled_tokens(cache):
     """Target and draft model both stacked (the layer scan, stacked caches): ``generate`` and a

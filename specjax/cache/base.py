@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = [
     "ATTENTION_IMPLS", "CAPACITY_EXCEEDED", "OUT_OF_PAGES", "POOL_GROUP_MISMATCH", "ROLLBACK_INVALID", "STATUS_OK",
@@ -77,6 +78,15 @@ def is_stacked(buf: Layers) -> bool:
 
 def set_rows(buf: Layers, layer: int | jax.Array, idx: tuple, value: jax.Array) -> Layers:
     """``buf[layer][idx] = value`` (out-of-range indices dropped), in place in either layout."""
+    if len(idx) == 3 and isinstance(idx[1], slice) and np.size(idx[0]) == 1 and np.size(idx[2]) == 1:
+        # one entry (a batch of one writing one token): XLA rewrites a one-entry scatter into a
+        # dynamic update slice, which its fusion then duplicates into the attention that reads the
+        # buffer, copying every layer's K and V each step. A second entry, out of range (dropped),
+        # keeps it a scatter
+        spare = layer_spec(buf).shape[2]
+        idx = (jnp.concatenate([jnp.reshape(idx[0], (1, 1))] * 2, axis=1), idx[1],
+               jnp.concatenate([jnp.reshape(idx[2], (1, 1)), jnp.full((1, 1), spare, jnp.int32)], axis=1))
+        value = jnp.concatenate([jnp.reshape(value, (1, 1, *value.shape[-2:]))] * 2, axis=1)
     if isinstance(buf, tuple):
         new = buf[layer].at[idx].set(value.astype(buf[layer].dtype), mode="drop")
         return (*buf[:layer], new, *buf[layer + 1 :])
