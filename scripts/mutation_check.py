@@ -567,8 +567,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "depth policy: the acceptance estimate is never updated",
         "specjax/depth_policy.py",
-        "    return jnp.where(seen, (1.0 - rate) * est + rate * hit, est + relax * (prior - est))\n",
-        "    return est\n",
+        "    return jnp.where(revealed(proposed, accepted, est.shape[1]), (1.0 - r) * est + r * hit,\n",
+        "    return jnp.where(revealed(proposed, accepted, est.shape[1]), est,\n",
         ("tests/test_depth_policy.py",),
     ),
     Mutation(
@@ -589,8 +589,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "auto depth: the engine never updates a row's acceptance estimate",
         "specjax/engine.py",
-        "        est = jnp.where(active[:, None], update_estimates(est, proposed, a, pol.rate, pol.prior, pol.relax), "
-        "est)\n",
+        "        est = jnp.where(active[:, None], update_estimates(est, proposed, a, pol.rate, pol.prior, pol.relax,\n"
+        "                                                          st.seen_pos, pol.prior_weight), est)\n",
         "        est = est\n",
         ("tests/test_depth_auto.py::test_rows_whose_drafts_are_never_accepted_stop_drafting",),
     ),
@@ -668,9 +668,37 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "makespan: the batch's time summed over its rows, not set by its slowest row",
         "specjax/depth_policy.py",
-        "            return jnp.max(jnp.where(live, left / mu + z * sd",
-        "            return jnp.sum(jnp.where(live, left / mu + z * sd",
+        "                return jnp.max(jnp.where(live, left / mu, 0.0))",
+        "                return jnp.sum(jnp.where(live, left / mu, 0.0))",
         ("tests/test_depth_policy.py::test_makespan_follows_the_row_that_finishes_last",),
+    ),
+    Mutation(
+        "prior_weight ignored: a row's first verdicts move its estimate only by the EMA's rate",
+        "specjax/depth_policy.py",
+        "    r = rate if seen is None else jnp.maximum(rate, 1.0 / (prior_weight + 1.0 + seen.astype(jnp.float32)))\n",
+        "    r = rate\n",
+        ("tests/test_depth_policy.py::test_prior_weight_makes_the_first_verdicts_a_running_mean",),
+    ),
+    Mutation(
+        "revealed: every proposed position counts as judged (past the first rejection too)",
+        "specjax/depth_policy.py",
+        "    return j < jnp.minimum(accepted + 1, proposed)[:, None]\n",
+        "    return j < proposed[:, None]\n",
+        ("tests/test_depth_policy.py::test_update_estimates_matches_numpy",),
+    ),
+    Mutation(
+        "auto depth: the engine never counts a position's verdicts (seen_pos stays 0)",
+        "specjax/engine.py",
+        "        seen_pos=st.seen_pos + (revealed(proposed, a, dmax) & active[:, None]).astype(jnp.int32),\n",
+        "        seen_pos=st.seen_pos,\n",
+        ("tests/test_depth_auto.py::test_each_row_drafts_its_own_count",),
+    ),
+    Mutation(
+        "auto depth: the choice is made once per loop, not after every step (a stale window)",
+        "specjax/engine.py",
+        "        return _pick(eng, _step_window(eng, params, st, eng.policy.windows[k], st.auto.drafts))\n",
+        "        return _step_window(eng, params, st, eng.policy.windows[k], st.auto.drafts)\n",
+        ("tests/test_depth_auto.py::test_rows_whose_drafts_are_never_accepted_stop_drafting",),
     ),
     Mutation(
         "cache write: a batch of one writing one token goes through the one-entry scatter (cache copies)",

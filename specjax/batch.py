@@ -74,7 +74,7 @@ __all__ = ["Completion", "Request", "batch_generate"]
 
 _TRACES = {"admit": 0, "decode": 0}
 _ROW_FIELDS = ("seq", "known", "u", "prompt_len", "max_len", "eos", "seeds", "live", "done", "steps", "emitted",
-               "accepted", "proposed", "acc_pos", "prop_pos", "trace", "est")
+               "accepted", "proposed", "acc_pos", "prop_pos", "seen_pos", "trace", "est")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +180,7 @@ def _empty(eng: EngineConfig, slots: int, width: int, eos_width: int) -> EngineS
         live=jnp.zeros((slots,), bool), done=jnp.ones((slots,), bool),
         steps=zeros(), emitted=zeros(), accepted=zeros(), proposed=zeros(),
         acc_pos=jnp.zeros((slots, d), jnp.int32), prop_pos=jnp.zeros((slots, d), jnp.int32),
+        seen_pos=jnp.zeros((slots, d), jnp.int32),
         trace=jnp.full((slots, eng.max_steps), -1, jnp.int32), i=jnp.int32(0),
         est=init_estimates(slots, d, eng.policy.prior if eng.policy else 0.5), auto=auto,
     )

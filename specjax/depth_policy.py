@@ -39,8 +39,8 @@ from specjax._pytree import pytree_dataclass, static_field
 
 __all__ = [
     "POLICIES", "AutoState", "CostTable", "DepthPolicy", "choose", "cost_cache_path", "expected_max_normal",
-    "expected_tokens", "init_estimates", "load_cached_cost", "optimistic", "store_cached_cost", "update_estimates",
-    "yield_variance",
+    "expected_tokens", "init_estimates", "load_cached_cost", "optimistic", "revealed", "store_cached_cost",
+    "update_estimates", "yield_variance",
 ]
 
 POLICIES = ("fixed", "ema", "goodput", "makespan")
@@ -97,6 +97,8 @@ class CostTable:
 
     def at(self, active: jax.Array) -> jax.Array:
         """Seconds of one step at ``active`` rows, per window: ``[NW]``."""
+        if self.seconds.shape[0] == 1:  # one batch (the engine's, ``auto_state``): no interpolation ops per step
+            return self.seconds[0]
         a = jnp.asarray(active, jnp.float32)
         return jax.vmap(lambda col: jnp.interp(a, self.batches, col), in_axes=1)(self.seconds)
 
@@ -125,6 +127,9 @@ class DepthPolicy:
     # but cost the larger batches their exploring steps: bench 3/16 points within 0.95x of the
     # best fixed depth (6/16 at 0), simulator mean 0.958 (0.972 at 0). Off by default
     explore: float = 0.0
+    # the prior counts as this many verdicts (``update_estimates``): a row's first verdicts move its
+    # estimate as a running mean would, so a batch stops drafting within a few steps where it does not pay
+    prior_weight: float = 1.0
 
     @classmethod
     def auto(cls, max_depth: int, rule: str = "goodput") -> DepthPolicy:
@@ -144,6 +149,9 @@ class DepthPolicy:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v <= 1.0:
                 raise ValueError(f"DepthPolicy.{name}={v!r} is invalid: must lie in [0, 1]")
+        v = self.prior_weight
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v <= 1000.0:
+            raise ValueError(f"DepthPolicy.prior_weight={v!r} is invalid: must lie in [0, 1000]")
 
 
 @pytree_dataclass
@@ -154,6 +162,10 @@ class AutoState:
     force: jax.Array  # int32 []: -1 lets the policy choose; k >= 0 forces window k (cost measurement) ...
     force_from: jax.Array  # int32 []: ... from this step on; earlier steps run the widest window
     window_steps: jax.Array  # int32 [NW]: steps taken at each window
+    # the next step's choice, made once after each step (``engine.run_steps``): the loops' conditions
+    # only read it (each evaluation of the rule is some 25 small kernels per step on CPU)
+    pick: jax.Array  # int32 []: index of the next step's window
+    drafts: jax.Array  # int32 [B]: each row's draft count in it
 
 
 def init_estimates(batch: int, depth: int, prior: float = 0.5) -> jax.Array:
@@ -161,21 +173,46 @@ def init_estimates(batch: int, depth: int, prior: float = 0.5) -> jax.Array:
     return jnp.full((batch, depth), prior, jnp.float32)
 
 
+def revealed(proposed: jax.Array, accepted: jax.Array, depth: int) -> jax.Array:
+    """``bool [B, depth]``: the draft positions whose verdict a step revealed (row ``i``
+    proposed ``proposed[i]`` drafts, the target accepted its first ``accepted[i]``): those
+    accepted and the first rejected one."""
+    j = jnp.arange(depth, dtype=jnp.int32)[None]
+    return j < jnp.minimum(accepted + 1, proposed)[:, None]
+
+
 def update_estimates(est: jax.Array, proposed: jax.Array, accepted: jax.Array, rate: float, prior: float = 0.5,
-                     relax: float = 0.0) -> jax.Array:
+                     relax: float = 0.0, seen: jax.Array | None = None, prior_weight: float = 0.0) -> jax.Array:
     """EMA update from one step: row ``i`` proposed ``proposed[i]`` drafts and the target
     accepted its first ``accepted[i]``. Positions ``j < accepted`` were accepted, position
     ``accepted`` (if proposed) was rejected; later ones revealed nothing and drift back to
-    ``prior`` by ``relax`` (so a row that stopped drafting tries again some steps later)."""
-    j = jnp.arange(est.shape[1], dtype=jnp.int32)[None]
-    seen = j < jnp.minimum(accepted + 1, proposed)[:, None]
-    hit = (j < accepted[:, None]).astype(jnp.float32)
-    return jnp.where(seen, (1.0 - rate) * est + rate * hit, est + relax * (prior - est))
+    ``prior`` by ``relax`` (so a row that stopped drafting tries again some steps later).
+
+    ``seen [B, D]`` (int): verdicts each position had before this step. With it, the prior
+    counts as ``prior_weight`` verdicts: the ``n``-th verdict moves the estimate by
+    ``max(rate, 1 / (prior_weight + n))``, a running mean until the EMA's rate takes over.
+    (A plain EMA from the prior needs ~16 verdicts to move 0.7 to 0.45: at B = 32-64 every
+    row drafted the widest window for the first ~10% of steps where drafting did not pay.)"""
+    hit = (jnp.arange(est.shape[1])[None] < accepted[:, None]).astype(jnp.float32)
+    r = rate if seen is None else jnp.maximum(rate, 1.0 / (prior_weight + 1.0 + seen.astype(jnp.float32)))
+    return jnp.where(revealed(proposed, accepted, est.shape[1]), (1.0 - r) * est + r * hit,
+                     est + relax * (prior - est))
+
+
+def _running_product(x: jax.Array) -> jax.Array:
+    """``cumprod`` along axis 1; over a few columns as running products, which fuse into one
+    elementwise kernel (``cumprod`` is a reduce-window of its own: the policy runs every step)."""
+    if x.shape[1] > 8:
+        return jnp.cumprod(x, axis=1)
+    cols = [x[:, 0]]
+    for j in range(1, x.shape[1]):
+        cols.append(cols[-1] * x[:, j])
+    return jnp.stack(cols, axis=1)
 
 
 def reach(est: jax.Array) -> jax.Array:
     """``[B, D]``: the estimated chance that draft ``j`` is accepted (all before it were)."""
-    return jnp.cumprod(est, axis=1)
+    return _running_product(est)
 
 
 def expected_tokens(est: jax.Array, drafts: jax.Array) -> jax.Array:
@@ -205,7 +242,10 @@ def optimistic(est: jax.Array, proposed: jax.Array, bonus: float) -> jax.Array:
     A deeper position is judged only when a row drafts that far: at its prior it may never
     look worth trying (a row whose second and third drafts pass 90% of the time ran window 2
     at a 0.7 prior), so little-tried positions are chosen optimistically; the lift fades as
-    they are tried. Position 0 is judged whenever a row drafts at all: it gets none."""
+    they are tried. Position 0 is judged whenever a row drafts at all: it gets none.
+    ``bonus`` 0 (static) returns ``est`` itself."""
+    if not bonus:
+        return est
     j = jnp.arange(est.shape[1])[None]
     lift = jnp.where(j >= 1, bonus / jnp.sqrt(1.0 + proposed.astype(jnp.float32)), 0.0)
     return jnp.clip(est + lift, 0.0, 1.0)
@@ -213,7 +253,7 @@ def optimistic(est: jax.Array, proposed: jax.Array, bonus: float) -> jax.Array:
 
 def _leading(ok: jax.Array) -> jax.Array:
     """Leading ``True`` count per row of ``ok [B, D]``."""
-    return jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)
+    return jnp.sum(_running_product(ok.astype(jnp.int32)), axis=1)
 
 
 def choose(
@@ -273,10 +313,11 @@ def choose(
         # such rows lands about E[max of n normals] sds late; plain decoding has no spread.
         # Simulator: 0.5-2.7 points nearer the best fixed depth at B = 8-64. Engine bench (MTP,
         # B=32): 5-7% slower, as the max over noisy per-row EMAs is already pessimistic; so 0 by default
-        z = spread * expected_max_normal(jnp.sum(live))
-
         def finish(k):
             mu = expected_tokens(pooled, k)
+            if not spread:  # static: the default adds no kernels
+                return jnp.max(jnp.where(live, left / mu, 0.0))
+            z = spread * expected_max_normal(jnp.sum(live))
             sd = jnp.sqrt(left * yield_variance(pooled, k) / mu**3)
             return jnp.max(jnp.where(live, left / mu + z * sd, 0.0))
         steps = jax.vmap(finish)(drafts)  # [NW]

@@ -36,6 +36,7 @@ from specjax.depth_policy import (
     init_estimates,
     load_cached_cost,
     optimistic,
+    revealed,
     store_cached_cost,
     update_estimates,
 )
@@ -107,6 +108,7 @@ class EngineState:
     proposed: jax.Array  # [B]: drafts proposed
     acc_pos: jax.Array  # [B, depth]: accepted at draft position k
     prop_pos: jax.Array  # [B, depth]: proposed at draft position k
+    seen_pos: jax.Array  # [B, depth]: verdicts at draft position k (accepted, or the first rejected)
     trace: jax.Array  # [B, max_steps]: accepted drafts at the row's own step k (-1 past its steps)
     est: jax.Array  # float32 [B, depth]: per-row acceptance estimates (updated under depth="auto")
     i: jax.Array  # int32 []: steps taken
@@ -189,7 +191,7 @@ def _prefill(eng: EngineConfig, params: dict, prompts: jax.Array, prompt_len: ja
         done=jnp.any(first[:, None] == eos, axis=1) | (prompt_len + 1 >= max_len) | ~live,
         steps=zeros, emitted=zeros, accepted=zeros, proposed=zeros,
         acc_pos=jnp.zeros((b, d), jnp.int32), prop_pos=jnp.zeros((b, d), jnp.int32),
-        trace=jnp.full((b, eng.max_steps), -1, jnp.int32),
+        seen_pos=jnp.zeros((b, d), jnp.int32), trace=jnp.full((b, eng.max_steps), -1, jnp.int32),
         est=init_estimates(b, d, eng.policy.prior if eng.policy else 0.5),
         i=jnp.int32(0),
     )
@@ -220,12 +222,19 @@ def _choice(eng: EngineConfig, st: EngineState) -> tuple[jax.Array, jax.Array]:
     return jnp.where(forced, jnp.maximum(at, narrowest), idx), jnp.where(forced, eng.depth, drafts)
 
 
+def _pick(eng: EngineConfig, st: EngineState) -> EngineState:
+    """``st`` with the next step's choice (``_choice``) kept in ``st.auto.pick`` / ``.drafts``."""
+    idx, drafts = _choice(eng, st)
+    return st.replace(auto=st.auto.replace(pick=idx, drafts=drafts))
+
+
 def _chosen_step(eng: EngineConfig, params: dict, k: int):
-    """The step at window ``eng.windows[k]`` with each row's chosen draft count, counted."""
+    """The step at window ``eng.windows[k]`` with each row's chosen draft count, counted; then
+    the choice for the step after it."""
     def body(st: EngineState) -> EngineState:
-        _, drafts = _choice(eng, st)
-        st = st.replace(auto=st.auto.replace(window_steps=st.auto.window_steps.at[k].add(1)))
-        return _step_window(eng, params, st, eng.policy.windows[k], drafts)
+        counted = st.auto.window_steps + (jnp.arange(len(eng.windows)) == k)  # elementwise: fuses
+        st = st.replace(auto=st.auto.replace(window_steps=counted.astype(jnp.int32)))
+        return _pick(eng, _step_window(eng, params, st, eng.policy.windows[k], st.auto.drafts))
     return body
 
 
@@ -239,7 +248,10 @@ def run_steps(eng: EngineConfig, params: dict, st: EngineState, keep_going) -> E
 
     A drafter that defers work over window-1 steps (``settle`` / ``backlog``: the MTP block)
     settles it before a drafting window runs, and when its backlog reaches ``R``; those
-    settles are loops of at most one trip, for the same in-place reason."""
+    settles are loops of at most one trip, for the same in-place reason.
+
+    The choice is made once per step, after it (``_pick``; and once on entry: a batch job
+    changes rows between calls), and kept in the state: the loops' conditions only read it."""
     if eng.policy is None:
         return jax.lax.while_loop(keep_going, lambda s: _step(eng, params, s), st)
     drafter = eng.drafter
@@ -251,7 +263,7 @@ def run_steps(eng: EngineConfig, params: dict, st: EngineState, keep_going) -> E
     def dispatch(k: int, w: int):
         """(when a settle is due before window k's loop, or None; while window k's loop runs)"""
         def chosen(s):
-            return keep_going(s) & (_choice(eng, s)[0] == k)
+            return keep_going(s) & (s.auto.pick == k)
         if not full:
             return None, chosen
         if w == 1:  # plain steps pile up until the backlog is full
@@ -266,7 +278,7 @@ def run_steps(eng: EngineConfig, params: dict, st: EngineState, keep_going) -> E
                 st = jax.lax.while_loop(due, settle, st)
             st = jax.lax.while_loop(runs, _chosen_step(eng, params, k), st)
         return st
-    return jax.lax.while_loop(keep_going, trip, st)
+    return jax.lax.while_loop(keep_going, trip, _pick(eng, st))
 
 
 def _step(eng: EngineConfig, params: dict, st: EngineState) -> EngineState:
@@ -337,7 +349,8 @@ def _step_window(eng: EngineConfig, params: dict, st: EngineState, w: int, limit
     est = st.est
     if eng.policy is not None:
         pol = eng.policy
-        est = jnp.where(active[:, None], update_estimates(est, proposed, a, pol.rate, pol.prior, pol.relax), est)
+        est = jnp.where(active[:, None], update_estimates(est, proposed, a, pol.rate, pol.prior, pol.relax,
+                                                          st.seen_pos, pol.prior_weight), est)
     out = st.replace(
         dstate=dstate,
         steps=st.steps + act,
@@ -346,6 +359,7 @@ def _step_window(eng: EngineConfig, params: dict, st: EngineState, w: int, limit
         proposed=st.proposed + proposed * act,
         acc_pos=st.acc_pos + ((kd < a[:, None]) & active[:, None]).astype(jnp.int32),
         prop_pos=st.prop_pos + ((kd < proposed[:, None]) & active[:, None]).astype(jnp.int32),
+        seen_pos=st.seen_pos + (revealed(proposed, a, dmax) & active[:, None]).astype(jnp.int32),
         trace=st.trace.at[jnp.arange(b), jnp.where(active, st.steps, eng.max_steps)].set(a, mode="drop"),
         est=est,
         i=st.i + 1,
@@ -603,7 +617,8 @@ def auto_state(eng: EngineConfig, table: CostTable, batch: int) -> AutoState:
     slot computes, so that is the only load the step sees; one shape for any table: no
     recompile), no window forced, no steps counted."""
     at = CostTable.create(table.windows, [batch], [np.asarray(table.at(batch)).tolist()])
-    return AutoState(at, jnp.int32(-1), jnp.int32(0), jnp.zeros((len(eng.windows),), jnp.int32))
+    return AutoState(at, jnp.int32(-1), jnp.int32(0), jnp.zeros((len(eng.windows),), jnp.int32), jnp.int32(0),
+                     jnp.zeros((batch,), jnp.int32))
 
 
 def placeholder_cost(eng: EngineConfig, batch: int) -> CostTable:

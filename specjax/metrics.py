@@ -29,7 +29,9 @@ class GenerationResult:
       except on a row's last step, when EOS or the budget cuts the verifier's token.
     * ``acceptance_per_position``: accepted / proposed at draft position ``k`` and
       ``row_accepted_trace`` (accepted drafts per step per row): the verifier's decisions,
-      before any EOS/budget cut (what a drafter's quality is judged by).
+      before any EOS/budget cut (what a drafter's quality is judged by);
+      ``conditional_acceptance_per_position``: accepted / verdicts at ``k``, the chance draft
+      ``k`` passes once every draft before it did (what ``depth="auto"`` estimates per row).
     * ``proposed_drafts``: drafts the rows offered; ``mean_proposed_drafts`` per row-step.
     * ``depth="auto"`` adds ``max_depth``, ``windows`` and ``window_share`` (the share of steps
       taken at each window), ``depth_rule`` (``"makespan"`` for a static batch, or the given
@@ -62,6 +64,9 @@ def metrics(st, eng: Any, compiles: int) -> dict:
         "mean_accepted_length": float((acc.sum() + total_steps) / total_steps) if total_steps else 0.0,
         "mean_accepted_drafts": float(acc.sum() / total_steps) if total_steps else 0.0,
         "acceptance_per_position": [float(x) for x in acc_pos.sum(axis=0) / np.maximum(pp, 1)],
+        # P(draft k accepted | drafts < k were): accepted at k over verdicts at k
+        "conditional_acceptance_per_position": [
+            float(x) for x in acc_pos.sum(axis=0) / np.maximum(np.asarray(st.seen_pos).sum(axis=0), 1)],
         "accepted_per_position_count": [int(x) for x in acc_pos.sum(axis=0)],
         "proposed_per_position_count": [int(x) for x in pp],
         "accepted_drafts": int(acc.sum()),

@@ -18,7 +18,15 @@ import numpy as np
 
 from specjax._pytree import pytree_dataclass
 from specjax.advance import KvAdvance, parse_kv_advance
-from specjax.depth_policy import POLICIES, CostTable, choose, init_estimates, optimistic, update_estimates
+from specjax.depth_policy import (
+    POLICIES,
+    CostTable,
+    choose,
+    init_estimates,
+    optimistic,
+    revealed,
+    update_estimates,
+)
 from specjax.plan import accepted_from_prefix, plan_step
 
 __all__ = [
@@ -314,7 +322,7 @@ class PolicyResult:
 def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: CostTable, budget: jax.Array, *,
                 policy: str, steps: int, rule: KvAdvance, rate: float, threshold: float, min_gain: float,
                 prior: float, relax: float, shrink: float, spread: float = 0.0,
-                explore: float = 0.0) -> dict[str, jax.Array]:
+                explore: float = 0.0, prior_weight: float | None = None) -> dict[str, jax.Array]:
     """The plan steps of ``_run`` with the window and each row's drafts chosen per step by
     ``policy``. ``budget [B]``: tokens each row emits before it is done (a static batch); a
     step costs the whole batch while any row is left, and nothing after."""
@@ -325,7 +333,7 @@ def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: Cos
     cost = table.at(row_ids.shape[0])  # [NW]: every simulated row computes every step (static shapes)
 
     def body(carry, step):
-        u, est, left, props = carry
+        u, est, left, props, seen = carry
         live = left > 0
         idx, drafts = choose(optimistic(est, props, explore), live, table, policy,
                              min_window=jnp.max(jnp.where(live, u, 1)),
@@ -334,22 +342,26 @@ def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: Cos
         drafts = jnp.minimum(drafts, windows[idx] - u)  # room left after the re-fed tokens
         a = accepted_from_prefix(draw(step), drafts)
         plan = jax.lax.switch(idx, branches, u, a)
-        est = update_estimates(est, drafts, a, rate, prior, relax)
+        counts = None if prior_weight is None else seen
+        est = update_estimates(est, drafts, a, rate, prior, relax, counts, prior_weight or 0.0)
         emitted = jnp.where(live, jnp.minimum(plan.emitted, left), 0)
         running = jnp.any(live)
         out = {"emitted": emitted, "drafts": jnp.where(live, drafts, 0), "accepted": jnp.where(live, a, 0),
                "seconds": jnp.where(running, cost[idx], 0.0), "window": idx, "any": running}
         props = props + (jnp.arange(depth)[None] < jnp.where(live, drafts, 0)[:, None])
-        return (plan.next_uncached, est, left - emitted, props), out
+        seen = seen + (revealed(drafts, a, depth) & live[:, None])
+        return (plan.next_uncached, est, left - emitted, props, seen), out
 
     b = row_ids.shape[0]
-    init = (jnp.ones((b,), jnp.int32), init_estimates(b, depth, prior), budget, jnp.zeros((b, depth), jnp.int32))
+    zeros = jnp.zeros((b, depth), jnp.int32)
+    init = (jnp.ones((b,), jnp.int32), init_estimates(b, depth, prior), budget, zeros, zeros)
     _, outs = jax.lax.scan(body, init, jnp.arange(steps, dtype=jnp.int32))
     return outs
 
 
 _run_policy_jit = jax.jit(_run_policy, static_argnames=("policy", "steps", "rule", "rate", "threshold", "min_gain",
-                                                         "prior", "relax", "shrink", "spread", "explore"))
+                                                         "prior", "relax", "shrink", "spread", "explore",
+                                                         "prior_weight"))
 
 
 def simulate_policy(
@@ -370,6 +382,7 @@ def simulate_policy(
     shrink: float = 0.5,
     spread: float = 0.0,
     explore: float = 0.0,
+    prior_weight: float | None = None,
 ) -> PolicyResult:
     """Simulate ``steps`` steps of ``batch`` rows whose window (one of ``cost.windows``) and
     per-row draft counts ``policy`` picks each step (``specjax.depth_policy``), each step
@@ -382,7 +395,8 @@ def simulate_policy(
     ``steps`` bounds it). Without it, rows never finish (a batch job refilling its slots).
     ``"makespan"`` needs ``tokens``; ``shrink`` and ``spread`` are its knobs (``choose``).
     ``explore``: the lift of little-tried deeper positions (``depth_policy.optimistic``; the
-    engine's ``DepthPolicy.explore``)."""
+    engine's ``DepthPolicy.explore``). ``prior_weight``: the prior counts as that many verdicts
+    (``update_estimates``; the engine's ``DepthPolicy.prior_weight``); ``None``: a plain EMA."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {list(POLICIES)}, got {policy!r}")
     if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
@@ -397,13 +411,16 @@ def simulate_policy(
                             ("explore", explore, 0.0, 1.0)):
         if not lo <= float(v) <= hi:
             raise ValueError(f"{name} must lie in [{lo}, {hi}], got {v!r}")
+    if prior_weight is not None and not float(prior_weight) >= 0:
+        raise ValueError(f"prior_weight must be >= 0 or None, got {prior_weight!r}")
     b, _, s, acc = _validate(batch, max(max(cost.windows) - 1, 1), steps, acceptance, seed)
     r = parse_kv_advance(rule, what="rule")
     budget = jnp.full((b,), 2**30 if tokens is None else tokens, jnp.int32)
     o = jax.device_get(_run_policy_jit(acc, jnp.uint32(seed), jnp.arange(b, dtype=jnp.int32), cost, budget,
                                        policy=policy, steps=s, rule=r, rate=float(rate), threshold=float(threshold),
                                        min_gain=float(min_gain), prior=float(prior), relax=float(relax),
-                                       shrink=float(shrink), spread=float(spread), explore=float(explore)))
+                                       shrink=float(shrink), spread=float(spread), explore=float(explore),
+                                       prior_weight=None if prior_weight is None else float(prior_weight)))
     emitted, drafts, accepted = (np.asarray(o[k], np.int64) for k in ("emitted", "drafts", "accepted"))
     ran = np.asarray(o["any"])  # the steps some row was left for
     if tokens is not None and emitted.sum() < b * tokens:

@@ -85,9 +85,16 @@ def test_rows_whose_drafts_are_never_accepted_stop_drafting():
     per_step = np.diff(np.stack(proposed), axis=0, prepend=0)  # [steps, B]
     assert int(np.asarray(st.accepted).sum()) == 0
     assert per_step[0].min() == 2  # at the prior every row drafts the widest window
-    late = per_step[40:]  # a row stops after about 34 straight rejections
+    seen, prop = np.asarray(st.seen_pos), np.asarray(st.prop_pos)
+    assert (seen[:, 0] == prop[:, 0]).all() and (seen[:, 1:] == 0).all()  # only the first draft was ever judged
+    # the prior counts as one verdict: 8 rejections take it to 0.7 / 9, the EMA then to 0.02 in ~13 more
+    late = per_step[30:]
     assert late.mean() < 0.15, late.sum(axis=1)  # ... and later one probe in about ten steps
     assert np.asarray(st.est)[:, 0].max() < 0.1
+    # one compiled loop (the choice kept in the state, made after each step): the same turn to window 1
+    r = generate(TARGET, PROMPTS, max_new_tokens=56, drafter="draft_model", draft_model=never, depth="auto",
+                 max_depth=2, cost=FREE)
+    assert r.metrics["window_share"][0] > 0.5 and r.metrics["mean_proposed_drafts"] < 0.8, r.metrics["window_share"]
 
 
 EMA = DepthPolicy(WINDOWS, rule="ema", threshold=0.5)
@@ -103,6 +110,7 @@ def test_each_row_drafts_its_own_count(greedy):
     assert np.asarray(st.proposed).tolist() == [2, 1, 0, 0]
     assert np.asarray(st.auto.window_steps).tolist() == [0, 0, 1]
     assert np.asarray(st.accepted).tolist() == [2, 1, 0, 0]
+    assert np.asarray(st.seen_pos).tolist() == [[1, 1], [1, 0], [0, 0], [0, 0]]
 
 
 def test_the_step_lifts_deeper_positions_it_has_hardly_tried():
@@ -132,7 +140,7 @@ def test_mtp_deferred_over_window_1_equals_running_it_every_step(greedy):
     """Window-1 steps defer the MTP block (``settle`` runs it over the pending positions in
     one call, before a drafting window or when ``R`` are pending): the tokens, the accepted
     counts and the block's own state equal running the block on every step."""
-    r = MtpDrafter().backlog_limit
+    r = 8  # a short backlog (the default is 64): the same code, fewer steps
     schedule = [0] * 3 + [2] * 2 + [0] * (r + 3) + [1, 0, 2, 2]  # window indices: settles of 3, R (full), 3 and 1
 
     def run(drafter):
@@ -141,7 +149,7 @@ def test_mtp_deferred_over_window_1_equals_running_it_every_step(greedy):
             st = step(eng, params, st.replace(auto=st.auto.replace(force=jnp.int32(k))))
         return st
 
-    deferred = run(MtpDrafter())
+    deferred = run(MtpDrafter(backlog_limit=r))
     assert deferred.dstate.pending.shape[1] == r
     eager = run(MtpDrafter(backlog_limit=0))  # no backlog: the block runs on every commit
     assert eager.dstate.pending.shape[1] == 0

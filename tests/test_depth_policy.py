@@ -25,12 +25,13 @@ WINDOWS = (1, 2, 4)
 ROOFLINE = CostTable.roofline(1.0, 0.02, WINDOWS)  # memory-bound until rows * window passes 50
 
 
-def _np_update(est, proposed, accepted, rate, prior, relax):
+def _np_update(est, proposed, accepted, rate, prior, relax, seen=None, prior_weight=0.0):
     out = est.copy()
     for i in range(est.shape[0]):
         for j in range(est.shape[1]):
             if j < min(accepted[i] + 1, proposed[i]):
-                out[i, j] = (1 - rate) * est[i, j] + rate * (1.0 if j < accepted[i] else 0.0)
+                r = rate if seen is None else max(rate, 1.0 / (prior_weight + seen[i, j] + 1))
+                out[i, j] = (1 - r) * est[i, j] + r * (1.0 if j < accepted[i] else 0.0)
             else:
                 out[i, j] = est[i, j] + relax * (prior - est[i, j])
     return out
@@ -46,6 +47,26 @@ def test_update_estimates_matches_numpy(b, d, seed):
     got = update_estimates(jnp.asarray(est), jnp.asarray(proposed, jnp.int32), jnp.asarray(accepted, jnp.int32),
                            0.2, 0.5, 0.05)
     np.testing.assert_allclose(np.asarray(got), _np_update(est, proposed, accepted, 0.2, 0.5, 0.05), atol=1e-6)
+    seen = rng.integers(0, 6, (b, d))
+    got = update_estimates(jnp.asarray(est), jnp.asarray(proposed, jnp.int32), jnp.asarray(accepted, jnp.int32),
+                           0.2, 0.5, 0.05, jnp.asarray(seen, jnp.int32), 1.5)
+    np.testing.assert_allclose(np.asarray(got), _np_update(est, proposed, accepted, 0.2, 0.5, 0.05, seen, 1.5),
+                               atol=1e-6)
+
+
+def test_prior_weight_makes_the_first_verdicts_a_running_mean():
+    """With the prior worth 2 verdicts, three rejections take 0.7 to 0.7 * 2/5 = 0.28 (a plain
+    EMA at rate 0.1: 0.51); once the counts pass 1/rate the step is the EMA's again."""
+    est, prop, acc = jnp.full((1, 1), 0.7), jnp.ones((1,), jnp.int32), jnp.zeros((1,), jnp.int32)
+    counted, plain, seen = est, est, jnp.zeros((1, 1), jnp.int32)
+    for _ in range(3):
+        counted = update_estimates(counted, prop, acc, 0.1, 0.7, 0.0, seen, 2.0)
+        plain = update_estimates(plain, prop, acc, 0.1, 0.7, 0.0)
+        seen = seen + 1
+    np.testing.assert_allclose(float(counted[0, 0]), 0.28, rtol=1e-5)
+    np.testing.assert_allclose(float(plain[0, 0]), 0.7 * 0.9**3, rtol=1e-5)
+    late = update_estimates(est, prop, acc, 0.1, 0.7, 0.0, jnp.full((1, 1), 50), 2.0)
+    np.testing.assert_allclose(float(late[0, 0]), 0.63, rtol=1e-5)
 
 
 def test_expected_tokens():
