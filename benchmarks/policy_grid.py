@@ -1,0 +1,87 @@
+"""A depth-policy knob in the simulator, against the best fixed window: the makespan rule
+(a static batch, 128 tokens a row) with the engine's defaults over a grid of cost tables,
+Beta row models and batch sizes, once per value of the knob.
+
+    python benchmarks/policy_grid.py --knob prior_weight --values none,0.5,1,2,4 [--seeds 2] [--json] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from specjax.depth_policy import CostTable, DepthPolicy
+from specjax.sim import BetaRows, simulate_policy
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from _report import emit  # noqa: E402
+
+COSTS = {  # seconds per step at windows 1-4
+    "cpu B=8": (3.89, 6.61, 7.54, 8.74),  # measured on the bundled model (2-core CPU)
+    "cpu B=1": (1.24, 1.62, 2.14, 2.54),
+    "even": (1.0, 1.35, 1.6, 1.85),
+    "cheap": (1.0, 1.1, 1.2, 1.3),
+    "loss": (1.0, 1.9, 2.8, 3.7),
+}
+ROWS = {"Beta(7,3) decay 0.9": BetaRows(7.0, 3.0, 0.9), "Beta(2,2)": BetaRows(2.0, 2.0),
+        "Beta(0.5,2)": BetaRows(0.5, 2.0), "Beta(9,2)": BetaRows(9.0, 2.0)}
+KNOBS = ("prior_weight", "explore", "spread", "shrink", "rate", "prior", "min_gain")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--knob", choices=KNOBS, default="prior_weight")
+    ap.add_argument("--values", default="none,0.5,1,2,4", help="comma-separated; none: the knob left out")
+    ap.add_argument("--batches", default="1,8,32,64")
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    try:
+        values = [None if v.strip() == "none" else float(v) for v in a.values.split(",")]
+        batches = [int(b) for b in a.batches.split(",")]
+    except ValueError as e:
+        sys.exit(f"--values / --batches: {e}")
+    if a.seeds < 1 or any(b < 1 for b in batches):
+        sys.exit("--seeds and every batch must be >= 1")
+    pol = DepthPolicy((1, 2, 3, 4))
+    base = dict(tokens=128, rate=pol.rate, prior=pol.prior, relax=pol.relax, min_gain=pol.min_gain,
+                prior_weight=pol.prior_weight)
+    rows = []
+    for cname, c in COSTS.items():
+        for rname, acc in ROWS.items():
+            for b in batches:
+                table = CostTable.create((1, 2, 3, 4), [b], [c])
+                best = []
+                for seed in range(a.seeds):
+                    fixed = [simulate_policy(b, 800, acc, CostTable(table.batches, table.seconds[:, i : i + 1], (w,)),
+                                             "fixed", seed=seed, **base).tok_per_s for i, w in enumerate(table.windows)]
+                    best.append(max(fixed))
+                for v in values:
+                    kw = dict(base)
+                    if v is None:
+                        kw.pop(a.knob, None)
+                    else:
+                        kw[a.knob] = v
+                    got = [simulate_policy(b, 800, acc, table, "makespan", seed=s, **kw).tok_per_s / best[s]
+                           for s in range(a.seeds)]
+                    rows.append({"cost": cname, "rows": rname, "batch": b, a.knob: v,
+                                 "vs_best_fixed": float(np.mean(got))})
+    summary = []
+    for v in values:
+        x = np.array([r["vs_best_fixed"] for r in rows if r[a.knob] == v])
+        summary.append({a.knob: v, "mean": float(x.mean()), "min": float(x.min()),
+                        "within_0.95": int((x >= 0.95).sum()), "cells": len(x)})
+    if emit(summary + rows, a.out, a.json):
+        return
+    print(f"makespan / best fixed window, {len(rows) // len(values)} cells ({len(COSTS)} cost tables x {len(ROWS)} row "
+          f"models x B in {batches}), mean of {a.seeds} seeds")
+    for s in summary:
+        print(f"{a.knob}={s[a.knob]}: mean {s['mean']:.4f}  min {s['min']:.3f}  "
+              f"within 0.95x: {s['within_0.95']}/{s['cells']}")
+
+
+if __name__ == "__main__":
+    main()
