@@ -13,7 +13,7 @@ import sys
 import numpy as np
 
 from specjax.depth_policy import CostTable, DepthPolicy
-from specjax.sim import BetaRows, simulate_policy
+from specjax.sim import BetaRows, simulate_fixed, simulate_policy
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from _report import emit  # noqa: E402
@@ -54,11 +54,8 @@ def main() -> None:
         for rname, acc in ROWS.items():
             for b in batches:
                 table = CostTable.create((1, 2, 3, 4), [b], [c])
-                best = []
-                for seed in range(a.seeds):
-                    fixed = [simulate_policy(b, 800, acc, CostTable(table.batches, table.seconds[:, i : i + 1], (w,)),
-                                             "fixed", seed=seed, **base).tok_per_s for i, w in enumerate(table.windows)]
-                    best.append(max(fixed))
+                best = [max(r.tok_per_s for r in simulate_fixed(b, 800, acc, table, seed, **base))
+                        for seed in range(a.seeds)]
                 for v in values:
                     kw = dict(base)
                     if v is None:

@@ -313,11 +313,12 @@ def choose(
         # such rows lands about E[max of n normals] sds late; plain decoding has no spread.
         # Simulator: 0.5-2.7 points nearer the best fixed depth at B = 8-64. Engine bench (MTP,
         # B=32): 5-7% slower, as the max over noisy per-row EMAs is already pessimistic; so 0 by default
+        z = spread * expected_max_normal(jnp.sum(live)) if spread else 0.0  # static: 0 adds no kernels
+
         def finish(k):
             mu = expected_tokens(pooled, k)
-            if not spread:  # static: the default adds no kernels
+            if not spread:
                 return jnp.max(jnp.where(live, left / mu, 0.0))
-            z = spread * expected_max_normal(jnp.sum(live))
             sd = jnp.sqrt(left * yield_variance(pooled, k) / mu**3)
             return jnp.max(jnp.where(live, left / mu + z * sd, 0.0))
         steps = jax.vmap(finish)(drafts)  # [NW]

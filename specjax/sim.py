@@ -39,6 +39,7 @@ __all__ = [
     "compare_policies",
     "simulate",
     "simulate_alone",
+    "simulate_fixed",
     "simulate_policy",
 ]
 
@@ -435,17 +436,22 @@ def simulate_policy(
                         mean_drafts=float(drafts.sum()) / (n * b))
 
 
+def simulate_fixed(batch: int, steps: int, acceptance: Acceptance | float, cost: CostTable, seed: int = 0,
+                   **kwargs: Any) -> list[PolicyResult]:
+    """``simulate_policy`` at each window of ``cost`` alone (window 1: plain decoding), same rows."""
+    return [simulate_policy(batch, steps, acceptance, CostTable(cost.batches, cost.seconds[:, i : i + 1], (w,)),
+                            "fixed", seed=seed, **kwargs) for i, w in enumerate(cost.windows)]
+
+
 def compare_policies(batch: int, steps: int, acceptance: Acceptance | float, cost: CostTable, seed: int = 0,
                      **kwargs: Any) -> list[dict[str, Any]]:
     """Every fixed window of ``cost`` (window 1: plain decoding) and the ``"ema"`` and
     ``"goodput"`` policies over all of them (and ``"makespan"`` for a static batch: ``tokens=``),
     same rows and costs: one dict per row with ``tok_per_s`` and its ratios to plain and to the
     best fixed window."""
-    rows = []
-    for i, w in enumerate(cost.windows):
-        one = CostTable(cost.batches, cost.seconds[:, i : i + 1], (w,))
-        res = simulate_policy(batch, steps, acceptance, one, "fixed", seed=seed, **kwargs)
-        rows.append({**res.to_dict(), "policy": "plain" if w == 1 else f"depth {w - 1}"})
+    fixed = simulate_fixed(batch, steps, acceptance, cost, seed, **kwargs)
+    rows = [{**res.to_dict(), "policy": "plain" if w == 1 else f"depth {w - 1}"}
+            for w, res in zip(cost.windows, fixed, strict=True)]
     for policy in ("ema", "goodput") + (("makespan",) if kwargs.get("tokens") else ()):
         rows.append(simulate_policy(batch, steps, acceptance, cost, policy, seed=seed, **kwargs).to_dict())
     plain = next((r["tok_per_s"] for r in rows if r["policy"] == "plain"), None)
