@@ -239,9 +239,24 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "MTP draft taken from the logits one position past the last commit",
         "specjax/drafter.py",
-        "        h = jnp.take_along_axis(mtp_out, (count - 1)[:, None, None], axis=1)[:, 0]\n",
-        "        h = jnp.take_along_axis(mtp_out, jnp.minimum(count, t - 1)[:, None, None], axis=1)[:, 0]\n",
+        "        last = jnp.maximum(count - 1, 0)  # (a padding row of a prefill commits 0)\n",
+        "        last = jnp.minimum(count, t - 1)\n",
         ("tests/test_engine.py::test_mtp_first_draft_matches_uncached_mtp",),
+    ),
+    Mutation(
+        "MTP one-slot block: the query attends at the row's length, not at its slot",
+        "specjax/model/llama.py",
+        "q, x, view = one(q), one(x), cache.replace(lengths=cache.lengths + at)",
+        "q, x, view = one(q), one(x), cache",
+        ("tests/test_model.py::test_mtp_block_at_one_slot_equals_that_slot_of_the_full_block",
+         "tests/test_engine.py::test_mtp_first_draft_matches_uncached_mtp"),
+    ),
+    Mutation(
+        "MTP drafter on a model without the one-slot block keeps the window's last slot",
+        "specjax/drafter.py",
+        "            h = jnp.take_along_axis(mtp_out, last[:, None, None], axis=1)[:, 0]\n",
+        "            h = mtp_out[:, -1]\n",
+        ("tests/test_engine.py::test_mtp_drafter_on_a_model_without_the_one_slot_block_drafts_the_same",),
     ),
     # --- Hugging Face loading ---
     Mutation(

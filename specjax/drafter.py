@@ -209,8 +209,14 @@ class MtpDrafter:
         t = hidden.shape[1]
         pos = lengths[:, None] + jnp.arange(t)[None]
         nxt = _gather(st.seq, pos + 1)
-        mtp_out, cache = dec.mtp_hidden(params["target"], hidden, nxt, pos, cache, attention_impl=eng.attention_impl)
-        h = jnp.take_along_axis(mtp_out, (count - 1)[:, None, None], axis=1)[:, 0]
+        last = jnp.maximum(count - 1, 0)  # (a padding row of a prefill commits 0)
+        if hasattr(dec, "mtp_hidden_at"):  # the block's attention and MLP for the one slot read, K/V for all t
+            h, cache = dec.mtp_hidden_at(params["target"], hidden, nxt, pos, cache, last,
+                                         attention_impl=eng.attention_impl)
+        else:  # a model with only the protocol's mtp_hidden: every slot, one kept
+            mtp_out, cache = dec.mtp_hidden(params["target"], hidden, nxt, pos, cache,
+                                            attention_impl=eng.attention_impl)
+            h = jnp.take_along_axis(mtp_out, last[:, None, None], axis=1)[:, 0]
         # logits only for the one position a draft is taken from (not all t)
         tok, probs_k = pick(dec.head(params["target"], h), eng, st, lengths + count + 1)
         return cache, h, tok, probs_k

@@ -1,6 +1,9 @@
 """The engine: token identity with plain decoding, batch invariance, the cohort control,
 compile counts, lossless sampling, and input validation."""
 
+import dataclasses
+import types
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -324,14 +327,14 @@ def test_bad_input_is_rejected_before_compile(kwargs, match):
     assert engine_mod._TRACES["generate"] == before
 
 
-def _prefilled(drafter, rule, prompts, budget=30, **kw):
-    """An engine for the global model and its state after prefill (the public step API)."""
+def _prefilled(drafter, rule, prompts, budget=30, model=None, **kw):
+    """An engine for the global model (or ``model``) and its state after prefill (the public step API)."""
     import jax.numpy as jnp
 
     from specjax.advance import KvAdvance
     from specjax.engine import make_engine, prefill
 
-    model = MODELS["global"]
+    model = MODELS["global"] if model is None else model
     eng = make_engine(model, drafter=drafter, draft_model=None, depth=3, kv_advance_rule=KvAdvance(rule),
                       cache="dense", **kw)
     params = {"target": model.params}
@@ -379,3 +382,33 @@ def test_mtp_first_draft_matches_uncached_mtp(rule):
             assert int(np.argmax(np.asarray(lg)[0, -1])) == int(st.dstate.first[b])
         st = step(eng, params, st)
     assert int(np.asarray(st.cache.lengths).min()) > min(len(p) for p in prompts)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ProtocolOnlyMtp:
+    """A decoder with the protocol's ``mtp_hidden`` but no ``mtp_hidden_at`` (a model of one's own)."""
+
+    inner: object
+
+    def __getattr__(self, name):
+        if name == "mtp_hidden_at":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+def test_mtp_drafter_on_a_model_without_the_one_slot_block_drafts_the_same():
+    """Without ``mtp_hidden_at`` the drafter runs the block at every slot and keeps one: the
+    block's state (hidden, first draft, cache) and the tokens equal the one-slot block's."""
+    from specjax.engine import step
+
+    model = MODELS["global"]
+    own = types.SimpleNamespace(params=model.params, decoder=_ProtocolOnlyMtp(model.decoder))
+    prompts = _prompts(3, 43, hi=8)
+    (e1, p1, s1), (e2, p2, s2) = (_prefilled("mtp", "per_sequence", prompts, model=m) for m in (model, own))
+    assert hasattr(e1.target, "mtp_hidden_at") and not hasattr(e2.target, "mtp_hidden_at")
+    for _ in range(4):
+        s1, s2 = step(e1, p1, s1), step(e2, p2, s2)
+        np.testing.assert_array_equal(s1.seq, s2.seq)
+        np.testing.assert_array_equal(s1.dstate.first, s2.dstate.first)
+        np.testing.assert_allclose(np.asarray(s1.dstate.h), np.asarray(s2.dstate.h), atol=1e-5)
+        np.testing.assert_array_equal(s1.dstate.cache.lengths, s2.dstate.cache.lengths)

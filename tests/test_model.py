@@ -4,6 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specjax.cache import DenseKVCache
 from specjax.model import (
@@ -14,6 +16,7 @@ from specjax.model import (
     init_model,
     logits,
     mtp_forward,
+    mtp_hidden,
     with_layer_loop,
 )
 
@@ -111,6 +114,40 @@ def test_mtp_cached_matches_uncached():
         cache = cache.advance(e - s)
         got.append(np.asarray(out))
     np.testing.assert_allclose(np.concatenate(got, axis=1), np.asarray(ref), atol=1e-5)
+
+
+_MTP_CFG = CONFIGS["global"]
+_MTP_MODEL = init_model(_MTP_CFG, seed=2)
+
+
+@jax.jit
+def _mtp_both(hid, nxt, pos, cache, at):
+    """(every slot's output, its cache) and (slot ``at`` only, its cache) over the same inputs."""
+    p = _MTP_MODEL.params
+    return mtp_hidden(p, _MTP_CFG, hid, nxt, pos, cache), mtp_hidden(p, _MTP_CFG, hid, nxt, pos, cache, at=at)
+
+
+@settings(max_examples=12, deadline=None)
+@given(t=st.integers(1, 6), data=st.data())
+def test_mtp_block_at_one_slot_equals_that_slot_of_the_full_block(t, data):
+    """``mtp_hidden(at=)`` (what a commit or settle reads: one slot per row) equals that slot of
+    the block run at every slot, and writes the same cache, over ragged per-row lengths."""
+    cfg, b, cap = _MTP_CFG, 4, 16
+    lengths = np.asarray(data.draw(st.lists(st.integers(0, cap - t), min_size=b, max_size=b)), np.int32)
+    at = np.asarray(data.draw(st.lists(st.integers(0, t - 1), min_size=b, max_size=b)), np.int32)
+    rng = np.random.default_rng(t)
+    cache = DenseKVCache.create(1, b, cap, cfg.n_kv_heads, cfg.head_dim)  # earlier positions: random K/V
+    noise = lambda x: jnp.asarray(rng.normal(size=x.shape), x.dtype)  # noqa: E731
+    cache = cache.replace(k=jax.tree.map(noise, cache.k), v=jax.tree.map(noise, cache.v), lengths=jnp.asarray(lengths))
+    hid = rng.normal(size=(b, t, cfg.d_model)).astype(np.float32)
+    nxt = rng.integers(0, cfg.vocab_size, (b, t)).astype(np.int32)
+    pos = lengths[:, None] + np.arange(t, dtype=np.int32)[None]
+    (full, c_full), (one, c_one) = _mtp_both(hid, nxt, pos, cache, at)
+    assert one.shape == (b, cfg.d_model)
+    np.testing.assert_allclose(np.asarray(one), np.asarray(full)[np.arange(b), at], atol=1e-5)
+    np.testing.assert_array_equal(c_one.lengths, lengths)  # written, not advanced
+    for x, y in zip(jax.tree.leaves((c_one.k, c_one.v)), jax.tree.leaves((c_full.k, c_full.v)), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 @pytest.mark.parametrize(

@@ -462,6 +462,7 @@ def mtp_hidden(
     positions: jax.Array,
     cache: DenseKVCache | None = None,
     *,
+    at: jax.Array | None = None,
     attention_impl: str = "xla",
 ) -> tuple[jax.Array, DenseKVCache | None]:
     """DeepSeek-V3 MTP block: ``concat(RMSNorm(h_i), RMSNorm(emb(t_{i+1}))) -> Linear -> block``.
@@ -471,6 +472,11 @@ def mtp_hidden(
     writes at ``cache.lengths``; without, it attends causally within the ``t`` tokens.
     Returns the block's hidden ``[B, t, d]`` (``head`` of it predicts ``t_{i+2}``; it is
     fed back as ``h`` when chaining) and the written cache.
+
+    ``at`` (int32 ``[B]``, with ``cache``): return only slot ``at`` of each row, ``[B, d]``.
+    The cache still gets all ``t`` positions' K and V (each depends on its own position's
+    input alone), but attention and the MLP run for that one slot: a commit or a settle
+    reads the block's output at one position, and the other ``t - 1`` cost only their K/V.
     """
     m = params["mtp"]
     x = mtp_input(params, config, hidden, next_tokens)
@@ -479,8 +485,13 @@ def mtp_hidden(
         attn = _causal_attention(q, k, v, None)
     else:
         cache = cache.write(0, k, v)
-        attn = per_shard(lambda c, q, layer: c.attend(q, layer, impl=attention_impl), cache, q)
-    return _finish_block(m["block"], x, attn, config), cache
+        view = cache
+        if at is not None:  # one query per row, at lengths + at: it sees the keys written up to its slot
+            one = lambda a: jnp.take_along_axis(a, at.reshape((-1, 1) + (1,) * (a.ndim - 2)), axis=1)  # noqa: E731
+            q, x, view = one(q), one(x), cache.replace(lengths=cache.lengths + at)
+        attn = per_shard(lambda c, q, layer: c.attend(q, layer, impl=attention_impl), view, q)
+    out = _finish_block(m["block"], x, attn, config)
+    return (out if at is None else out[:, 0]), cache
 
 
 def mtp_forward(
@@ -544,3 +555,9 @@ class LlamaDecoder:
 
     def mtp_hidden(self, params, hidden, next_tokens, positions, cache, *, attention_impl="xla"):
         return mtp_hidden(params, self.config, hidden, next_tokens, positions, cache, attention_impl=attention_impl)
+
+    def mtp_hidden_at(self, params, hidden, next_tokens, positions, cache, at, *, attention_impl="xla"):
+        """``mtp_hidden``'s output at slot ``at [B]`` of each row, ``[B, d]``: attention and MLP
+        for that slot only (the cache gets every position's K/V)."""
+        return mtp_hidden(params, self.config, hidden, next_tokens, positions, cache, at=at,
+                          attention_impl=attention_impl)
