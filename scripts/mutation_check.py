@@ -319,8 +319,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "bench tok/step divides by the last batch's steps only",
         "specjax/bench.py",
-        '            "tok_per_step": emitted / max(row_steps, 1),\n',
-        '            "tok_per_step": emitted / max(m["total_row_steps"], 1),\n',
+        '            "tok_per_step": n["emitted"] / steps,\n',
+        '            "tok_per_step": n["emitted"] / max(m["total_row_steps"], 1),\n',
         ("tests/test_bundle.py::test_bench_rows_and_batch_invariance",),
     ),
     Mutation(

@@ -6,12 +6,14 @@ model, for each drafter and batch size, measured side by side in one run; and, f
 Workloads: ``code``, the fixed held-out prompts (``specjax/data/bench_prompts.json``), and
 ``mixed``, the same prompts with every other one made repetitive (``mixed_prompts``), each
 split into batches of ``B``. Each configuration is compiled and warmed on one batch first;
-the timed pass then covers all prompts, so ``tok_per_s`` excludes compilation.
+the timed pass then covers all prompts, so ``tok_per_s`` excludes compilation. The rows of
+one batch size are timed interleaved, batch by batch (``_cell``).
 ``tok_per_step`` is tokens per decode step per sequence (emitted tokens / row-steps while active).
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import pathlib
@@ -87,6 +89,65 @@ def _run(bundle, token_prompts, drafter, rule, depth, max_new_tokens, temperatur
                     seed=list(range(first, first + len(token_prompts))), max_depth=max_depth, **kw)
 
 
+def _cell(bundle, toks, t, wl, b, configs, depth, max_new_tokens, rounds, bar) -> list[dict]:
+    """The rows of one (temperature, workload, batch): every configuration warmed up (compiled),
+    then timed batch by batch in rotating order; each keeps its fastest of ``rounds`` passes."""
+    from specjax.engine import prompt_bucket
+
+    groups = [toks[i : i + b] for i in range(0, len(toks), b)]
+    widths = {prompt_bucket(g): g for g in groups}  # one compile per prompt-width bucket: none in the timed pass
+    warm = {}
+    for c in configs:
+        for g in widths.values():
+            warm[c] = _run(bundle, g, c[0], c[1], c[2], max_new_tokens, t, max_depth=depth)
+            bar.update()
+    tally = {c: collections.Counter() for c in configs}
+    shares = {c: np.zeros(depth + 1) for c in configs}
+    acc_pos = {c: np.zeros(depth, np.int64) for c in configs}
+    prop_pos = {c: np.zeros(depth, np.int64) for c in configs}
+    fastest = dict.fromkeys(configs, float("inf"))
+    for rnd in range(rounds):
+        wall = dict.fromkeys(configs, 0.0)
+        for i, g in enumerate(groups):
+            turn = i + rnd * len(groups)
+            for c in configs[turn % len(configs):] + configs[: turn % len(configs)]:
+                d, _, k = c
+                t0 = time.perf_counter()
+                res = _run(bundle, g, d, c[1], k, max_new_tokens, t, first=i * b, max_depth=depth)
+                wall[c] += time.perf_counter() - t0
+                bar.update()
+                if rnd:  # every pass emits the same tokens (per-prompt seeds): count the first
+                    continue
+                m = res.metrics
+                tally[c].update(compiles=m["compiles"], proposed=m["proposed_drafts"], emitted=m["emitted"],
+                                row_steps=m["total_row_steps"], accepted=m["accepted_drafts"],
+                                new=sum(len(x) for x in res.tokens))
+                if k == "auto":
+                    shares[c] += np.asarray(m["window_share"]) * m["steps"]
+                if d != "none":
+                    positions = depth if k == "auto" else k  # draft positions this row's runs report
+                    acc_pos[c][:positions] += m["accepted_per_position_count"]
+                    prop_pos[c][:positions] += m["proposed_per_position_count"]
+        fastest = {c: min(fastest[c], wall[c]) for c in configs}
+    rows = []
+    for c in configs:
+        d, r, k = c
+        n, positions, steps = tally[c], depth if k == "auto" else k, max(tally[c]["row_steps"], 1)
+        rows.append({
+            "temperature": float(t), "workload": wl, "drafter": d, "kv_advance": r if d != "none" else "n/a",
+            "depth": k, "batch": b, "mean_proposed_drafts": n["proposed"] / steps,
+            "window_share": (shares[c] / max(shares[c].sum(), 1)).tolist() if k == "auto" else None,
+            "tok_per_step": n["emitted"] / steps,
+            "mean_accepted_length": (n["accepted"] + n["row_steps"]) / steps,
+            "acceptance_per_position": ((acc_pos[c] / np.maximum(prop_pos[c], 1))[:positions].tolist()
+                                        if d != "none" else []),
+            "tok_per_s": n["new"] / fastest[c], "new_tokens": n["new"], "seconds": fastest[c],
+            "compiles_in_timed_pass": n["compiles"],
+            "warm_compiles": warm[c].metrics["compiles"],
+        })
+    return rows
+
+
 def bench(
     bundle,
     *,
@@ -98,11 +159,17 @@ def bench(
     progress: bool = True,
     temperatures: Sequence[float] = (0.0, 0.8),
     workloads: Sequence[str] = WORKLOADS,
+    rounds: int = 1,
 ) -> dict:
     """Measure every (temperature, workload, batch, drafter, rule, depth) over the prompt set;
     returns ``{"machine", "settings", "rows": [...]}``. Temperature 0 is greedy; a sampled row
     uses top-p 0.95 and per-prompt seeds. ``depth="auto"`` rows measure (or read from the
-    disk cache) their cost table in the warm-up, never in the timed pass."""
+    disk cache) their cost table in the warm-up, never in the timed pass.
+
+    The rows of one (temperature, workload, batch) are timed side by side: each batch of
+    prompts runs under every configuration in turn (the order rotating from batch to batch),
+    so a slow spell of a shared machine falls on all of them, not on whichever row it met;
+    with ``rounds`` > 1 the pass repeats and each row keeps its fastest."""
     from tqdm import tqdm
 
     from specjax.drafter import DRAFTERS
@@ -114,6 +181,8 @@ def bench(
         raise ValueError(f"drafters={list(drafters)} is invalid: each must be one of {list(DRAFTERS)}")
     if not workloads or any(w not in WORKLOADS for w in workloads):
         raise ValueError(f"workloads={list(workloads)} is invalid: each must be one of {list(WORKLOADS)}")
+    if not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds={rounds!r} is invalid: must be an int >= 1")
     if not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
         raise ValueError(f"depth={depth!r} is invalid: must be an int in [1, {MAX_DEPTH}]")
     prompts = bench_prompts(n_prompts)
@@ -130,47 +199,16 @@ def bench(
         raise ValueError(f"max_new_tokens={max_new_tokens} is invalid: the longest prompt holds {longest} tokens and "
                          f"the model's context is {bundle.model.config.max_seq_len}: at most "
                          f"{bundle.model.config.max_seq_len - longest} new tokens fit")
-    jobs = [(t, wl, b, d, r, k) for t in temperatures for wl in workloads for b in batches
-            for d, r, k in _configs(drafters, depth, wl)]
-    rows = []
-    for t, wl, b, d, r, k in tqdm(jobs, desc="bench", disable=not progress, file=sys.stderr):
+    cells = [(t, wl, b) for t in temperatures for wl in workloads for b in batches]
+    runs = 0
+    for _, wl, b in cells:  # the progress bar counts generate calls: warm-ups and timed ones
         groups = [toks[wl][i : i + b] for i in range(0, len(toks[wl]), b)]
-        # compile + warm up once per prompt-width bucket (each is its own compile: none in the timed pass)
-        widths = {prompt_bucket(g): g for g in groups}
-        for g in widths.values():
-            warm = _run(bundle, g, d, r, k, max_new_tokens, t, max_depth=depth)
-        emitted = row_steps = accepted = proposed = new = compiles = 0
-        shares = np.zeros(depth + 1)
-        positions = depth if k == "auto" else k  # draft positions this row's runs report
-        acc_pos = np.zeros(depth, np.int64)
-        prop_pos = np.zeros(depth, np.int64)
-        t0 = time.perf_counter()
-        for i, g in enumerate(groups):
-            res = _run(bundle, g, d, r, k, max_new_tokens, t, first=i * b, max_depth=depth)
-            m = res.metrics
-            compiles += m["compiles"]
-            proposed += m["proposed_drafts"]
-            if k == "auto":
-                shares += np.asarray(m["window_share"]) * m["steps"]
-            new += sum(len(t) for t in res.tokens)
-            emitted += m["emitted"]
-            row_steps += m["total_row_steps"]
-            accepted += m["accepted_drafts"]
-            if d != "none":
-                acc_pos[:positions] += m["accepted_per_position_count"]
-                prop_pos[:positions] += m["proposed_per_position_count"]
-        wall = time.perf_counter() - t0
-        rows.append({
-            "temperature": float(t), "workload": wl, "drafter": d, "kv_advance": r if d != "none" else "n/a",
-            "depth": k, "batch": b, "mean_proposed_drafts": proposed / max(row_steps, 1),
-            "window_share": (shares / max(shares.sum(), 1)).tolist() if k == "auto" else None,
-            "tok_per_step": emitted / max(row_steps, 1),
-            "mean_accepted_length": (accepted + row_steps) / max(row_steps, 1),
-            "acceptance_per_position": (acc_pos / np.maximum(prop_pos, 1))[:positions].tolist() if d != "none" else [],
-            "tok_per_s": new / wall, "new_tokens": new, "seconds": wall,
-            "compiles_in_timed_pass": compiles,
-            "warm_compiles": warm.metrics["compiles"],
-        })
+        runs += len(_configs(drafters, depth, wl)) * (len({prompt_bucket(g) for g in groups}) + rounds * len(groups))
+    bar = tqdm(total=runs, desc="bench", disable=not progress, file=sys.stderr)
+    rows = []
+    for t, wl, b in cells:
+        rows += _cell(bundle, toks[wl], t, wl, b, _configs(drafters, depth, wl), depth, max_new_tokens, rounds, bar)
+    bar.close()
     for row in rows:
         plain = next(x for x in rows if x["batch"] == row["batch"] and x["drafter"] == "none"
                      and x["temperature"] == row["temperature"] and x["workload"] == row["workload"])
@@ -186,7 +224,7 @@ def bench(
             row["best_fixed"] = "plain" if best["drafter"] == "none" else f"depth {best['depth']}"
     settings = {"batches": list(batches), "drafters": list(drafters), "depth": depth, "workloads": list(workloads),
                 "max_new_tokens": max_new_tokens, "prompts": len(prompts), "temperatures": list(temperatures),
-                "sampled_top_p": SAMPLED_TOP_P,
+                "sampled_top_p": SAMPLED_TOP_P, "rounds": rounds,
                 "bundle": str(bundle.path)}
     return {"machine": machine(), "settings": settings, "rows": rows}
 

@@ -393,7 +393,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         result = bench(bundle, batches=batches, drafters=drafters, depth=args.depth,
                        max_new_tokens=args.max_new_tokens, n_prompts=args.prompts, progress=not args.json,
                        temperatures=[float(x) for x in args.temperatures.split(",") if x.strip()],
-                       workloads=[x.strip() for x in args.workloads.split(",") if x.strip()])
+                       workloads=[x.strip() for x in args.workloads.split(",") if x.strip()], rounds=args.rounds)
     except (ValueError, CheckpointError) as e:
         print(f"specjax bench: error: {e}", file=sys.stderr)
         return 2
@@ -658,6 +658,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--depth", type=int, default=3)
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--prompts", type=int, default=None, help="use the first N of the 64 fixed prompts")
+    b.add_argument("--rounds", type=int, default=1,
+                   help="timed passes (interleaved, each row keeps its fastest); default 1")
     b.add_argument("--temperatures", default="0,0.8",
                    help="0 = greedy; a sampled row uses top-p 0.95 and per-prompt seeds")
     b.add_argument("--workloads", default="code,mixed",

@@ -161,6 +161,20 @@ def test_bench_rows_and_batch_invariance(tiny_bundle):
     assert len(by[(1, "mtp", "cohort")]["acceptance_per_position"]) == 2
     with pytest.raises(ValueError, match="must be >= 1 and divide"):
         bench(tiny_bundle, batches=(3,), n_prompts=2, progress=False)
+    with pytest.raises(ValueError, match=r"rounds=0 is invalid: must be an int >= 1"):
+        bench(tiny_bundle, rounds=0, progress=False)
+    kw = dict(batches=(2,), drafters=("ngram",), max_new_tokens=10, n_prompts=2, progress=False, workloads=("code",),
+              temperatures=(0.0,), depth=2)
+    twice = bench(tiny_bundle, rounds=2, **kw)  # a second timed pass: each row its fastest, the counts of one pass
+    assert twice["settings"]["rounds"] == 2
+    once = {(r["drafter"], r["kv_advance"], r["depth"]): r for r in bench(tiny_bundle, **kw)["rows"]}
+    assert [(r["drafter"], r["depth"]) for r in twice["rows"]] == [
+        ("none", 0), ("ngram", 2), ("ngram", 2), ("ngram", 1), ("ngram", "auto")]
+    for r in twice["rows"]:
+        same = once[(r["drafter"], r["kv_advance"], r["depth"])]
+        for key in ("new_tokens", "tok_per_step", "mean_proposed_drafts", "compiles_in_timed_pass"):
+            assert r[key] == same[key], key
+        assert r["tok_per_s"] == r["new_tokens"] / r["seconds"] > 0
     assert len(bench_prompts()) == 64 and all(len(p.encode()) <= 120 for p in bench_prompts())
 
 
