@@ -99,7 +99,7 @@ def _cell(bundle, toks, t, wl, b, configs, depth, max_new_tokens, rounds, bar) -
     warm = {}
     for c in configs:
         for g in widths.values():
-            warm[c] = _run(bundle, g, c[0], c[1], c[2], max_new_tokens, t, max_depth=depth)
+            warm[c] = _run(bundle, g, *c, max_new_tokens, t, max_depth=depth)
             bar.update()
     tally = {c: collections.Counter() for c in configs}
     shares = {c: np.zeros(depth + 1) for c in configs}
@@ -113,7 +113,7 @@ def _cell(bundle, toks, t, wl, b, configs, depth, max_new_tokens, rounds, bar) -
             for c in configs[turn % len(configs):] + configs[: turn % len(configs)]:
                 d, _, k = c
                 t0 = time.perf_counter()
-                res = _run(bundle, g, d, c[1], k, max_new_tokens, t, first=i * b, max_depth=depth)
+                res = _run(bundle, g, *c, max_new_tokens, t, first=i * b, max_depth=depth)
                 wall[c] += time.perf_counter() - t0
                 bar.update()
                 if rnd:  # every pass emits the same tokens (per-prompt seeds): count the first
