@@ -604,7 +604,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "auto depth: the engine never updates a row's acceptance estimate",
         "specjax/engine.py",
-        "        est = jnp.where(active[:, None], update_estimates(est, proposed, a, pol.rate, pol.prior, pol.relax,\n"
+        "        est = jnp.where(active[:, None], update_estimates(est, intended, a, pol.rate, pol.prior, pol.relax,\n"
         "                                                          st.seen_pos, pol.prior_weight), est)\n",
         "        est = est\n",
         ("tests/test_depth_auto.py::test_rows_whose_drafts_are_never_accepted_stop_drafting",),
@@ -704,7 +704,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "auto depth: the engine never counts a position's verdicts (seen_pos stays 0)",
         "specjax/engine.py",
-        "        seen_pos=st.seen_pos + (revealed(proposed, a, dmax) & active[:, None]).astype(jnp.int32),\n",
+        "        seen_pos=st.seen_pos + (revealed(intended, a, dmax) & active[:, None]).astype(jnp.int32),\n",
         "        seen_pos=st.seen_pos,\n",
         ("tests/test_depth_auto.py::test_each_row_drafts_its_own_count",),
     ),
@@ -884,6 +884,48 @@ MUTATIONS: list[Mutation] = [
         "    logits = eng.target.head(params[\"target\"], hidden)  # [B, w, V]\n",
         "    logits = (eng.draft or eng.target).head(params[\"draft\" if eng.draft else \"target\"], hidden)\n",
         ("tests/test_plugins.py::test_nnx_decoder_speculates_its_own_greedy_tokens",),
+    ),
+    Mutation(
+        "ngram auto: a row offers drafts without a match",
+        "specjax/engine.py",
+        "        proposed = jnp.minimum(proposed, eng.drafter.available(eng, st))\n",
+        "        proposed = proposed\n",
+        ("tests/test_depth_auto.py::test_ngram_rows_without_a_match_offer_no_drafts",),
+    ),
+    Mutation(
+        "ngram auto: the window not narrowed to the drafts the rows can offer",
+        "specjax/engine.py",
+        "        idx = jnp.minimum(idx, jnp.argmax(windows >= holds)).astype(jnp.int32)",
+        "        idx = idx.astype(jnp.int32)",
+        ("tests/test_depth_auto.py::test_ngram_rows_without_a_match_offer_no_drafts",),
+    ),
+    Mutation(
+        "ngram auto: the estimates learn only from the drafts offered",
+        "specjax/engine.py",
+        "update_estimates(est, intended, a,",
+        "update_estimates(est, proposed, a,",
+        ("tests/test_depth_auto.py::test_ngram_rows_without_a_match_offer_no_drafts",),
+    ),
+    Mutation(
+        "ngram available: one draft more than the match holds",
+        "specjax/drafter.py",
+        "jnp.clip(st.known - best - self.n, 0, eng.depth)",
+        "jnp.clip(st.known - best - self.n + 1, 0, eng.depth)",
+        ("tests/test_depth_auto.py::test_ngram_available_drafts_match_a_reference",),
+    ),
+    Mutation(
+        "cost measurement: the windows in the same order every round",
+        "specjax/engine.py",
+        "        for c in calls[r % len(calls):] + calls[:r % len(calls)]:\n",
+        "        for c in calls:\n",
+        ("tests/test_depth_auto.py::test_the_cost_measurement_interleaves_windows_and_keeps_each_ones_fastest",),
+    ),
+    Mutation(
+        "cost measurement: each window keeps its slowest run",
+        "specjax/engine.py",
+        "best[c], taken[c] = min(best[c], s), max(taken[c], n)",
+        "best[c], taken[c] = (s if best[c] == np.inf else max(best[c], s)), max(taken[c], n)",
+        ("tests/test_depth_auto.py::test_the_cost_measurement_interleaves_windows_and_keeps_each_ones_fastest",),
     ),
 ]
 

@@ -97,19 +97,31 @@ class NgramDrafter(_Stateless):
     n: int = 3
     name: str = "ngram"
 
-    def propose(self, eng, params, st):
-        seq, known = st.seq, st.known
-        b, c = seq.shape
-        n, d = self.n, eng.depth
-        if d == 0:  # depth="auto" at window 1: no lookup at all
-            return jnp.zeros((b, 0), jnp.int32), None, st.dstate
+    def _match(self, seq: jax.Array, known: jax.Array) -> jax.Array:
+        """int32 [B]: start of the latest earlier occurrence of each row's last ``n`` known
+        tokens whose continuation starts inside the known tokens, -1 where there is none."""
+        n, c = self.n, seq.shape[1]
         pattern = _gather(seq, known[:, None] - n + jnp.arange(n)[None])  # [B, n]
         starts = jnp.arange(c - n + 1)  # candidate match starts
         windows = seq[:, starts[:, None] + jnp.arange(n)[None]]  # [B, S, n]
         hit = jnp.all(windows == pattern[:, None, :], axis=-1)
         hit &= (starts[None] + n < known[:, None]) & (known[:, None] >= n)  # continuation starts inside known
-        best = jnp.max(jnp.where(hit, starts[None], -1), axis=1)  # latest match, -1 if none
-        follow = _gather(seq, (best + n)[:, None] + jnp.arange(d)[None])
+        return jnp.max(jnp.where(hit, starts[None], -1), axis=1)
+
+    def available(self, eng, st) -> jax.Array:
+        """int32 [B]: drafts each row can offer now (``<= eng.depth``): the known tokens after
+        its match, 0 with none. Under ``depth="auto"`` a row offers no more (a row without a
+        match drafts nothing, and a step where no row has one runs at window 1)."""
+        best = self._match(st.seq, st.known)
+        return jnp.where(best >= 0, jnp.clip(st.known - best - self.n, 0, eng.depth), 0).astype(jnp.int32)
+
+    def propose(self, eng, params, st):
+        seq, known = st.seq, st.known
+        b, d = seq.shape[0], eng.depth
+        if d == 0:  # depth="auto" at window 1: no lookup at all
+            return jnp.zeros((b, 0), jnp.int32), None, st.dstate
+        best = self._match(seq, known)
+        follow = _gather(seq, (best + self.n)[:, None] + jnp.arange(d)[None])
         last = _gather(seq, known[:, None] - 1)
         drafts = jnp.where((best >= 0)[:, None], follow, last)
         return drafts.astype(jnp.int32), None, st.dstate

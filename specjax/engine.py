@@ -216,7 +216,12 @@ def _choice(eng: EngineConfig, st: EngineState) -> tuple[jax.Array, jax.Array]:
     idx, drafts = choose(est, active, st.auto.cost, pol.rule, min_window=need, threshold=pol.threshold,
                          min_gain=pol.min_gain, load=st.seq.shape[0],  # every slot computes: static shapes
                          remaining=st.max_len - st.known, shrink=pol.shrink, spread=pol.spread)
-    narrowest = jnp.argmax(jnp.asarray(pol.windows) >= need).astype(jnp.int32)
+    windows = jnp.asarray(pol.windows)
+    if hasattr(eng.drafter, "available"):  # rows that can offer fewer drafts now (n-gram: none without a match)
+        offered = jnp.minimum(drafts, eng.drafter.available(eng, st))
+        holds = jnp.minimum(jnp.max(jnp.where(active, st.u + offered, 1)), windows[idx])
+        idx = jnp.minimum(idx, jnp.argmax(windows >= holds)).astype(jnp.int32)  # the same drafts, a cheaper window
+    narrowest = jnp.argmax(windows >= need).astype(jnp.int32)
     forced = st.auto.force >= 0  # cost measurement: this window, every row drafting (the widest before force_from)
     at = jnp.where(st.i < st.auto.force_from, len(pol.windows) - 1, st.auto.force)
     return jnp.where(forced, jnp.maximum(at, narrowest), idx), jnp.where(forced, eng.depth, drafts)
@@ -304,6 +309,11 @@ def _step_window(eng: EngineConfig, params: dict, st: EngineState, w: int, limit
     drafts = drafts[:, :d]  # an MTP chain yields its first draft even at depth 0
     draft_probs = None if draft_probs is None else draft_probs[:, :d]
     proposed = w - u if limit is None else jnp.clip(jnp.minimum(w - u, limit), 0, None)
+    # the policy's count (its estimates learn from it: a draft the row could not offer counts as
+    # rejected, so they stay long-run rates) and what the row offers to verify
+    intended = proposed
+    if limit is not None and hasattr(eng.drafter, "available"):
+        proposed = jnp.minimum(proposed, eng.drafter.available(eng, st))
 
     # the window: u known tokens, then w - u drafts, at this row's own offset
     j = jnp.arange(w, dtype=jnp.int32)[None]
@@ -349,7 +359,7 @@ def _step_window(eng: EngineConfig, params: dict, st: EngineState, w: int, limit
     est = st.est
     if eng.policy is not None:
         pol = eng.policy
-        est = jnp.where(active[:, None], update_estimates(est, proposed, a, pol.rate, pol.prior, pol.relax,
+        est = jnp.where(active[:, None], update_estimates(est, intended, a, pol.rate, pol.prior, pol.relax,
                                                           st.seen_pos, pol.prior_weight), est)
     out = st.replace(
         dstate=dstate,
@@ -358,8 +368,8 @@ def _step_window(eng: EngineConfig, params: dict, st: EngineState, w: int, limit
         accepted=st.accepted + jnp.minimum(a, n_new) * act,  # drafts emitted: none cut by EOS/budget
         proposed=st.proposed + proposed * act,
         acc_pos=st.acc_pos + ((kd < a[:, None]) & active[:, None]).astype(jnp.int32),
-        prop_pos=st.prop_pos + ((kd < proposed[:, None]) & active[:, None]).astype(jnp.int32),
-        seen_pos=st.seen_pos + (revealed(proposed, a, dmax) & active[:, None]).astype(jnp.int32),
+        prop_pos=st.prop_pos + ((kd < intended[:, None]) & active[:, None]).astype(jnp.int32),
+        seen_pos=st.seen_pos + (revealed(intended, a, dmax) & active[:, None]).astype(jnp.int32),
         trace=st.trace.at[jnp.arange(b), jnp.where(active, st.steps, eng.max_steps)].set(a, mode="drop"),
         est=est,
         i=st.i + 1,
@@ -630,7 +640,8 @@ def cost_key(eng: EngineConfig, shapes: list) -> dict:
     """What a step's cost depends on: the device, the static engine, the batch's ``shapes``
     (and how it is run: ``generate``'s loop, ``stream``'s steps or a batch job's)."""
     dev = jax.devices()[0]
-    return {"v": 1, "backend": dev.platform, "device": dev.device_kind, "devices": jax.device_count(),
+    return {"v": 2,  # 2: tables measured in interleaved rounds (measure_cost)
+            "backend": dev.platform, "device": dev.device_kind, "devices": jax.device_count(),
             "jax": jax.__version__, "engine": repr(eng), "shapes": [list(x) for x in shapes]}
 
 
@@ -644,23 +655,33 @@ def _timed_generate(run, params, args, auto: AutoState, force: int, warm: int, s
     return time.perf_counter() - t0, max(i - warm, 0)
 
 
-def measure_cost(eng: EngineConfig, batch: int, timed, *, warm: int = 0, steps: int = 24, repeats: int = 2,
-                 baseline: bool = True) -> CostTable | None:
+def measure_cost(eng: EngineConfig, batch: int, timed, *, warm: int = 0, steps: int = 32, rounds: int = 3,
+                 max_rounds: int = 16, budget_s: float = 4.0, baseline: bool = True) -> CostTable | None:
     """Seconds per step at each window. ``timed(window index, warm, steps) -> (seconds, steps
     taken)`` runs the engine's own compiled steps: ``warm`` at the widest window (so the timed
     steps see a grown context: a wide window's attention cost grows with it), then ``steps``
-    at the window. Per window: the least of ``repeats`` runs, less (``baseline``) the same
-    call stopped after the warm steps (a loop's prefill, warm-up and dispatch), per step taken.
-    A wider window never costs less than a narrower one (noise is flattened upward). With no
-    step past the warm-up (rows finished) it retries without one; ``None`` when no step ran."""
-    base = min(timed(0, warm, 0)[0] for _ in range(repeats + 1)) if baseline else 0.0  # its noise hits every window
-    secs = []
-    for k in range(len(eng.windows)):
-        runs = [timed(k, warm, steps) for _ in range(repeats)]
-        n = max(r[1] for r in runs)
-        if n == 0:
-            return measure_cost(eng, batch, timed, steps=steps, repeats=repeats, baseline=baseline) if warm else None
-        secs.append(max(min(r[0] for r in runs) - base, 1e-6) / n)
+    at the window. The windows (and, with ``baseline``, the same call stopped after the warm
+    steps: a loop's prefill, warm-up and dispatch, subtracted) are timed in interleaved rounds,
+    the order rotating from round to round, so a slow spell of a shared machine falls on
+    different windows in different rounds rather than on every repeat of one; each keeps its
+    fastest. ``rounds`` rounds, more (up to ``max_rounds``) while the measurement has taken
+    under ``budget_s`` (cheap steps get more samples). A wider window never costs less than a
+    narrower one (noise is flattened upward). With no step past the warm-up (rows finished)
+    it retries without one; ``None`` when no step ran."""
+    calls = ([-1] if baseline else []) + list(range(len(eng.windows)))
+    best = dict.fromkeys(calls, np.inf)
+    taken = dict.fromkeys(calls, 0)
+    t0, r = time.perf_counter(), 0
+    while r < rounds or (r < max_rounds and time.perf_counter() - t0 < budget_s):
+        for c in calls[r % len(calls):] + calls[:r % len(calls)]:
+            s, n = timed(max(c, 0), warm, 0 if c < 0 else steps)
+            best[c], taken[c] = min(best[c], s), max(taken[c], n)
+        if r == 0 and min(taken[k] for k in calls if k >= 0) == 0:
+            return measure_cost(eng, batch, timed, steps=steps, rounds=rounds, max_rounds=max_rounds,
+                                budget_s=budget_s, baseline=baseline) if warm else None
+        r += 1
+    base = best[-1] if baseline else 0.0
+    secs = [max(best[k] - base, 1e-6) / taken[k] for k in range(len(eng.windows))]
     return CostTable.create(eng.windows, [batch], [np.maximum.accumulate(secs).tolist()])
 
 

@@ -4,16 +4,19 @@ accepted stop drafting, each row's own draft count is applied, the table is meas
 kept on disk, and nothing recompiles when the table or a data value changes."""
 
 import json
+from types import SimpleNamespace
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st_
 
 from specjax import batch_generate, generate
 from specjax import engine as engine_mod
 from specjax.advance import kv_advance
 from specjax.depth_policy import CostTable, DepthPolicy, cost_cache_path
-from specjax.drafter import MtpDrafter
+from specjax.drafter import MtpDrafter, NgramDrafter
 from specjax.engine import auto_state, make_engine, prefill, step
 from specjax.sampling import RowSampling
 from specjax.streaming import stream
@@ -40,6 +43,7 @@ def _plain(cache="dense"):
     ("draft_model", "per_sequence", "dense", FREE),
     ("draft_model", "cohort", "paged", STEEP),
     ("ngram", "per_sequence", "paged", None),
+    ("ngram", "cohort", "dense", FREE),
     ("mtp", "cohort", "dense", FREE),
 ])
 def test_auto_depth_changes_no_greedy_token(drafter, rule, cache, cost):
@@ -135,6 +139,64 @@ def test_a_forced_window_runs_with_every_row_drafting():
     assert np.asarray(st.auto.window_steps).tolist() == [1, 0, 1]
 
 
+def _available_ref(seq: np.ndarray, known: int, n: int, depth: int) -> int:
+    """Drafts an n-gram row can offer: the known tokens after the latest earlier occurrence of
+    its last ``n`` (one that leaves at least one known token after it), at most ``depth``."""
+    if known < n:
+        return 0
+    tail = list(seq[known - n:known])
+    starts = [s for s in range(known - n) if list(seq[s:s + n]) == tail]
+    return min(known - starts[-1] - n, depth) if starts else 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st_.integers(1, 6), st_.integers(1, 3), st_.integers(0, 3), st_.data())
+def test_ngram_available_drafts_match_a_reference(batch, n, depth, data):
+    width = 12
+    seq = np.asarray(data.draw(st_.lists(st_.lists(st_.integers(0, 2), min_size=width, max_size=width),
+                                         min_size=batch, max_size=batch)), np.int32)
+    known = np.asarray(data.draw(st_.lists(st_.integers(0, width), min_size=batch, max_size=batch)), np.int32)
+    got = NgramDrafter(n=n).available(SimpleNamespace(depth=depth),
+                                      SimpleNamespace(seq=jnp.asarray(seq), known=jnp.asarray(known)))
+    assert np.asarray(got).tolist() == [_available_ref(seq[i], int(known[i]), n, depth) for i in range(batch)]
+
+
+def test_ngram_rows_without_a_match_offer_no_drafts():
+    """Under depth="auto" an n-gram row offers only the drafts its match holds: none without one
+    (its estimate still counts the policy's drafts, the missing ones as rejected), and a step
+    where no row has a match runs at window 1 however cheap drafting is."""
+    prompts = np.asarray([[5, 6, 7, 8, 9, 10, 11]] * 4, np.int32)
+    eng = make_engine(TARGET, drafter="ngram", draft_model=None, depth=2, kv_advance_rule=kv_advance("per_sequence"),
+                      cache="dense", capacity=64, policy=DepthPolicy(WINDOWS), greedy=True)
+    params = {"target": TARGET.params}
+
+    def start(rows):
+        """Prefilled rows, then each row's known tokens (8: the prompt and the first token g)
+        rewritten to: a match 5 back (2 drafts to offer), none, a match 1 back (1), a match 5
+        back (the lookup reads only these tokens)."""
+        b = len(rows)
+        st = prefill(eng, params, prompts[:b], np.full(b, 7, np.int32), np.full(b, 40, np.int32),
+                     np.full(b, -1, np.int32), np.arange(b, dtype=np.uint32),
+                     RowSampling.rows([0.0] * b, [None] * b, [None] * b))
+        g = np.asarray(st.seq)[:, 7]
+        seq = np.asarray(st.seq).copy()
+        known = {0: [1, 2, -1, 7, 7, 1, 2, -1], 1: [5, 6, 7, 8, 9, 10, 11, -1], 2: [1, 2, 3, 0, -1, -1, -1, -1],
+                 3: [3, 4, -1, 0, 0, 3, 4, -1]}
+        for i, r in enumerate(rows):
+            seq[i, :8] = [g[i] if t == -1 else 12 + t for t in known[r]]  # (vocab 31)
+        return st.replace(seq=jnp.asarray(seq), auto=auto_state(eng, FREE, b))
+
+    st = start([0, 1, 2, 3])
+    assert np.asarray(eng.drafter.available(eng, st)).tolist() == [2, 0, 1, 2]
+    st = step(eng, params, st)
+    assert np.asarray(st.auto.window_steps).tolist() == [0, 0, 1]
+    assert np.asarray(st.proposed).tolist() == [2, 0, 1, 2]
+    assert np.asarray(st.prop_pos)[1].tolist() == [1, 1]  # the policy's two drafts, unoffered: judged rejected
+    assert np.asarray(st.seen_pos)[1].tolist() == [1, 0] and float(np.asarray(st.est)[1, 0]) < 0.5
+    alone = step(eng, params, start([1]))
+    assert np.asarray(alone.auto.window_steps).tolist() == [1, 0, 0] and int(alone.proposed[0]) == 0
+
+
 @pytest.mark.parametrize("greedy", [True, False])
 def test_mtp_deferred_over_window_1_equals_running_it_every_step(greedy):
     """Window-1 steps defer the MTP block (``settle`` runs it over the pending positions in
@@ -185,6 +247,24 @@ def test_the_measured_table_is_kept_on_disk_and_reused(tmp_path, monkeypatch):
     path.write_text(json.dumps({"windows": [1, 2, 3], "batches": [1], "seconds": [[1, 9, 9]]}))
     given = generate(TARGET, PROMPTS[:3], cost=str(path), **kw)
     assert given.metrics["cost_source"] == "given" and given.metrics["window_share"] == [1.0, 0.0, 0.0]
+
+
+def test_the_cost_measurement_interleaves_windows_and_keeps_each_ones_fastest():
+    """A slow spell over three calls and a slow first call of every round: each window (and the
+    baseline, subtracted) still has a clean run in another round, in another place of its
+    order, and the table comes out exact."""
+    true, base = [1e-3, 1.5e-3, 2.5e-3], 0.05
+    calls = []
+
+    def timed(k, warm, n):
+        slow = len(calls) in (1, 2, 3) or len(calls) % 4 == 0  # 4 calls a round: the baseline and 3 windows
+        calls.append((k, n))
+        return (base + true[k] * n) * (3.0 if slow else 1.0), n
+
+    table = engine_mod.measure_cost(SimpleNamespace(windows=WINDOWS), 8, timed, warm=2, budget_s=0.0)
+    assert len(calls) == 12  # 3 rounds
+    np.testing.assert_allclose(np.asarray(table.seconds)[0], true, rtol=1e-4)
+    assert np.asarray(table.batches).tolist() == [8.0]
 
 
 def test_stream_and_batch_jobs_run_auto_depth():
