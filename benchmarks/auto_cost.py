@@ -1,8 +1,14 @@
 """Is depth="auto"'s measured cost table right? Side by side, in one run: the table the engine
-measures at warm-up (a few widest-window steps, then 24 timed steps per window) and each
-window forced for a whole generation (prefill subtracted), on the bundled model.
+measures at warm-up (``generate``'s settings: each window forced for the whole generation,
+interleaved rounds) and each window forced for a whole generation again (prefill subtracted),
+on the bundled model.
 
     python benchmarks/auto_cost.py --batch 64 --drafter mtp [--json] [--out FILE]
+
+``--repeat N``: how stable is the table? It is measured N times with ``generate``'s settings
+("whole") and N times as ``stream`` and batch jobs measure (8 widest-window steps, then
+24-step slices, 2 interleaved rounds: "slice"), alternating, and each window's cost over
+window 1's is printed as a range.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--repeat", type=int, default=0)
     a = ap.parse_args()
     bundle = specjax.load_model()
     toks = bundle.encode_prompts(bench_prompts(a.batch), bos=False)
@@ -40,7 +47,24 @@ def main() -> None:
     def timed(k, warm, n):
         return _timed_generate(run, params, args, auto, k, warm, n)
 
-    table = np.asarray(measure_cost(eng, b, timed, warm=warm_steps(a.max_new_tokens)).seconds)[0]
+    whole = dict(steps=eng.max_steps)  # generate's settings
+    slice_ = dict(warm=warm_steps(a.max_new_tokens), steps=24, rounds=2, max_rounds=2)  # stream's, a batch job's
+    if a.repeat:
+        ratios = {"whole": [], "slice": []}
+        for i in range(2 * a.repeat):
+            name = ("whole", "slice")[(i + i // 2) % 2]  # whole, slice, slice, whole, ...: neither always first
+            t = np.asarray(measure_cost(eng, b, timed, **(whole if name == "whole" else slice_)).seconds)[0]
+            ratios[name].append((t / t[0]).tolist())
+        rows = [{"how": n, "window": w, "min_ratio": float(np.min(np.asarray(r)[:, k])),
+                 "max_ratio": float(np.max(np.asarray(r)[:, k])), "tables": len(r)}
+                for n, r in ratios.items() for k, w in enumerate(eng.windows)]
+        if emit(rows, a.out, a.json):
+            return
+        print(f"B={b}, {a.drafter}: cost of each window over window 1's, {a.repeat} tables each way")
+        for r in rows:
+            print(f"{r['how']:>6} window {r['window']}: {r['min_ratio']:.2f}x - {r['max_ratio']:.2f}x")
+        return
+    table = np.asarray(measure_cost(eng, b, timed, **whole).seconds)[0]
     prefill = min(timed(0, 0, 0)[0] for _ in range(3))
     rows = []
     for k, w in enumerate(eng.windows):

@@ -589,9 +589,12 @@ def generate(
     run, compile_s = _compiled(eng, params, (*args, auto, limit))
     cost_source = None
     if auto is not None:
+        # each window timed over the whole generation (every step to the end, the prefill-only
+        # call subtracted): the context spans the real run's, and the timed part dwarfs the noise
+        # of the subtraction (a 32-step window-1 slice at B=8 was under a third of its call)
         table, cost_source = cost_table(eng, b, cost, cost_key(eng, [np.shape(a) for a in args[:2]]),
                                         lambda k, w, n: _timed_generate(run, params, args, auto, k, w, n),
-                                        warm=warm_steps(int(np.max(local_rows(args[2]) - local_rows(args[1])))))
+                                        steps=eng.max_steps)
         auto = _put_auto(auto_state(eng, table, b), mesh)
     t0 = time.perf_counter()
     st, status = fetch(run(params, *args, auto, limit))
@@ -640,7 +643,7 @@ def cost_key(eng: EngineConfig, shapes: list) -> dict:
     """What a step's cost depends on: the device, the static engine, the batch's ``shapes``
     (and how it is run: ``generate``'s loop, ``stream``'s steps or a batch job's)."""
     dev = jax.devices()[0]
-    return {"v": 2,  # 2: tables measured in interleaved rounds (measure_cost)
+    return {"v": 3,  # 3: generate's tables timed over whole runs in interleaved rounds (measure_cost)
             "backend": dev.platform, "device": dev.device_kind, "devices": jax.device_count(),
             "jax": jax.__version__, "engine": repr(eng), "shapes": [list(x) for x in shapes]}
 
@@ -691,10 +694,11 @@ def warm_steps(max_new_tokens: int) -> int:
     return min(max_new_tokens // 16, 8)
 
 
-def cost_table(eng: EngineConfig, batch: int, cost, key: dict, timed, *, warm: int = 0,
-               baseline: bool = True) -> tuple[CostTable, str]:
+def cost_table(eng: EngineConfig, batch: int, cost, key: dict, timed, *, warm: int = 0, steps: int = 32,
+               rounds: int = 3, max_rounds: int = 16, baseline: bool = True) -> tuple[CostTable, str]:
     """The table ``depth="auto"`` decides by, and where it came from: ``"given"`` (a
-    ``CostTable`` or file), ``"cached"`` (measured earlier, on disk) or ``"measured"`` now."""
+    ``CostTable`` or file), ``"cached"`` (measured earlier, on disk) or ``"measured"`` now
+    (``measure_cost`` with these settings)."""
     if isinstance(cost, CostTable):
         return cost, "given"
     if cost is not None:
@@ -704,7 +708,8 @@ def cost_table(eng: EngineConfig, batch: int, cost, key: dict, timed, *, warm: i
     table = load_cached_cost(key)
     if table is not None:
         return table, "cached"
-    table = measure_cost(eng, batch, timed, warm=warm, baseline=baseline)
+    table = measure_cost(eng, batch, timed, warm=warm, steps=steps, rounds=rounds, max_rounds=max_rounds,
+                         baseline=baseline)
     if table is None:
         return placeholder_cost(eng, batch), "none"
     store_cached_cost(key, table)
