@@ -21,7 +21,16 @@ import numpy as np
 
 import specjax
 from specjax.bench import bench_prompts
-from specjax.engine import _compiled, _setup, _timed_generate, auto_state, measure_cost, placeholder_cost, warm_steps
+from specjax.engine import (
+    SLICES,
+    _compiled,
+    _setup,
+    _timed_generate,
+    auto_state,
+    measure_cost,
+    placeholder_cost,
+    warm_steps,
+)
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from _report import emit  # noqa: E402
@@ -48,7 +57,7 @@ def main() -> None:
         return _timed_generate(run, params, args, auto, k, warm, n)
 
     whole = dict(steps=eng.max_steps)  # generate's settings
-    slice_ = dict(warm=warm_steps(a.max_new_tokens), steps=24, rounds=2, max_rounds=2)  # stream's, a batch job's
+    slice_ = dict(SLICES, warm=warm_steps(a.max_new_tokens), baseline=True)  # stream's, a batch job's slices
     if a.repeat:
         ratios = {"whole": [], "slice": []}
         for i in range(2 * a.repeat):

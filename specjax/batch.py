@@ -49,6 +49,7 @@ from specjax.cache import describe_status
 from specjax.depth_policy import init_estimates
 from specjax.engine import (
     PAGE_SIZE,
+    SLICES,
     EngineConfig,
     EngineState,
     _prefill,
@@ -499,8 +500,7 @@ def _set_cost(eng: EngineConfig, params: dict, st: EngineState, slots: int, widt
         box[0] = s
         return time.perf_counter() - t0, taken
     table, _ = cost_table(eng, slots, cost, cost_key(eng, [[slots, width], ["batch"]]), timed,
-                          warm=warm_steps(eng.capacity - width), rounds=2, max_rounds=2, steps=24,
-                          baseline=False)  # 2 runs a window: real decode steps, the state advances
+                          warm=warm_steps(eng.capacity - width), **SLICES)
     st = box[0]
     return st.replace(auto=auto_state(eng, table, slots))
 

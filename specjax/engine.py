@@ -694,11 +694,14 @@ def warm_steps(max_new_tokens: int) -> int:
     return min(max_new_tokens // 16, 8)
 
 
-def cost_table(eng: EngineConfig, batch: int, cost, key: dict, timed, *, warm: int = 0, steps: int = 32,
-               rounds: int = 3, max_rounds: int = 16, baseline: bool = True) -> tuple[CostTable, str]:
+# how stream and batch jobs time a window: slices of one state that keeps advancing, 2 runs a window
+SLICES = {"steps": 24, "rounds": 2, "max_rounds": 2, "baseline": False}
+
+
+def cost_table(eng: EngineConfig, batch: int, cost, key: dict, timed, **measure) -> tuple[CostTable, str]:
     """The table ``depth="auto"`` decides by, and where it came from: ``"given"`` (a
     ``CostTable`` or file), ``"cached"`` (measured earlier, on disk) or ``"measured"`` now
-    (``measure_cost`` with these settings)."""
+    (``measure_cost`` with the ``measure`` settings)."""
     if isinstance(cost, CostTable):
         return cost, "given"
     if cost is not None:
@@ -708,8 +711,7 @@ def cost_table(eng: EngineConfig, batch: int, cost, key: dict, timed, *, warm: i
     table = load_cached_cost(key)
     if table is not None:
         return table, "cached"
-    table = measure_cost(eng, batch, timed, warm=warm, steps=steps, rounds=rounds, max_rounds=max_rounds,
-                         baseline=baseline)
+    table = measure_cost(eng, batch, timed, **measure)
     if table is None:
         return placeholder_cost(eng, batch), "none"
     store_cached_cost(key, table)

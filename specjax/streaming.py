@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.engine import (
+    SLICES,
     EngineConfig,
     EngineState,
     _check_status,
@@ -103,7 +104,7 @@ def _auto_for_stream(eng: EngineConfig, params: dict, args: tuple, cost):
         return time.perf_counter() - t0, n
     table, _ = cost_table(eng, b, cost, cost_key(eng, [np.shape(a) for a in args[:2]] + [["stream"]]), timed,
                           warm=warm_steps(int(np.max(local_rows(args[2]) - local_rows(args[1])))),
-                          rounds=2, max_rounds=2, steps=24, baseline=False)  # 2 runs a window: the state advances
+                          **SLICES)
     return auto_state(eng, table, b)
 
 
