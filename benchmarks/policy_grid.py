@@ -27,7 +27,7 @@ COSTS = {  # seconds per step at windows 1-4
 }
 ROWS = {"Beta(7,3) decay 0.9": BetaRows(7.0, 3.0, 0.9), "Beta(2,2)": BetaRows(2.0, 2.0),
         "Beta(0.5,2)": BetaRows(0.5, 2.0), "Beta(9,2)": BetaRows(9.0, 2.0)}
-KNOBS = ("prior_weight", "explore", "spread", "shrink", "rate", "prior", "min_gain")
+KNOBS = ("prior_weight", "explore", "pool", "spread", "shrink", "rate", "prior", "min_gain")
 
 
 def main() -> None:
@@ -48,7 +48,7 @@ def main() -> None:
         sys.exit("--seeds and every batch must be >= 1")
     pol = DepthPolicy((1, 2, 3, 4))
     base = dict(tokens=128, rate=pol.rate, prior=pol.prior, relax=pol.relax, min_gain=pol.min_gain,
-                prior_weight=pol.prior_weight)
+                prior_weight=pol.prior_weight, explore=pol.explore, pool=pol.pool)
     rows = []
     for cname, c in COSTS.items():
         for rname, acc in ROWS.items():

@@ -123,10 +123,11 @@ class DepthPolicy:
     threshold: float = 0.5
     shrink: float = 0.5  # makespan: each row's estimate pulled half way to the batch mean (noise)
     spread: float = 0.0  # makespan: weight of the slowest row's expected lateness (choose(spread=))
-    # lift of little-tried deeper draft positions (``optimistic``). 0.3 fixed B=1's window 2 trap
-    # but cost the larger batches their exploring steps: bench 3/16 points within 0.95x of the
-    # best fixed depth (6/16 at 0), simulator mean 0.958 (0.972 at 0). Off by default
-    explore: float = 0.0
+    # the estimates' upper confidence bound in standard errors of the batch's verdicts
+    # (``optimistic``): a batch that has seen few verdicts keeps drafting until they are firm
+    explore: float = 0.5
+    # makespan: the batch mean counts as this many verdicts in each row's estimate (``choose``)
+    pool: float = 0.0
     # the prior counts as this many verdicts (``update_estimates``): a row's first verdicts move its
     # estimate as a running mean would, so a batch stops drafting within a few steps where it does not pay
     prior_weight: float = 1.0
@@ -149,9 +150,10 @@ class DepthPolicy:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v <= 1.0:
                 raise ValueError(f"DepthPolicy.{name}={v!r} is invalid: must lie in [0, 1]")
-        v = self.prior_weight
-        if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v <= 1000.0:
-            raise ValueError(f"DepthPolicy.prior_weight={v!r} is invalid: must lie in [0, 1000]")
+        for name in ("prior_weight", "pool"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v <= 1000.0:
+                raise ValueError(f"DepthPolicy.{name}={v!r} is invalid: must lie in [0, 1000]")
 
 
 @pytree_dataclass
@@ -236,19 +238,21 @@ def expected_max_normal(n: jax.Array) -> jax.Array:
     return jnp.where(n > 1, jax.scipy.special.ndtri((n - 0.375) / (n + 0.25)), 0.0)
 
 
-def optimistic(est: jax.Array, proposed: jax.Array, bonus: float) -> jax.Array:
-    """``est [B, D]`` lifted by ``bonus / sqrt(1 + proposed)`` at draft positions ``j >= 1``
-    (``proposed [B, D]``: how often each row has proposed its ``j``-th draft), clipped to 1.
-    A deeper position is judged only when a row drafts that far: at its prior it may never
-    look worth trying (a row whose second and third drafts pass 90% of the time ran window 2
-    at a 0.7 prior), so little-tried positions are chosen optimistically; the lift fades as
-    they are tried. Position 0 is judged whenever a row drafts at all: it gets none.
+def optimistic(est: jax.Array, seen: jax.Array, bonus: float) -> jax.Array:
+    """``est [B, D]`` lifted by ``bonus`` standard errors of the batch's evidence at each draft
+    position, ``bonus * sqrt(est (1 - est) / (n_j + 2))`` with ``n_j`` the verdicts position
+    ``j`` has had over all rows (``seen [B, D]`` summed), clipped to 1: an upper confidence bound.
+
+    Why: a window-1 step reveals nothing, so a batch whose first verdicts were unlucky (B=1:
+    one rejection halves the 0.7 prior) chose window 1 and never learned otherwise (relax takes
+    thousands of steps); bench, MTP at B=8: plain on 73% of steps where depth 2 was 1.14x plain.
+    The lift keeps drafting until the evidence is firm; it is counted over the batch, so a
+    large batch's first step already makes it small (per-row counts kept B=32-64 exploring).
     ``bonus`` 0 (static) returns ``est`` itself."""
     if not bonus:
         return est
-    j = jnp.arange(est.shape[1])[None]
-    lift = jnp.where(j >= 1, bonus / jnp.sqrt(1.0 + proposed.astype(jnp.float32)), 0.0)
-    return jnp.clip(est + lift, 0.0, 1.0)
+    n = jnp.sum(seen, axis=0, keepdims=True).astype(jnp.float32)  # [1, D]
+    return jnp.clip(est + bonus * jnp.sqrt(est * (1.0 - est) / (n + 2.0)), 0.0, 1.0)
 
 
 def _leading(ok: jax.Array) -> jax.Array:
@@ -269,6 +273,9 @@ def choose(
     remaining: jax.Array | None = None,
     shrink: float = 0.5,
     spread: float = 0.0,
+    seen: jax.Array | None = None,
+    pool: float = 0.0,
+    upper: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """``(window index into table.windows, drafts [B])`` for one step.
 
@@ -279,7 +286,11 @@ def choose(
     emit (``"makespan"`` needs it), ``shrink``: how far ``"makespan"`` pulls each row's
     estimate towards the live rows' mean (0: its own; 1: the mean), ``spread``: how much of
     the slowest row's expected lateness ``"makespan"`` adds (0: the makespan of expected steps;
-    1: about the expected makespan, see below).
+    1: about the expected makespan, see below), ``seen [B, D]``: the verdicts each row's
+    estimates rest on; with ``pool`` > 0 a row's own share is further weighted by
+    ``seen / (seen + pool)`` (``pool``: how many verdicts the batch mean counts as),
+    ``upper [B, D]``: the estimates the windows are judged on (``optimistic``; default ``est``).
+    Each row's draft count follows ``est`` alone, so a row whose drafts keep failing still stops.
     """
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {list(POLICIES)}, got {policy!r}")
@@ -298,6 +309,7 @@ def choose(
         return idx, jnp.minimum(want, windows[idx] - 1).astype(jnp.int32)
     # goodput: per window, drafts while the next position is reached with chance >= min_gain
     base = _leading(reach(est) >= min_gain)  # [B]
+    est = est if upper is None else upper  # what the windows are judged on
     drafts = jnp.minimum(base[None], windows[:, None] - 1)  # [NW, B]
     load = jnp.sum(live) if load is None else load
     cost = table.at(jnp.maximum(load, 1))  # [NW]
@@ -307,7 +319,15 @@ def choose(
         # rows' noisy EMAs would otherwise follow the most pessimistic one (with 32 alike rows it
         # held a batch at window 1 that every fixed depth beat; simulator: 0.89x the best fixed)
         mean = jnp.sum(jnp.where(live[:, None], est, 0.0), axis=0) / jnp.maximum(jnp.sum(live), 1)
-        pooled = (1.0 - shrink) * est + shrink * mean[None]
+        own = 1.0 - shrink
+        if pool and seen is not None:  # static: 0 adds no kernels
+            # a row's own estimate counts as its verdicts do: its first verdicts (0.7 -> 0.35
+            # after one rejection) held a B=8 MTP batch at window 1 on 2 of 8 prompt groups where
+            # depth 2 ran 1.14x plain; pool 8 drafted on both. Off by default: in the simulator
+            # (benchmarks/policy_grid.py, rows that truly differ) it hid the slowest rows: 0.975 vs 0.985
+            n = seen.astype(jnp.float32)
+            own = own * n / (n + pool)
+        pooled = own * est + (1.0 - own) * mean[None]
         # spread 1: the expected makespan, not the makespan of expected steps. A row needs about
         # left / mu steps with sd sqrt(left var / mu^3) (a renewal count), and the slowest of n
         # such rows lands about E[max of n normals] sds late; plain decoding has no spread.

@@ -212,10 +212,11 @@ def _choice(eng: EngineConfig, st: EngineState) -> tuple[jax.Array, jax.Array]:
     pol = eng.policy
     active = ~st.done
     need = jnp.max(jnp.where(active, st.u, 1))  # the window must hold every row's re-fed tokens (cohort)
-    est = optimistic(st.est, st.prop_pos, pol.explore)  # deeper positions a row has hardly tried look good
-    idx, drafts = choose(est, active, st.auto.cost, pol.rule, min_window=need, threshold=pol.threshold,
+    upper = optimistic(st.est, st.seen_pos, pol.explore)  # an upper bound while the batch's verdicts are few
+    idx, drafts = choose(st.est, active, st.auto.cost, pol.rule, min_window=need, threshold=pol.threshold,
                          min_gain=pol.min_gain, load=st.seq.shape[0],  # every slot computes: static shapes
-                         remaining=st.max_len - st.known, shrink=pol.shrink, spread=pol.spread)
+                         remaining=st.max_len - st.known, shrink=pol.shrink, spread=pol.spread,
+                         seen=st.seen_pos, pool=pol.pool, upper=upper)
     windows = jnp.asarray(pol.windows)
     if hasattr(eng.drafter, "available"):  # rows that can offer fewer drafts now (n-gram: none without a match)
         offered = jnp.minimum(drafts, eng.drafter.available(eng, st))

@@ -323,7 +323,7 @@ class PolicyResult:
 def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: CostTable, budget: jax.Array, *,
                 policy: str, steps: int, rule: KvAdvance, rate: float, threshold: float, min_gain: float,
                 prior: float, relax: float, shrink: float, spread: float = 0.0,
-                explore: float = 0.0, prior_weight: float | None = None) -> dict[str, jax.Array]:
+                explore: float = 0.0, prior_weight: float | None = None, pool: float = 0.0) -> dict[str, jax.Array]:
     """The plan steps of ``_run`` with the window and each row's drafts chosen per step by
     ``policy``. ``budget [B]``: tokens each row emits before it is done (a static batch); a
     step costs the whole batch while any row is left, and nothing after."""
@@ -334,12 +334,13 @@ def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: Cos
     cost = table.at(row_ids.shape[0])  # [NW]: every simulated row computes every step (static shapes)
 
     def body(carry, step):
-        u, est, left, props, seen = carry
+        u, est, left, seen = carry
         live = left > 0
-        idx, drafts = choose(optimistic(est, props, explore), live, table, policy,
+        idx, drafts = choose(est, live, table, policy,
                              min_window=jnp.max(jnp.where(live, u, 1)),
                              threshold=threshold, min_gain=min_gain, load=row_ids.shape[0], remaining=left,
-                             shrink=shrink, spread=spread)
+                             shrink=shrink, spread=spread, seen=seen, pool=pool,
+                             upper=optimistic(est, seen, explore))
         drafts = jnp.minimum(drafts, windows[idx] - u)  # room left after the re-fed tokens
         a = accepted_from_prefix(draw(step), drafts)
         plan = jax.lax.switch(idx, branches, u, a)
@@ -349,19 +350,18 @@ def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: Cos
         running = jnp.any(live)
         out = {"emitted": emitted, "drafts": jnp.where(live, drafts, 0), "accepted": jnp.where(live, a, 0),
                "seconds": jnp.where(running, cost[idx], 0.0), "window": idx, "any": running}
-        props = props + (jnp.arange(depth)[None] < jnp.where(live, drafts, 0)[:, None])
         seen = seen + (revealed(drafts, a, depth) & live[:, None])
-        return (plan.next_uncached, est, left - emitted, props, seen), out
+        return (plan.next_uncached, est, left - emitted, seen), out
 
     b = row_ids.shape[0]
     zeros = jnp.zeros((b, depth), jnp.int32)
-    init = (jnp.ones((b,), jnp.int32), init_estimates(b, depth, prior), budget, zeros, zeros)
+    init = (jnp.ones((b,), jnp.int32), init_estimates(b, depth, prior), budget, zeros)
     _, outs = jax.lax.scan(body, init, jnp.arange(steps, dtype=jnp.int32))
     return outs
 
 
 _run_policy_jit = jax.jit(_run_policy, static_argnames=("policy", "steps", "rule", "rate", "threshold", "min_gain",
-                                                         "prior", "relax", "shrink", "spread", "explore",
+                                                         "prior", "relax", "shrink", "spread", "explore", "pool",
                                                          "prior_weight"))
 
 
@@ -384,6 +384,7 @@ def simulate_policy(
     spread: float = 0.0,
     explore: float = 0.0,
     prior_weight: float | None = None,
+    pool: float = 0.0,
 ) -> PolicyResult:
     """Simulate ``steps`` steps of ``batch`` rows whose window (one of ``cost.windows``) and
     per-row draft counts ``policy`` picks each step (``specjax.depth_policy``), each step
@@ -394,8 +395,8 @@ def simulate_policy(
     ``tokens``: a static batch (``generate``): every row emits ``tokens`` tokens and the run
     lasts until the slowest row is done (every step until then costs the whole batch;
     ``steps`` bounds it). Without it, rows never finish (a batch job refilling its slots).
-    ``"makespan"`` needs ``tokens``; ``shrink`` and ``spread`` are its knobs (``choose``).
-    ``explore``: the lift of little-tried deeper positions (``depth_policy.optimistic``; the
+    ``"makespan"`` needs ``tokens``; ``shrink``, ``spread`` and ``pool`` are its knobs (``choose``).
+    ``explore``: the estimates' upper confidence bound (``depth_policy.optimistic``; the
     engine's ``DepthPolicy.explore``). ``prior_weight``: the prior counts as that many verdicts
     (``update_estimates``; the engine's ``DepthPolicy.prior_weight``); ``None``: a plain EMA."""
     if policy not in POLICIES:
@@ -414,6 +415,8 @@ def simulate_policy(
             raise ValueError(f"{name} must lie in [{lo}, {hi}], got {v!r}")
     if prior_weight is not None and not float(prior_weight) >= 0:
         raise ValueError(f"prior_weight must be >= 0 or None, got {prior_weight!r}")
+    if not 0.0 <= float(pool) <= 1000.0:
+        raise ValueError(f"pool must lie in [0, 1000], got {pool!r}")
     b, _, s, acc = _validate(batch, max(max(cost.windows) - 1, 1), steps, acceptance, seed)
     r = parse_kv_advance(rule, what="rule")
     budget = jnp.full((b,), 2**30 if tokens is None else tokens, jnp.int32)
@@ -421,6 +424,7 @@ def simulate_policy(
                                        policy=policy, steps=s, rule=r, rate=float(rate), threshold=float(threshold),
                                        min_gain=float(min_gain), prior=float(prior), relax=float(relax),
                                        shrink=float(shrink), spread=float(spread), explore=float(explore),
+                                       pool=float(pool),
                                        prior_weight=None if prior_weight is None else float(prior_weight)))
     emitted, drafts, accepted = (np.asarray(o[k], np.int64) for k in ("emitted", "drafts", "accepted"))
     ran = np.asarray(o["any"])  # the steps some row was left for

@@ -3,6 +3,7 @@
 accepted stop drafting, each row's own draft count is applied, the table is measured once and
 kept on disk, and nothing recompiles when the table or a data value changes."""
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -117,15 +118,26 @@ def test_each_row_drafts_its_own_count(greedy):
     assert np.asarray(st.seen_pos).tolist() == [[1, 1], [1, 0], [0, 0], [0, 0]]
 
 
-def test_the_step_lifts_deeper_positions_it_has_hardly_tried():
-    """With ``explore`` the step judges windows on ``optimistic`` estimates: rows that never
-    proposed a second draft try window 3, where their plain estimates would keep window 2; once
-    they have tried it often, their estimates decide."""
-    cost = CostTable.create(WINDOWS, [1, 64], [[1.0, 1.3, 1.755]] * 2)  # window 3 pays only if draft 2 mostly passes
-    eng, params, st = _stepper(DRAFT, DepthPolicy(WINDOWS, explore=0.3), cost=cost)
-    st = st.replace(est=jnp.tile(jnp.asarray([[0.71, 0.7]], jnp.float32), (4, 1)))
-    assert WINDOWS[int(engine_mod._choice(eng, st)[0])] == 3
-    assert WINDOWS[int(engine_mod._choice(eng, st.replace(prop_pos=jnp.full_like(st.prop_pos, 400)))[0])] == 2
+def test_the_step_judges_windows_on_what_its_verdicts_support():
+    """Estimates resting on few verdicts do not stop a batch drafting: the step judges windows
+    on their upper bound (``explore``: a window-1 step reveals nothing, so a batch stopped by
+    unlucky first verdicts never learned otherwise), and under the makespan rule a row's own
+    estimate counts as its verdicts do (``pool``). Once the verdicts are many, the estimates decide."""
+    pick = lambda eng, st: WINDOWS[int(engine_mod._choice(eng, st)[0])]  # noqa: E731
+    cost = CostTable.create(WINDOWS, [1, 64], [[1.0, 1.45, 1.9]] * 2)
+    eng, _, st = _stepper(DRAFT, DepthPolicy(WINDOWS, rule="makespan"), cost=cost)
+    low = st.replace(est=jnp.tile(jnp.asarray([[0.35, 0.7]], jnp.float32), (4, 1)))
+    assert pick(eng, low) == 2
+    assert pick(eng, low.replace(seen_pos=jnp.full_like(low.seen_pos, 400))) == 1
+    assert pick(dataclasses.replace(eng, policy=DepthPolicy(WINDOWS, rule="makespan", explore=0.0)), low) == 1
+
+    cost = CostTable.create(WINDOWS, [1, 64], [[1.0, 1.56, 2.08]] * 2)
+    eng, _, st = _stepper(DRAFT, DepthPolicy(WINDOWS, rule="makespan", explore=0.0, pool=8.0), cost=cost)
+    split = st.replace(est=jnp.asarray([[0.85, 0.7]] * 2 + [[0.35, 0.7]] * 2, jnp.float32),
+                       seen_pos=jnp.asarray([[1, 0]] * 4, jnp.int32))  # one verdict each: 2 passed, 2 failed
+    assert pick(eng, split) == 2
+    assert pick(eng, split.replace(seen_pos=jnp.full_like(split.seen_pos, 100))) == 1
+    assert pick(dataclasses.replace(eng, policy=DepthPolicy(WINDOWS, rule="makespan", explore=0.0)), split) == 1
 
 
 def test_a_forced_window_runs_with_every_row_drafting():

@@ -176,21 +176,58 @@ def test_yield_variance_matches_the_distribution(b, d, seed):
         np.testing.assert_allclose(got[i], want, atol=1e-5)
 
 
-def test_optimistic_lifts_little_tried_deeper_positions():
-    est = jnp.asarray([[0.71, 0.7, 0.7], [0.2, 0.9, 0.5]])
-    tried = jnp.asarray([[50, 0, 0], [50, 3, 99]])
-    got = np.asarray(optimistic(est, tried, 0.3))
-    np.testing.assert_allclose(got, [[0.71, 1.0, 1.0], [0.2, 1.0, 0.53]], atol=1e-6)  # position 0 never lifted
-    np.testing.assert_allclose(np.asarray(optimistic(est, tried, 0.0)), est)
-    # B=1, a cost table measured here: at the 0.7 prior window 2 looks best; with the untried
-    # positions lifted the widest window is tried; once tried often, the estimates decide
+@given(st.integers(1, 6), st.integers(1, 4), st.integers(0, 2**31 - 1))
+@settings(max_examples=20, deadline=None)
+def test_optimistic_matches_a_reference(b, d, seed):
+    """The lift is ``bonus`` standard errors of the verdicts the whole batch has had at each position."""
+    rng = np.random.default_rng(seed)
+    est = rng.uniform(0, 1, (b, d)).astype(np.float32)
+    seen = rng.integers(0, 50, (b, d)).astype(np.int32)
+    n = seen.sum(axis=0, keepdims=True)
+    want = np.clip(est + 0.5 * np.sqrt(est * (1 - est) / (n + 2)), 0, 1)
+    np.testing.assert_allclose(np.asarray(optimistic(jnp.asarray(est), jnp.asarray(seen), 0.5)), want, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(optimistic(jnp.asarray(est), jnp.asarray(seen), 0.0)), est)
+
+
+def test_optimistic_keeps_drafting_until_the_verdicts_are_firm():
+    """B=1 after one rejection (0.7 -> 0.35): on its estimates the makespan rule stops drafting
+    for good (a window-1 step reveals nothing); on the upper bound it drafts again, and once the
+    position has had many verdicts the estimate decides."""
     windows = (1, 2, 3, 4)
-    cost = CostTable.create(windows, [1, 64], [[1.24, 1.62, 2.14, 2.54]] * 2)
-    one = jnp.asarray([[0.71, 0.7, 0.7]])
-    pick = lambda e: windows[int(choose(e, jnp.ones(1, bool), cost, "makespan", remaining=jnp.full(1, 100))[0])]  # noqa: E731
-    assert pick(one) == 2
-    assert pick(optimistic(one, jnp.zeros((1, 3), jnp.int32), 0.3)) == 4
-    assert pick(optimistic(one, jnp.full((1, 3), 400), 0.3)) == 2
+    cost = CostTable.create(windows, [1, 64], [[1.0, 1.45, 1.9, 2.2]] * 2)
+    one = jnp.asarray([[0.35, 0.7, 0.7]])
+
+    def pick(upper=None):
+        idx, _ = choose(one, jnp.ones(1, bool), cost, "makespan", remaining=jnp.full(1, 100), upper=upper)
+        return windows[int(idx)]
+    assert pick() == 1
+    assert pick(optimistic(one, jnp.asarray([[1, 0, 0]]), 0.5)) > 1
+    assert pick(optimistic(one, jnp.full((1, 3), 400), 0.5)) == 1
+    # the draft counts follow the estimates: a row that keeps failing stops whatever the bound says
+    never = jnp.asarray([[0.01, 0.7, 0.7]])
+    lifted = optimistic(never, jnp.asarray([[1, 0, 0]]), 0.5)
+    assert float(lifted[0, 0]) > 0.02  # above min_gain (the engine's 0.02): drafts on the bound would not stop
+    free = CostTable.create(windows, [1, 64], [[1.0] * 4] * 2)
+    _, drafts = choose(never, jnp.ones(1, bool), free, "makespan", min_gain=0.02, remaining=jnp.full(1, 100),
+                       upper=lifted)
+    assert int(drafts[0]) == 0
+
+
+def test_makespan_pools_rows_with_few_verdicts_towards_the_batch():
+    """B=8 after one step of one draft each, 5 accepted and 3 rejected: the rejected rows'
+    estimates (0.35) rest on one verdict; counted as such (``pool``) they sit near the batch
+    mean and the batch drafts; with ``pool=0`` (or after 100 verdicts each) they hold it at window 1."""
+    windows = (1, 2, 3, 4)
+    cost = CostTable.create(windows, [1, 64], [[1.0, 1.56, 2.08, 2.34]] * 2)
+    est = jnp.asarray([[0.85, 0.7, 0.7]] * 5 + [[0.35, 0.7, 0.7]] * 3)
+    live = jnp.ones(8, bool)
+
+    def pick(seen, pool):
+        return windows[int(choose(est, live, cost, "makespan", remaining=jnp.full(8, 100), seen=seen, pool=pool)[0])]
+    once = jnp.asarray([[1, 0, 0]] * 8)
+    assert pick(once, 0.0) == 1
+    assert pick(once, 8.0) > 1
+    assert pick(jnp.full((8, 3), 100), 8.0) == 1
 
 
 def test_expected_max_normal():
