@@ -921,6 +921,13 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_depth_auto.py::test_ngram_rows_without_a_match_offer_no_drafts",),
     ),
     Mutation(
+        "ngram auto: the match skipped at window 2 as well as window 1",
+        "specjax/engine.py",
+        "if limit is not None and w > 1 and hasattr(",
+        "if limit is not None and w > 2 and hasattr(",
+        ("tests/test_depth_auto.py::test_ngram_rows_without_a_match_offer_no_drafts",),
+    ),
+    Mutation(
         "ngram auto: the window not narrowed to the drafts the rows can offer",
         "specjax/engine.py",
         "        idx = jnp.minimum(idx, jnp.argmax(windows >= holds)).astype(jnp.int32)",

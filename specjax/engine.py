@@ -313,7 +313,7 @@ def _step_window(eng: EngineConfig, params: dict, st: EngineState, w: int, limit
     # the policy's count (its estimates learn from it: a draft the row could not offer counts as
     # rejected, so they stay long-run rates) and what the row offers to verify
     intended = proposed
-    if limit is not None and hasattr(eng.drafter, "available"):
+    if limit is not None and w > 1 and hasattr(eng.drafter, "available"):  # window 1 proposes none (u >= 1)
         proposed = jnp.minimum(proposed, eng.drafter.available(eng, st))
 
     # the window: u known tokens, then w - u drafts, at this row's own offset

@@ -207,6 +207,9 @@ def test_ngram_rows_without_a_match_offer_no_drafts():
     assert np.asarray(st.seen_pos)[1].tolist() == [1, 0] and float(np.asarray(st.est)[1, 0]) < 0.5
     alone = step(eng, params, start([1]))
     assert np.asarray(alone.auto.window_steps).tolist() == [1, 0, 0] and int(alone.proposed[0]) == 0
+    pair = step(eng, params, start([1, 2]))  # window 2 holds row 2's one draft; row 1 still offers none
+    assert np.asarray(pair.auto.window_steps).tolist() == [0, 1, 0]
+    assert np.asarray(pair.proposed).tolist() == [0, 1]
 
 
 @pytest.mark.parametrize("greedy", [True, False])
