@@ -410,13 +410,11 @@ def simulate_policy(
     for name, v, lo, hi in (("rate", rate, 0.0, 1.0), ("threshold", threshold, 0.0, 1.0),
                             ("min_gain", min_gain, 0.0, 1.0), ("prior", prior, 0.0, 1.0), ("relax", relax, 0.0, 1.0),
                             ("shrink", shrink, 0.0, 1.0), ("spread", spread, 0.0, 1.0),
-                            ("explore", explore, 0.0, 1.0)):
+                            ("explore", explore, 0.0, 1.0), ("pool", pool, 0.0, 1000.0)):
         if not lo <= float(v) <= hi:
             raise ValueError(f"{name} must lie in [{lo}, {hi}], got {v!r}")
     if prior_weight is not None and not float(prior_weight) >= 0:
         raise ValueError(f"prior_weight must be >= 0 or None, got {prior_weight!r}")
-    if not 0.0 <= float(pool) <= 1000.0:
-        raise ValueError(f"pool must lie in [0, 1000], got {pool!r}")
     b, _, s, acc = _validate(batch, max(max(cost.windows) - 1, 1), steps, acceptance, seed)
     r = parse_kv_advance(rule, what="rule")
     budget = jnp.full((b,), 2**30 if tokens is None else tokens, jnp.int32)
