@@ -46,9 +46,7 @@ def main() -> None:
         sys.exit(f"--values / --batches: {e}")
     if a.seeds < 1 or any(b < 1 for b in batches):
         sys.exit("--seeds and every batch must be >= 1")
-    pol = DepthPolicy((1, 2, 3, 4))
-    base = dict(tokens=128, rate=pol.rate, prior=pol.prior, relax=pol.relax, min_gain=pol.min_gain,
-                prior_weight=pol.prior_weight, explore=pol.explore, pool=pol.pool)
+    base = dict(tokens=128, **DepthPolicy((1, 2, 3, 4)).knobs())
     rows = []
     for cname, c in COSTS.items():
         for rname, acc in ROWS.items():

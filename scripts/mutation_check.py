@@ -928,6 +928,13 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_depth_auto.py::test_ngram_rows_without_a_match_offer_no_drafts",),
     ),
     Mutation(
+        "simulate --policy auto: the simulator's knobs instead of the engine's",
+        "specjax/cli.py",
+        "knobs = DepthPolicy(table.windows, policy).knobs()",
+        "knobs = {}",
+        ("tests/test_depth_policy.py::test_cli_simulate_auto_models_the_engine",),
+    ),
+    Mutation(
         "ngram auto: the window not narrowed to the drafts the rows can offer",
         "specjax/engine.py",
         "        idx = jnp.minimum(idx, jnp.argmax(windows >= holds)).astype(jnp.int32)",

@@ -96,26 +96,34 @@ def _cost_table(spec: str, windows: str):
 
 def _simulate_policies(args: argparse.Namespace, acc) -> int:
     """``specjax simulate --cost ...``: depth policies side by side in simulated tokens per second."""
+    from specjax.depth_policy import DepthPolicy
     from specjax.sim import compare_policies, simulate_policy
 
+    knobs: dict[str, float] = {}
     try:
         table = _cost_table(args.cost, args.windows)
         if args.policy == "compare":
             rows = compare_policies(args.batch, args.steps, acc, table, seed=args.seed, tokens=args.tokens)
         else:
-            policy = ("makespan" if args.tokens else "goodput") if args.policy == "auto" else args.policy
+            policy = args.policy
+            if policy == "auto":  # the engine's depth="auto": its rule for this kind of run and its knobs
+                policy = "makespan" if args.tokens else "goodput"
+                knobs = DepthPolicy(table.windows, policy).knobs()
             rows = [simulate_policy(args.batch, args.steps, acc, table, policy, seed=args.seed,
-                                    tokens=args.tokens).to_dict()]
+                                    tokens=args.tokens, **knobs).to_dict()]
     except ValueError as e:
         print(f"specjax simulate: error: {e}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps({"config": {"batch": args.batch, "steps": args.steps, "tokens": args.tokens, "cost": args.cost,
-                                     "windows": list(table.windows), "acceptance": type(acc).__name__},
+                                     "windows": list(table.windows), "acceptance": type(acc).__name__,
+                                     "knobs": knobs or None},  # None: the simulator's defaults
                           "rows": rows}))
         return 0
     run = f"{args.steps} steps" if args.tokens is None else f"{args.tokens} tokens a row (a static batch)"
     print(f"batch {args.batch}, {run}, {type(acc).__name__}, cost {args.cost}, windows {list(table.windows)}")
+    if knobs:
+        print("the engine's knobs (DepthPolicy): " + ", ".join(f"{k} {v:g}" for k, v in knobs.items()))
     print(f"{'policy':<9} | {'tok/s':>9} | {'tok/step':>8} | {'vs plain':>8} | {'vs best fixed':>13} | window share")
     for r in rows:
         vs_plain = f"{r['vs_plain']:.3f}x" if r.get("vs_plain") else "-"
@@ -600,7 +608,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--policy", choices=["compare", "fixed", "ema", "goodput", "makespan", "auto"],
                    default="compare",
                    help="with --cost: every fixed window, ema and goodput (and makespan with --tokens) side by side "
-                        "(compare), or one policy (auto = makespan with --tokens, else goodput)")
+                        "(compare), or one policy; auto = the engine's depth=\"auto\" (makespan with --tokens, "
+                        "else goodput, with DepthPolicy's knobs); the others run with the simulator's defaults")
     s.add_argument("--tokens", type=int, default=None,
                    help="with --cost: a static batch, every row emits TOKENS and the run lasts until the slowest "
                         "is done (--steps bounds it); default: rows never finish (slots refilled)")

@@ -44,6 +44,8 @@ __all__ = [
 ]
 
 POLICIES = ("fixed", "ema", "goodput", "makespan")
+# DepthPolicy's fields that tune its rule (``DepthPolicy.knobs``; ``simulate_policy``'s keywords)
+KNOBS = ("rate", "prior", "relax", "min_gain", "threshold", "shrink", "spread", "explore", "pool", "prior_weight")
 
 
 @pytree_dataclass
@@ -136,6 +138,11 @@ class DepthPolicy:
     def auto(cls, max_depth: int, rule: str = "goodput") -> DepthPolicy:
         """Every window from plain decoding (1) to ``max_depth + 1``."""
         return cls(tuple(range(1, max_depth + 2)), rule)
+
+    def knobs(self) -> dict[str, float]:
+        """``choose``'s and ``update_estimates``' knobs as ``specjax.sim.simulate_policy`` takes
+        them: the simulator modelling this policy (``specjax simulate --policy auto``)."""
+        return {name: float(getattr(self, name)) for name in KNOBS}
 
     def check(self, max_depth: int) -> None:
         """``ValueError`` naming the bad field."""

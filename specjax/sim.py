@@ -398,7 +398,8 @@ def simulate_policy(
     ``"makespan"`` needs ``tokens``; ``shrink``, ``spread`` and ``pool`` are its knobs (``choose``).
     ``explore``: the estimates' upper confidence bound (``depth_policy.optimistic``; the
     engine's ``DepthPolicy.explore``). ``prior_weight``: the prior counts as that many verdicts
-    (``update_estimates``; the engine's ``DepthPolicy.prior_weight``); ``None``: a plain EMA."""
+    (``update_estimates``; the engine's ``DepthPolicy.prior_weight``); ``None``: a plain EMA.
+    These defaults are the simulator's own; ``**DepthPolicy(windows).knobs()`` models the engine's."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {list(POLICIES)}, got {policy!r}")
     if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):

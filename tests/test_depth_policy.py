@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from specjax import cli
 from specjax.depth_policy import (
     CostTable,
+    DepthPolicy,
     choose,
     expected_max_normal,
     expected_tokens,
@@ -290,5 +291,25 @@ def test_cli_simulate_policies(capsys):
     assert out["config"]["tokens"] == 64 and "makespan" in {r["policy"] for r in out["rows"]}
     assert cli.main(["simulate", "--policy", "ema"]) == 2
     assert "--policy needs --cost" in capsys.readouterr().err
+
+
+def test_cli_simulate_auto_models_the_engine(capsys):
+    """``--policy auto`` runs the engine's rule with the engine's knobs (DepthPolicy's defaults),
+    not the simulator's: here they differ."""
+    args = ["simulate", "--batch", "8", "--steps", "100", "--tokens", "32", "--beta", "2", "2",
+            "--cost", "roofline:1,0.05", "--windows", "1,2,4", "--json"]
+    assert cli.main(args + ["--policy", "auto"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    knobs = DepthPolicy((1, 2, 4), "makespan").knobs()
+    assert out["config"]["knobs"] == knobs and out["rows"][0]["policy"] == "makespan"
+    table, acc = CostTable.roofline(1.0, 0.05, (1, 2, 4)), BetaRows(2.0, 2.0)
+    engine = simulate_policy(8, 100, acc, table, "makespan", tokens=32, **knobs)
+    simulator = simulate_policy(8, 100, acc, table, "makespan", tokens=32)
+    assert engine.tok_per_s != simulator.tok_per_s
+    assert out["rows"][0]["tok_per_s"] == pytest.approx(engine.tok_per_s, rel=1e-6)
+    assert cli.main(args + ["--policy", "makespan"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["config"]["knobs"] is None
+    assert out["rows"][0]["tok_per_s"] == pytest.approx(simulator.tok_per_s, rel=1e-6)
     assert cli.main(["simulate", "--cost", "roofline:x", "--steps", "5"]) == 2
     assert "expected roofline:FLOOR,PER_TOKEN" in capsys.readouterr().err
