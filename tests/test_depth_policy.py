@@ -291,6 +291,8 @@ def test_cli_simulate_policies(capsys):
     assert out["config"]["tokens"] == 64 and "makespan" in {r["policy"] for r in out["rows"]}
     assert cli.main(["simulate", "--policy", "ema"]) == 2
     assert "--policy needs --cost" in capsys.readouterr().err
+    assert cli.main(["simulate", "--cost", "roofline:x", "--steps", "5"]) == 2
+    assert "expected roofline:FLOOR,PER_TOKEN" in capsys.readouterr().err
 
 
 def test_cli_simulate_auto_models_the_engine(capsys):
@@ -311,5 +313,3 @@ def test_cli_simulate_auto_models_the_engine(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["config"]["knobs"] is None
     assert out["rows"][0]["tok_per_s"] == pytest.approx(simulator.tok_per_s, rel=1e-6)
-    assert cli.main(["simulate", "--cost", "roofline:x", "--steps", "5"]) == 2
-    assert "expected roofline:FLOOR,PER_TOKEN" in capsys.readouterr().err
