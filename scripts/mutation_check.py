@@ -667,6 +667,21 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_depth_auto.py::test_mtp_deferred_over_window_1_equals_running_it_every_step",),
     ),
     Mutation(
+        "deferred MTP: a settle writes the backlog's whole width (past the target-sized block cache)",
+        "specjax/model/llama.py",
+        "        cache = cache.write(0, k, v, None if at is None else at + 1)",
+        "        cache = cache.write(0, k, v)",
+        ("tests/test_depth_auto.py::test_the_deferred_block_needs_no_room_past_the_targets_cache",
+         "tests/test_model.py::test_mtp_block_at_one_slot_equals_that_slot_of_the_full_block"),
+    ),
+    Mutation(
+        "dense bounded write: the count is ignored past the capacity check (padding lands too)",
+        "specjax/cache/dense.py",
+        "        keep = fits[:, None] if count is None else fits[:, None] & (jnp.arange(t)[None] < count[:, None])",
+        "        keep = fits[:, None]",
+        ("tests/test_caches.py::test_a_bounded_write_needs_room_for_its_count_only",),
+    ),
+    Mutation(
         "optimistic: the upper bound never tightens however many verdicts the batch has had",
         "specjax/depth_policy.py",
         "    return jnp.clip(est + bonus * jnp.sqrt(est * (1.0 - est) / (n + 2.0)), 0.0, 1.0)",

@@ -206,8 +206,8 @@ class MtpDrafter:
     name: str = "mtp"
     # R: window-1 commits the block may defer (0: it runs on every commit). A settle is one block
     # call over R positions, whose fixed cost a batch of one feels: forced window-1 steps at B=1
-    # cost 1.08x plain decoding at R = 16, 1.04x at 64 (benchmarks/window_one.py). The block's
-    # cache gets R slots more, rounded up to 128: free up to 128
+    # cost 1.08x plain decoding at R = 16, 1.04x at 64 (benchmarks/window_one.py). The settle
+    # writes only the pending slots (``mtp_hidden_at``), so the block's cache is the target's size
     backlog_limit: int = 64
 
     def backlog_size(self, eng) -> int:
@@ -222,7 +222,7 @@ class MtpDrafter:
         pos = lengths[:, None] + jnp.arange(t)[None]
         nxt = _gather(st.seq, pos + 1)
         last = jnp.maximum(count - 1, 0)  # (a padding row of a prefill commits 0)
-        if hasattr(dec, "mtp_hidden_at"):  # the block's attention and MLP for the one slot read, K/V for all t
+        if hasattr(dec, "mtp_hidden_at"):  # attention and MLP for the one slot read, K/V up to it
             h, cache = dec.mtp_hidden_at(params["target"], hidden, nxt, pos, cache, last,
                                          attention_impl=eng.attention_impl)
         else:  # a model with only the protocol's mtp_hidden: every slot, one kept
@@ -236,8 +236,12 @@ class MtpDrafter:
     def empty(self, eng, batch, width, capacity=None):
         dec = eng.target
         r = self.backlog_size(eng)
-        if capacity is None:  # a settle writes R slots from the block's own (lagging) length: room past the target's
-            capacity = eng.capacity + (-(-r // CAPACITY_BLOCK) * CAPACITY_BLOCK)
+        if capacity is None:
+            capacity = eng.capacity
+            if not hasattr(dec, "mtp_hidden_at"):  # its settle writes all R slots from the block's lagging length
+                capacity += -(-r // CAPACITY_BLOCK) * CAPACITY_BLOCK
+            # (with it, only the pending ones: up to the target's length. 128 slots more took the
+            # block's attention at B=64 from 384 keys to 512, 1.04x-1.06x a drafting step)
         cache = dec.init_mtp_cache(batch, capacity)
         first_probs = None if eng.greedy else jnp.zeros((batch, dec.vocab_size), jnp.float32)
         return MtpState(cache, jnp.zeros((batch, dec.hidden_size), eng.dtype), jnp.zeros((batch,), jnp.int32),

@@ -125,6 +125,27 @@ def test_dense_capacity_guard_reports_and_never_clamps():
     np.testing.assert_array_equal(np.asarray(bad.status), [ROLLBACK_INVALID, 0, 0, ROLLBACK_INVALID])
 
 
+@given(lengths=st.lists(st.integers(0, CAP), min_size=B, max_size=B),
+       count=st.lists(st.integers(0, 4), min_size=B, max_size=B), seed=st.integers(0, 1000))
+def test_a_bounded_write_needs_room_for_its_count_only(lengths, count, seed):
+    """``write(..., count)``: each row's first ``count`` tokens land at its length, the rest are
+    dropped; the row fits when ``length + count <= capacity`` (not ``+ t``: an MTP settle's
+    padded backlog), else nothing is written and it is flagged."""
+    t = 4
+    lengths, count = np.array(lengths, np.int32), np.array(count, np.int32)
+    kn = np.random.default_rng(seed).standard_normal((B, t, HKV, D)).astype(np.float32)
+    out = jax.jit(lambda c, k, n: c.write(1, k, -k, n))(
+        _dense().replace(lengths=jnp.asarray(lengths)), kn, jnp.asarray(count))
+    want = np.zeros((L, B, CAP, HKV, D), np.float32)
+    fits = lengths + count <= CAP
+    for b in range(B):  # reference: a loop over rows
+        if fits[b]:
+            want[1, b, lengths[b] : lengths[b] + count[b]] = kn[b, : count[b]]
+    np.testing.assert_array_equal(_tok_major(out.k), want)
+    np.testing.assert_array_equal(_tok_major(out.v), -want)
+    np.testing.assert_array_equal(np.asarray(out.status), np.where(fits, 0, CAPACITY_EXCEEDED))
+
+
 def test_plan_driven_advance_gives_expected_lengths():
     u = np.array([1, 1, 1, 1], np.int32)
     a = np.array([3, 0, 2, 1], np.int32)

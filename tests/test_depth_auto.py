@@ -246,6 +246,34 @@ def test_mtp_deferred_over_window_1_equals_running_it_every_step(greedy):
         np.testing.assert_allclose(a[..., :n, :], b[..., :n, :], atol=1e-5)
 
 
+def test_the_deferred_block_needs_no_room_past_the_targets_cache():
+    """The block's cache is the target's size: a settle writes only the pending slots, so one
+    that lands near the end of the capacity (the row done, 8 pending, R = 16 wide) writes
+    nothing past it and flags nothing, and the run equals the block on every commit."""
+    r, width, new_tokens = 16, 4, 40
+    capacity = engine_mod.request_capacity(width, new_tokens, 2, bucket=False)  # 49: no slot to spare
+
+    def run(drafter):
+        eng = make_engine(TARGET, drafter=drafter, draft_model=None, depth=2, cache="dense", capacity=capacity,
+                          kv_advance_rule=kv_advance("per_sequence"), policy=EMA, greedy=True)
+        params = {"target": TARGET.params}
+        sampling = RowSampling.rows([0.0] * 2, [None] * 2, [None] * 2)
+        st = prefill(eng, params, np.array([[1, 2, 3, 4]] * 2, np.int32), np.full(2, width, np.int32),
+                     np.full(2, width + new_tokens, np.int32), np.full(2, -1, np.int32), np.arange(2, dtype=np.uint32),
+                     sampling).replace(auto=auto_state(eng, FREE, 2))
+        for k in [0] * new_tokens + [2]:  # settles at 16 and 32 pending, then 8 before the drafting step
+            st = step(eng, params, st.replace(auto=st.auto.replace(force=jnp.int32(k))))
+        return st
+
+    deferred, eager = run(MtpDrafter(backlog_limit=r)), run(MtpDrafter(backlog_limit=0))
+    assert deferred.dstate.cache.capacity == capacity
+    assert np.asarray(deferred.done).all() and np.asarray(deferred.cache.lengths).tolist() == [capacity - 6] * 2
+    np.testing.assert_array_equal(deferred.dstate.cache.status, 0)
+    np.testing.assert_array_equal(deferred.dstate.cache.lengths, eager.dstate.cache.lengths)
+    np.testing.assert_array_equal(deferred.seq, eager.seq)
+    np.testing.assert_array_equal(deferred.dstate.first, eager.dstate.first)
+
+
 def test_the_measured_table_is_kept_on_disk_and_reused(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECJAX_CACHE_DIR", str(tmp_path))
     kw = dict(max_new_tokens=12, drafter="ngram", depth="auto", max_depth=2)

@@ -131,7 +131,8 @@ def _mtp_both(hid, nxt, pos, cache, at):
 @given(t=st.integers(1, 6), data=st.data())
 def test_mtp_block_at_one_slot_equals_that_slot_of_the_full_block(t, data):
     """``mtp_hidden(at=)`` (what a commit or settle reads: one slot per row) equals that slot of
-    the block run at every slot, and writes the same cache, over ragged per-row lengths."""
+    the block run at every slot and writes the same K/V up to it, over ragged per-row lengths;
+    the slots after it (padding, rejected drafts) keep what the cache held."""
     cfg, b, cap = _MTP_CFG, 4, 16
     lengths = np.asarray(data.draw(st.lists(st.integers(0, cap - t), min_size=b, max_size=b)), np.int32)
     at = np.asarray(data.draw(st.lists(st.integers(0, t - 1), min_size=b, max_size=b)), np.int32)
@@ -146,8 +147,10 @@ def test_mtp_block_at_one_slot_equals_that_slot_of_the_full_block(t, data):
     assert one.shape == (b, cfg.d_model)
     np.testing.assert_allclose(np.asarray(one), np.asarray(full)[np.arange(b), at], atol=1e-5)
     np.testing.assert_array_equal(c_one.lengths, lengths)  # written, not advanced
-    for x, y in zip(jax.tree.leaves((c_one.k, c_one.v)), jax.tree.leaves((c_full.k, c_full.v)), strict=True):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    upto = (np.arange(cap)[None] <= (lengths + at)[:, None])[:, None, :, None]  # [B, 1, cap, 1]: written
+    before = jax.tree.leaves((cache.k, cache.v))
+    for x, y, z in zip(jax.tree.leaves((c_one.k, c_one.v)), jax.tree.leaves((c_full.k, c_full.v)), before, strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.where(upto, np.asarray(y), np.asarray(z)))
 
 
 @pytest.mark.parametrize(

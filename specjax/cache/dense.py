@@ -68,15 +68,21 @@ class DenseKVCache:
     def capacity(self) -> int:
         return layer_spec(self.k).shape[2]
 
-    def write(self, layer: int | jax.Array, k_new: jax.Array, v_new: jax.Array) -> DenseKVCache:
+    def write(self, layer: int | jax.Array, k_new: jax.Array, v_new: jax.Array,
+              count: jax.Array | None = None) -> DenseKVCache:
         """Write ``k_new, v_new [B, t, Hkv, D]`` at each row's own offset ``lengths[b]``.
 
-        A row that would pass ``capacity`` is not written and gets ``CAPACITY_EXCEEDED``.
+        ``count [B]`` (``<= t``): only each row's first ``count`` tokens are written, the rest
+        dropped, so the row needs room for ``count`` slots, not ``t`` (a static-width write
+        whose tail is padding). A row that would pass ``capacity`` is not written and gets
+        ``CAPACITY_EXCEEDED``.
         """
         t = k_new.shape[1]
-        fits = self.lengths + t <= self.capacity
+        n = t if count is None else count
+        fits = self.lengths + n <= self.capacity
         pos = positions(self.lengths, t)
-        pos = jnp.where(fits[:, None], pos, self.capacity)  # explicit out-of-range: dropped
+        keep = fits[:, None] if count is None else fits[:, None] & (jnp.arange(t)[None] < count[:, None])
+        pos = jnp.where(keep, pos, self.capacity)  # explicit out-of-range: dropped
         rows = jnp.broadcast_to(jnp.arange(self.batch, dtype=jnp.int32)[:, None], pos.shape)
         idx = (rows, slice(None), pos)  # (rows, :, pos): the indexed view is [B, t, Hkv, D], exactly k_new's shape
         return self.replace(k=set_rows(self.k, layer, idx, k_new), v=set_rows(self.v, layer, idx, v_new),

@@ -474,9 +474,11 @@ def mtp_hidden(
     fed back as ``h`` when chaining) and the written cache.
 
     ``at`` (int32 ``[B]``, with ``cache``): return only slot ``at`` of each row, ``[B, d]``.
-    The cache still gets all ``t`` positions' K and V (each depends on its own position's
-    input alone), but attention and the MLP run for that one slot: a commit or a settle
-    reads the block's output at one position, and the other ``t - 1`` cost only their K/V.
+    The cache gets the K and V of slots ``0 .. at`` (each depends on its own position's input
+    alone; later slots are padding or rejected drafts, past what the cache keeps), and
+    attention and the MLP run for slot ``at`` alone: a commit or a settle reads the block's
+    output at one position, the ones before it cost only their K/V, and a write of ``t``
+    slots needs room for ``at + 1`` (a settle's ``t`` is the backlog's width, not its count).
     """
     m = params["mtp"]
     x = mtp_input(params, config, hidden, next_tokens)
@@ -484,7 +486,7 @@ def mtp_hidden(
     if cache is None:
         attn = _causal_attention(q, k, v, None)
     else:
-        cache = cache.write(0, k, v)
+        cache = cache.write(0, k, v, None if at is None else at + 1)
         view = cache
         if at is not None:  # one query per row, at lengths + at: it sees the keys written up to its slot
             one = lambda a: jnp.take_along_axis(a, at.reshape((-1, 1) + (1,) * (a.ndim - 2)), axis=1)  # noqa: E731
