@@ -675,6 +675,13 @@ MUTATIONS: list[Mutation] = [
          "tests/test_model.py::test_mtp_block_at_one_slot_equals_that_slot_of_the_full_block"),
     ),
     Mutation(
+        "row status: a write the drafter's own cache refused stays silent",
+        "specjax/engine.py",
+        "    return st.cache.status if drafter is None else st.cache.status | drafter",
+        "    return st.cache.status",
+        ("tests/test_engine.py::test_a_write_the_drafters_own_cache_refused_is_an_error_not_silent",),
+    ),
+    Mutation(
         "dense bounded write: the count is ignored past the capacity check (padding lands too)",
         "specjax/cache/dense.py",
         "        keep = fits[:, None] if count is None else fits[:, None] & (jnp.arange(t)[None] < count[:, None])",

@@ -40,7 +40,7 @@ from specjax.depth_policy import (
     store_cached_cost,
     update_estimates,
 )
-from specjax.drafter import drafter_kind, resolve_drafter
+from specjax.drafter import cache_status, drafter_kind, resolve_drafter
 from specjax.metrics import GenerationResult, metrics, tokens
 from specjax.plan import plan_step
 from specjax.protocols import Decoder, DecoderModel, Drafter, check_model
@@ -644,7 +644,9 @@ def cost_key(eng: EngineConfig, shapes: list) -> dict:
     """What a step's cost depends on: the device, the static engine, the batch's ``shapes``
     (and how it is run: ``generate``'s loop, ``stream``'s steps or a batch job's)."""
     dev = jax.devices()[0]
-    return {"v": 3,  # 3: generate's tables timed over whole runs in interleaved rounds (measure_cost)
+    # 3: generate's tables timed over whole runs in interleaved rounds (measure_cost); 4: the MTP
+    # block's cache the target's size (its drafting steps got cheaper: older tables overrate them)
+    return {"v": 4,
             "backend": dev.platform, "device": dev.device_kind, "devices": jax.device_count(),
             "jax": jax.__version__, "engine": repr(eng), "shapes": [list(x) for x in shapes]}
 
@@ -741,11 +743,17 @@ def _compiled(eng: EngineConfig, params: dict, args: tuple):
     return fn, time.perf_counter() - t0
 
 
+def row_status(st: EngineState) -> jax.Array:
+    """int32 ``[B]``: each row's status bits, the target's caches' and the drafter's own."""
+    drafter = cache_status(st.dstate)
+    return st.cache.status if drafter is None else st.cache.status | drafter
+
+
 def fetch(st: EngineState) -> tuple[EngineState, np.ndarray]:
     """What comes back to the host from a finished state: every array but the caches and the
-    drafter state (this process's rows of them), and the caches' status ``[B]``."""
+    drafter state (this process's rows of them), and the rows' status ``[B]`` (``row_status``)."""
     small = st.replace(cache=None, dstate=None)
-    return jax.tree.map(local_rows, small), local_rows(st.cache.status)
+    return jax.tree.map(local_rows, small), local_rows(row_status(st))
 
 
 def _put_auto(auto: AutoState, mesh) -> AutoState:
