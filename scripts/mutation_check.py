@@ -123,7 +123,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "capacity guard removed (overflowing rows written anyway)",
         "specjax/cache/dense.py",
-        "        fits = self.lengths + t <= self.capacity\n",
+        "        fits = self.lengths + n <= self.capacity\n",
         "        fits = self.lengths >= 0\n",
         ("tests/test_caches.py",),
     ),
