@@ -40,9 +40,10 @@ def _loop(bundle, prompts, drafter, depth, window, steps):
     auto = None
     if eng.policy is not None:
         k = eng.windows.index(window)
-        auto = E.auto_state(eng, E.placeholder_cost(eng, b), b).replace(force=jnp.int32(k), force_from=jnp.int32(0))
         if window == 1:  # the policy's own choice: window 1 under a table where drafting never pays
             auto = E.auto_state(eng, CostTable.create(eng.windows, [b], [[1.0] + [100.0] * (len(eng.windows) - 1)]), b)
+        else:  # forced, every row drafting
+            auto = E.auto_state(eng, E.placeholder_cost(eng, b), b).replace(force=jnp.int32(k), force_from=jnp.int32(0))
         one = lambda p, s: E._chosen_step(eng, p, k)(s)  # noqa: E731
     else:
         one = lambda p, s: E._step_window(eng, p, s, window, None)  # noqa: E731

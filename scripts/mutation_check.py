@@ -677,8 +677,15 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "row status: a write the drafter's own cache refused stays silent",
         "specjax/engine.py",
-        "    return st.cache.status if drafter is None else st.cache.status | drafter",
+        "    return st.cache.status | eng.drafter.status(st.dstate)",
         "    return st.cache.status",
+        ("tests/test_engine.py::test_a_write_the_drafters_own_cache_refused_is_an_error_not_silent",),
+    ),
+    Mutation(
+        "row status: the draft model's cache reports no refused write",
+        "specjax/drafter.py",
+        "        return dstate.status\n",
+        "        return jnp.zeros_like(dstate.lengths)\n",
         ("tests/test_engine.py::test_a_write_the_drafters_own_cache_refused_is_an_error_not_silent",),
     ),
     Mutation(

@@ -535,7 +535,7 @@ def _harvest(eng: EngineConfig, st: EngineState, held: list[_Row | None]) -> Ite
     if not finished:
         return
     host = jax.device_get((st.seq, st.prompt_len, st.known, st.steps, st.emitted, st.accepted, st.proposed, st.trace,
-                           row_status(st)))
+                           row_status(eng, st)))
     seq, plen, known, steps, emitted, accepted, proposed, trace, status = (np.asarray(x) for x in host)
     bad = {s: describe_status(status)[s] for s in finished if status[s]}
     if bad:

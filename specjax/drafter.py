@@ -32,13 +32,13 @@ import jax
 import jax.numpy as jnp
 
 from specjax._pytree import pytree_dataclass
-from specjax.cache import DenseKVCache, ModelCache
+from specjax.cache import DenseKVCache
 from specjax.cache.base import CAPACITY_BLOCK
 from specjax.protocols import DraftContext, check_drafter
 from specjax.sampling import draft_token
 
-__all__ = ["DRAFTERS", "DraftModelDrafter", "MtpDrafter", "NgramDrafter", "NoDrafter", "PluggedDrafter", "cache_status",
-           "drafter_kind", "pick", "resolve_drafter"]
+__all__ = ["DRAFTERS", "DraftModelDrafter", "MtpDrafter", "NgramDrafter", "NoDrafter", "PluggedDrafter", "drafter_kind",
+           "pick", "resolve_drafter"]
 
 DRAFTERS = ("mtp", "draft_model", "ngram")
 
@@ -179,6 +179,10 @@ class DraftModelDrafter:
     def commit(self, eng, params, st, dstate, hidden, old_lengths, u, a, advance):
         return dstate.advance(advance)
 
+    def status(self, dstate) -> jax.Array:
+        """int32 [B]: the draft model's caches' status bits (``cache.base``)."""
+        return dstate.status
+
 
 @pytree_dataclass
 class MtpState:
@@ -292,6 +296,10 @@ class MtpDrafter:
         cache, h, tok, first_probs = self._after(eng, params, st, dstate.cache, hidden, old_lengths, u + a)
         return dstate.replace(cache=cache.advance(advance), h=h, first=tok, first_probs=first_probs)
 
+    def status(self, dstate) -> jax.Array:
+        """int32 [B]: the block's cache's status bits (``cache.base``)."""
+        return dstate.cache.status
+
     def backlog(self, dstate) -> jax.Array:
         """int32 []: the most commits any row has deferred (``settle`` is due at ``R``)."""
         return jnp.max(dstate.pending_n)
@@ -376,17 +384,6 @@ def resolve_drafter(drafter: object, ngram_n: int = 3) -> Any:
         return drafter
     check_drafter("drafter", drafter)
     return PluggedDrafter(drafter)
-
-
-def cache_status(dstate: object) -> jax.Array | None:
-    """int32 ``[B]``: the status bits (``cache.base``) of a built-in drafter's own cache (the
-    MTP block's, a draft model's), so a write it refused surfaces as the target's does;
-    ``None`` for a drafter that keeps none (or a user's drafter state)."""
-    if isinstance(dstate, MtpState):
-        return dstate.cache.status
-    if isinstance(dstate, ModelCache | DenseKVCache):
-        return dstate.status
-    return None
 
 
 def drafter_kind(drafter: object) -> str | None:

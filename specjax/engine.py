@@ -40,7 +40,7 @@ from specjax.depth_policy import (
     store_cached_cost,
     update_estimates,
 )
-from specjax.drafter import cache_status, drafter_kind, resolve_drafter
+from specjax.drafter import drafter_kind, resolve_drafter
 from specjax.metrics import GenerationResult, metrics, tokens
 from specjax.plan import plan_step
 from specjax.protocols import Decoder, DecoderModel, Drafter, check_model
@@ -598,7 +598,7 @@ def generate(
                                         steps=eng.max_steps)
         auto = _put_auto(auto_state(eng, table, b), mesh)
     t0 = time.perf_counter()
-    st, status = fetch(run(params, *args, auto, limit))
+    st, status = fetch(eng, run(params, *args, auto, limit))
     run_s = time.perf_counter() - t0
     compiles = _TRACES["generate"] - before
     _check_status(status)
@@ -743,17 +743,19 @@ def _compiled(eng: EngineConfig, params: dict, args: tuple):
     return fn, time.perf_counter() - t0
 
 
-def row_status(st: EngineState) -> jax.Array:
-    """int32 ``[B]``: each row's status bits, the target's caches' and the drafter's own."""
-    drafter = cache_status(st.dstate)
-    return st.cache.status if drafter is None else st.cache.status | drafter
+def row_status(eng: EngineConfig, st: EngineState) -> jax.Array:
+    """int32 ``[B]``: each row's status bits, the target's caches' and those of the drafter's
+    own (``drafter.status``: the MTP block's, a draft model's; a drafter that keeps no cache has none)."""
+    if not hasattr(eng.drafter, "status"):
+        return st.cache.status
+    return st.cache.status | eng.drafter.status(st.dstate)
 
 
-def fetch(st: EngineState) -> tuple[EngineState, np.ndarray]:
+def fetch(eng: EngineConfig, st: EngineState) -> tuple[EngineState, np.ndarray]:
     """What comes back to the host from a finished state: every array but the caches and the
     drafter state (this process's rows of them), and the rows' status ``[B]`` (``row_status``)."""
     small = st.replace(cache=None, dstate=None)
-    return jax.tree.map(local_rows, small), local_rows(row_status(st))
+    return jax.tree.map(local_rows, small), local_rows(row_status(eng, st))
 
 
 def _put_auto(auto: AutoState, mesh) -> AutoState:

@@ -72,7 +72,7 @@ def stream(model: DecoderModel, prompts: list[list[int]], **kwargs: Any) -> Iter
     new = [[int(t)] for t in first]
     while True:
         if bool(done.all()) or int(i) >= eng.max_steps:
-            host, status = fetch(st)
+            host, status = fetch(eng, st)
             _check_status(status)
             yield StreamChunk(new, GenerationResult(tokens(host), metrics(host, eng, 0)))
             return

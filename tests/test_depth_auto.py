@@ -66,14 +66,14 @@ def test_the_cost_table_steers_the_window():
     assert steep["compiles"] == 0  # the table is data: the same compiled loop
 
 
-def _stepper(draft, policy, batch=4, cost=FREE, greedy=True, drafter="draft_model"):
+def _stepper(draft, policy, batch=4, cost=FREE, greedy=True, drafter="draft_model", capacity=256, max_len=200):
     eng = make_engine(TARGET, drafter=drafter, draft_model=draft, depth=policy.windows[-1] - 1,
-                      kv_advance_rule=kv_advance("per_sequence"), cache="dense", capacity=256, policy=policy,
+                      kv_advance_rule=kv_advance("per_sequence"), cache="dense", capacity=capacity, policy=policy,
                       greedy=greedy)
     params = {"target": TARGET.params} if draft is None else {"target": TARGET.params, "draft": draft.params}
     prompts = np.array([[1, 2, 3, 4]] * batch, np.int32)
     sampling = RowSampling.rows([0.0 if greedy else 1.0] * batch, [None] * batch, [None] * batch)
-    st = prefill(eng, params, prompts, np.full(batch, 4, np.int32), np.full(batch, 200, np.int32),
+    st = prefill(eng, params, prompts, np.full(batch, 4, np.int32), np.full(batch, max_len, np.int32),
                  np.full(batch, -1, np.int32), np.arange(batch, dtype=np.uint32), sampling)
     return eng, params, st.replace(auto=auto_state(eng, cost, batch))
 
@@ -254,13 +254,7 @@ def test_the_deferred_block_needs_no_room_past_the_targets_cache():
     capacity = engine_mod.request_capacity(width, new_tokens, 2, bucket=False)  # 49: no slot to spare
 
     def run(drafter):
-        eng = make_engine(TARGET, drafter=drafter, draft_model=None, depth=2, cache="dense", capacity=capacity,
-                          kv_advance_rule=kv_advance("per_sequence"), policy=EMA, greedy=True)
-        params = {"target": TARGET.params}
-        sampling = RowSampling.rows([0.0] * 2, [None] * 2, [None] * 2)
-        st = prefill(eng, params, np.array([[1, 2, 3, 4]] * 2, np.int32), np.full(2, width, np.int32),
-                     np.full(2, width + new_tokens, np.int32), np.full(2, -1, np.int32), np.arange(2, dtype=np.uint32),
-                     sampling).replace(auto=auto_state(eng, FREE, 2))
+        eng, params, st = _stepper(None, EMA, batch=2, drafter=drafter, capacity=capacity, max_len=width + new_tokens)
         for k in [0] * new_tokens + [2]:  # settles at 16 and 32 pending, then 8 before the drafting step
             st = step(eng, params, st.replace(auto=st.auto.replace(force=jnp.int32(k))))
         return st

@@ -12,7 +12,7 @@ from scipy import stats
 
 from specjax import engine as engine_mod
 from specjax.depth_policy import DepthPolicy
-from specjax.drafter import MtpDrafter
+from specjax.drafter import DraftModelDrafter, MtpDrafter
 from specjax.engine import generate
 from specjax.model import logits
 
@@ -405,14 +405,26 @@ class _ShortBlockCache(MtpDrafter):
         return super().empty(eng, batch, width, capacity=width if capacity is None else capacity)
 
 
-def test_a_write_the_drafters_own_cache_refused_is_an_error_not_silent():
-    """The drafter's cache (here the MTP block's) flags a refused write as the target's does;
-    ``generate`` raises naming the rows instead of returning tokens drafted from a stale cache."""
+@dataclasses.dataclass(frozen=True)
+class _ShortDraftCache(DraftModelDrafter):
+    """The draft model's cache sized to the prompt only: its first proposal cannot be written."""
+
+    def empty(self, eng, batch, width):
+        return eng.draft.init_cache(batch, width, kind="dense", slack=0, page_size=16, num_pages=None)
+
+
+@pytest.mark.parametrize("drafter,short",
+                         [(MtpDrafter(), _ShortBlockCache()), (DraftModelDrafter(), _ShortDraftCache())])
+def test_a_write_the_drafters_own_cache_refused_is_an_error_not_silent(drafter, short):
+    """The drafter's cache (the MTP block's, a draft model's) flags a refused write as the
+    target's does; ``generate`` raises naming the rows instead of returning tokens drafted from
+    a stale cache."""
     prompts = _prompts(2, 44, hi=8)
-    ok = generate(MODELS["global"], prompts, max_new_tokens=6, drafter=MtpDrafter(), depth=2)
+    kw = dict(max_new_tokens=6, draft_model=DRAFTS["global"], depth=2)
+    ok = generate(MODELS["global"], prompts, drafter=drafter, **kw)
     assert [len(t) for t in ok.tokens] == [6, 6]
     with pytest.raises(RuntimeError, match=r"refused a write or advance.*rows \{0: \['capacity exceeded'\]"):
-        generate(MODELS["global"], prompts, max_new_tokens=6, drafter=_ShortBlockCache(), depth=2)
+        generate(MODELS["global"], prompts, drafter=short, **kw)
 
 
 def test_mtp_drafter_on_a_model_without_the_one_slot_block_drafts_the_same():
