@@ -998,6 +998,20 @@ MUTATIONS: list[Mutation] = [
         "best[c], taken[c] = (s if best[c] == np.inf else max(best[c], s)), max(taken[c], n)",
         ("tests/test_depth_auto.py::test_the_cost_measurement_interleaves_windows_and_keeps_each_ones_fastest",),
     ),
+    Mutation(
+        "cost table: noise flattened upward (one slow window prices every wider one at its figure)",
+        "specjax/engine.py",
+        "    return np.maximum(np.concatenate([s[:1], np.minimum.accumulate(s[:0:-1])[::-1]]), s[0])\n",
+        "    return np.maximum.accumulate(s)\n",
+        ("tests/test_depth_auto.py::test_a_drafting_window_slow_in_every_round_takes_a_wider_ones_figure",),
+    ),
+    Mutation(
+        "cost table: a drafting window priced under plain decoding",
+        "specjax/engine.py",
+        "    return np.maximum(np.concatenate([s[:1], np.minimum.accumulate(s[:0:-1])[::-1]]), s[0])\n",
+        "    return np.concatenate([s[:1], np.minimum.accumulate(s[:0:-1])[::-1]])\n",
+        ("tests/test_depth_auto.py::test_a_drafting_window_slow_in_every_round_takes_a_wider_ones_figure",),
+    ),
 ]
 
 

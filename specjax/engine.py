@@ -645,8 +645,9 @@ def cost_key(eng: EngineConfig, shapes: list) -> dict:
     (and how it is run: ``generate``'s loop, ``stream``'s steps or a batch job's)."""
     dev = jax.devices()[0]
     # 3: generate's tables timed over whole runs in interleaved rounds (measure_cost); 4: the MTP
-    # block's cache the target's size (its drafting steps got cheaper: older tables overrate them)
-    return {"v": 4,
+    # block's cache the target's size (its drafting steps got cheaper: older tables overrate them);
+    # 5: drafting windows flattened downward (monotone_costs: older tables priced them at the slowest)
+    return {"v": 5,
             "backend": dev.platform, "device": dev.device_kind, "devices": jax.device_count(),
             "jax": jax.__version__, "engine": repr(eng), "shapes": [list(x) for x in shapes]}
 
@@ -672,8 +673,8 @@ def measure_cost(eng: EngineConfig, batch: int, timed, *, warm: int = 0, steps: 
     different windows in different rounds rather than on every repeat of one; each keeps its
     fastest. ``rounds`` rounds, more (up to ``max_rounds``) while the measurement has taken
     under ``budget_s`` (cheap steps get more samples). A wider window never costs less than a
-    narrower one (noise is flattened upward). With no step past the warm-up (rows finished)
-    it retries without one; ``None`` when no step ran."""
+    narrower one (``monotone_costs``). With no step past the warm-up (rows finished) it
+    retries without one; ``None`` when no step ran."""
     calls = ([-1] if baseline else []) + list(range(len(eng.windows)))
     best = dict.fromkeys(calls, np.inf)
     taken = dict.fromkeys(calls, 0)
@@ -688,7 +689,20 @@ def measure_cost(eng: EngineConfig, batch: int, timed, *, warm: int = 0, steps: 
         r += 1
     base = best[-1] if baseline else 0.0
     secs = [max(best[k] - base, 1e-6) / taken[k] for k in range(len(eng.windows))]
-    return CostTable.create(eng.windows, [batch], [np.maximum.accumulate(secs).tolist()])
+    return CostTable.create(eng.windows, [batch], [monotone_costs(secs).tolist()])
+
+
+def monotone_costs(secs) -> np.ndarray:
+    """Measured seconds per step at ascending windows, made non-decreasing. A shared machine
+    only ever slows a run, so the fastest of a few is high by noise, never low: where a wider
+    drafting window measured cheaper than a narrower one, the narrower one's figure is the
+    inflated one and takes the wider's (flattened downward). Before, the wider took the
+    narrower's: one slow window priced every wider one at its figure (n-gram at B=1: windows
+    2-4 all at 2.08x window 1 where whole runs gave depth 1 the speed of plain decoding). The
+    narrowest window (plain decoding) keeps its own figure and the others never go under it:
+    pricing drafting as free is the costly mistake at large batch."""
+    s = np.asarray(secs, np.float64)
+    return np.maximum(np.concatenate([s[:1], np.minimum.accumulate(s[:0:-1])[::-1]]), s[0])
 
 
 def warm_steps(max_new_tokens: int) -> int:

@@ -304,6 +304,22 @@ def test_the_cost_measurement_interleaves_windows_and_keeps_each_ones_fastest():
     assert np.asarray(table.batches).tolist() == [8.0]
 
 
+def test_a_drafting_window_slow_in_every_round_takes_a_wider_ones_figure():
+    """Window 2 runs slow in every round (its fastest is inflated, as a shared machine makes it):
+    the table prices it at window 3's figure instead of pricing windows 3-4 at its own (the old
+    upward flattening: 3e-3 everywhere, drafting 3x plain). Plain decoding keeps its figure and
+    no drafting window goes under it."""
+    true = [1e-3, 2e-3, 2.1e-3, 2.2e-3]
+
+    def timed(k, warm, n, slow=(1,)):
+        return (0.05 + true[k] * n * (1.5 if k in slow else 1.0)), n
+
+    table = engine_mod.measure_cost(SimpleNamespace(windows=(1, 2, 3, 4)), 8, timed, warm=2, budget_s=0.0)
+    np.testing.assert_allclose(np.asarray(table.seconds)[0], [1e-3, 2.1e-3, 2.1e-3, 2.2e-3], rtol=1e-4)
+    np.testing.assert_allclose(engine_mod.monotone_costs([3.0, 2.0, 2.5, 2.4]), [3.0] * 4)
+    np.testing.assert_allclose(engine_mod.monotone_costs([1.0, 2.0, 3.0, 2.9]), [1.0, 2.0, 2.9, 2.9])
+
+
 def test_stream_and_batch_jobs_run_auto_depth():
     """A static batch (generate, stream) chooses by makespan, a batch job by goodput."""
     kw = dict(max_new_tokens=20, drafter="draft_model", draft_model=DRAFT, depth="auto", max_depth=2)

@@ -1,0 +1,121 @@
+"""``depth="auto"`` policies compared without a clock: the bench's prompts are decoded
+(greedy, so the steps are deterministic) at every fixed depth and under ``depth="auto"`` with
+each value of one knob, and each run is priced as its steps at each window times one cost
+table (seconds per step per window, the one ``depth="auto"`` measured for that batch and
+cached on disk). Every configuration is priced by the same table, so the ratios carry none of
+a shared machine's timing noise; what they leave out is how far the table is from the true
+step costs (and a static batch's finished rows cost their slots in both).
+
+    python benchmarks/policy_steps.py --knob relax --values 0.0003,0.01 [--drafters mtp,ngram]
+        [--batches 1,8,32,64] [--workloads code,mixed] [--json] [--out FILE]
+
+Tables come from ``$SPECJAX_CACHE_DIR/costs.json`` (``specjax bench`` leaves them there; a
+missing one is measured first, as ``depth="auto"`` does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+import numpy as np
+
+import specjax
+from specjax.bench import bench_prompts, mixed_prompts
+from specjax.depth_policy import KNOBS, CostTable, DepthPolicy, cost_cache_path
+from specjax.engine import generate
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from _report import emit  # noqa: E402
+
+WINDOWS = (1, 2, 3, 4)
+NEW_TOKENS = 128
+
+
+def _table(bundle, toks, drafter: str, batch: int) -> np.ndarray:
+    """The cached cost table of ``depth="auto"`` for this drafter and batch (measured now if absent)."""
+    def lookup():
+        path = cost_cache_path()
+        found = {}
+        for entry in (json.loads(path.read_text()).values() if path.exists() else []):
+            key = entry["key"]
+            if f"name='{drafter}'" in key["engine"] and key["shapes"][0][0] == batch \
+                    and tuple(entry["windows"]) == WINDOWS and "rule='makespan'" in key["engine"]:
+                found[key["shapes"][0][1]] = entry["seconds"][0]
+        return found[max(found)] if found else None  # the widest prompt bucket's
+    if lookup() is None:
+        generate(bundle.model, toks[:batch], max_new_tokens=NEW_TOKENS, depth="auto", max_depth=3,
+                 **bundle.generate_kwargs({"drafter": drafter}))
+    return np.asarray(lookup())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--knob", choices=KNOBS, default="relax")
+    ap.add_argument("--values", default="0.0003,0.01")
+    ap.add_argument("--drafters", default="mtp,ngram")
+    ap.add_argument("--batches", default="1,8,32,64")
+    ap.add_argument("--workloads", default="code,mixed")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    try:
+        values = [float(v) for v in a.values.split(",")]
+        batches = [int(b) for b in a.batches.split(",")]
+        policies = {v: dataclasses.replace(DepthPolicy(WINDOWS, rule="makespan"), **{a.knob: v}) for v in values}
+        for p in policies.values():
+            p.check(3)
+    except ValueError as e:
+        sys.exit(f"--values / --batches: {e}")
+    drafters, workloads = a.drafters.split(","), a.workloads.split(",")
+    if not set(drafters) <= {"mtp", "ngram"} or not set(workloads) <= {"code", "mixed"} \
+            or any(b < 1 or 64 % b for b in batches):
+        sys.exit("--drafters: mtp, ngram; --workloads: code, mixed; --batches: divisors of 64")
+    bundle = specjax.load_model()
+    rows = []
+    for wl in workloads:
+        prompts = bench_prompts() if wl == "code" else mixed_prompts(bench_prompts())
+        toks = [bundle.encode_prompts([p], bos=False)[0] for p in prompts]
+        for d in drafters:
+            kw = bundle.generate_kwargs({"drafter": d})
+            for b in batches:
+                c = _table(bundle, toks, d, b)
+                groups = [toks[i:i + b] for i in range(0, len(toks), b)]
+                secs = {"plain": NEW_TOKENS * len(groups) * c[0]}
+                for k in (1, 2, 3):
+                    secs[f"depth {k}"] = c[k] * sum(generate(bundle.model, g, max_new_tokens=NEW_TOKENS, depth=k,
+                                                             **kw).metrics["steps"] for g in groups)
+                best = min(secs, key=secs.get)
+                for v, pol in policies.items():
+                    steps = np.zeros(len(WINDOWS))
+                    for g in groups:
+                        m = generate(bundle.model, g, max_new_tokens=NEW_TOKENS, depth=pol, max_depth=3,
+                                     cost=CostTable.create(WINDOWS, [b], [c.tolist()]), **kw).metrics
+                        steps += np.asarray(m["window_share"]) * m["steps"]
+                    t = float(steps @ c)
+                    rows.append({"workload": wl, "drafter": d, "batch": b, a.knob: v, "best_fixed": best,
+                                 "vs_best_fixed": secs[best] / t, "vs_plain": secs["plain"] / t,
+                                 "window_share": (steps / steps.sum()).round(3).tolist(),
+                                 "fixed_vs_plain": {k: secs["plain"] / s for k, s in secs.items()}})
+                    print(".", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    if emit(rows, a.out, a.json):
+        return
+    print(f"auto priced by its steps x the cached cost table, vs the best of plain and depths 1-3 (same pricing); "
+          f"{a.knob} = {values}")
+    print(f"{'workload':8} {'drafter':7} {'B':>3} {'best fixed':>10}  " + "  ".join(f"{v:>16g}" for v in values))
+    for i in range(0, len(rows), len(values)):
+        r = rows[i]
+        cells = "  ".join(f"{x['vs_best_fixed']:.3f} / {x['vs_plain']:.3f}".rjust(16) for x in rows[i:i + len(values)])
+        print(f"{r['workload']:8} {r['drafter']:7} {r['batch']:>3} {r['best_fixed']:>10}  {cells}")
+    for v in values:
+        x = [r for r in rows if r[a.knob] == v]
+        print(f"{a.knob}={v:g}: within 0.95x of the best fixed at {sum(r['vs_best_fixed'] >= 0.95 for r in x)}"
+              f"/{len(x)}, at or above plain at {sum(r['vs_plain'] >= 1.0 for r in x)}/{len(x)}, "
+              f"mean {np.mean([r['vs_best_fixed'] for r in x]):.3f} of the best fixed")
+
+
+if __name__ == "__main__":
+    main()
