@@ -43,8 +43,8 @@ def _table(bundle, toks, drafter: str, batch: int) -> np.ndarray:
             key = entry["key"]
             if f"name='{drafter}'" in key["engine"] and key["shapes"][0][0] == batch \
                     and tuple(entry["windows"]) == WINDOWS and "rule='makespan'" in key["engine"]:
-                found[key["shapes"][0][1]] = entry["seconds"][0]
-        return found[max(found)] if found else None  # the widest prompt bucket's
+                found[(key["v"], key["shapes"][0][1])] = entry["seconds"][0]
+        return found[max(found)] if found else None  # the newest measurement's, the widest prompt bucket's
     if lookup() is None:
         generate(bundle.model, toks[:batch], max_new_tokens=NEW_TOKENS, depth="auto", max_depth=3,
                  **bundle.generate_kwargs({"drafter": drafter}))
