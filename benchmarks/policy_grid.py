@@ -27,7 +27,7 @@ COSTS = {  # seconds per step at windows 1-4
 }
 ROWS = {"Beta(7,3) decay 0.9": BetaRows(7.0, 3.0, 0.9), "Beta(2,2)": BetaRows(2.0, 2.0),
         "Beta(0.5,2)": BetaRows(0.5, 2.0), "Beta(9,2)": BetaRows(9.0, 2.0)}
-KNOBS = ("prior_weight", "explore", "pool", "spread", "shrink", "rate", "prior", "min_gain", "relax")
+KNOBS = ("prior_weight", "explore", "pool", "spread", "shrink", "rate", "prior", "min_gain", "relax", "relax_early")
 
 
 def main() -> None:

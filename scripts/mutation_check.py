@@ -604,9 +604,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "auto depth: the engine never updates a row's acceptance estimate",
         "specjax/engine.py",
-        "        est = jnp.where(active[:, None], update_estimates(est, intended, a, pol.rate, pol.prior, pol.relax,\n"
-        "                                                          st.seen_pos, pol.prior_weight), est)\n",
-        "        est = est\n",
+        "        est = jnp.where(active[:, None], update_estimates(est, intended, a, pol.rate,",
+        "        est = jnp.where(False, update_estimates(est, intended, a, pol.rate,",
         ("tests/test_depth_auto.py::test_rows_whose_drafts_are_never_accepted_stop_drafting",),
     ),
     Mutation(
@@ -959,9 +958,46 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "simulate --policy auto: the simulator's knobs instead of the engine's",
         "specjax/cli.py",
-        "knobs = DepthPolicy(table.windows, policy).knobs()",
+        "knobs = DepthPolicy(table.windows, policy, relax_early=RELAX_EARLY).knobs()",
         "knobs = {}",
         ("tests/test_depth_policy.py::test_cli_simulate_auto_models_the_engine",),
+    ),
+    Mutation(
+        "depth='auto': MTP / draft model estimates drift as slowly as n-gram's (the window-1 lock-in)",
+        "specjax/validate.py",
+        'always_offers=drafter_kind(drafter) != "ngram")',
+        "always_offers=False)",
+        ("tests/test_depth_auto.py::test_auto_estimates_drift_faster_for_drafters_that_offer_every_draft",),
+    ),
+    Mutation(
+        "depth='auto': n-gram estimates drift back to the prior as fast as MTP's",
+        "specjax/validate.py",
+        'always_offers=drafter_kind(drafter) != "ngram")',
+        "always_offers=True)",
+        ("tests/test_depth_auto.py::test_auto_estimates_drift_faster_for_drafters_that_offer_every_draft",),
+    ),
+    Mutation(
+        "DepthPolicy.auto: always_offers ignored (the slow drift for every drafter)",
+        "specjax/depth_policy.py",
+        "relax_early=RELAX_EARLY if always_offers else 0.0)",
+        "relax_early=0.0)",
+        ("tests/test_depth_policy.py::test_a_row_whose_first_drafts_fail_drafts_again_when_its_drafter_offers_every_draft",),
+    ),
+    Mutation(
+        "auto depth: the engine's estimates ignore relax_early (the window-1 lock-in again)",
+        "specjax/engine.py",
+        "st.seen_pos, pol.prior_weight, pol.relax_early), est)",
+        "st.seen_pos, pol.prior_weight), est)",
+        ("tests/test_depth_auto.py::test_a_row_at_window_1_forgets_an_estimate_resting_on_few_verdicts",),
+    ),
+    Mutation(
+        "relax_early never fades (a row whose drafts keep failing drifts back fast too)",
+        "specjax/depth_policy.py",
+        "relax_early * jnp.clip(1.0 - n / EARLY_VERDICTS, 0.0, 1.0)",
+        "relax_early",
+        ("tests/test_depth_policy.py::test_update_estimates_matches_numpy",
+         "tests/test_depth_auto.py::test_a_row_at_window_1_forgets_an_estimate_resting_on_few_verdicts",
+         "tests/test_depth_auto.py::test_rows_whose_drafts_are_never_accepted_stop_drafting"),
     ),
     Mutation(
         "ngram auto: the window not narrowed to the drafts the rows can offer",

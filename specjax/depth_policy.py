@@ -38,14 +38,24 @@ import numpy as np
 from specjax._pytree import pytree_dataclass, static_field
 
 __all__ = [
-    "POLICIES", "AutoState", "CostTable", "DepthPolicy", "choose", "cost_cache_path", "expected_max_normal",
-    "expected_tokens", "init_estimates", "load_cached_cost", "optimistic", "revealed", "store_cached_cost",
-    "update_estimates", "yield_variance",
+    "EARLY_VERDICTS", "POLICIES", "RELAX_EARLY", "AutoState", "CostTable", "DepthPolicy", "choose", "cost_cache_path",
+    "expected_max_normal", "expected_tokens", "init_estimates", "load_cached_cost", "optimistic", "revealed",
+    "store_cached_cost", "update_estimates", "yield_variance",
 ]
 
 POLICIES = ("fixed", "ema", "goodput", "makespan")
+# ``DepthPolicy.auto``'s ``relax_early`` for drafters that offer every draft asked. A window-1 step
+# reveals nothing, so a row whose first drafts fail keeps its low estimate (the lock-in: at B=1,
+# MTP, one bench prompt decoded 127 of 128 tokens plainly where depth 3 accepts 32 of its 34 first
+# drafts); the drift sends it back to drafting within some tens of steps.
+RELAX_EARLY = 0.02
+# ``relax_early`` fades linearly to nothing over a position's first this-many verdicts: a row
+# whose drafts keep failing has earned its low estimate and keeps it (a fast drift of every
+# position made a row that never accepts probe every other step where drafting is free)
+EARLY_VERDICTS = 8
 # DepthPolicy's fields that tune its rule (``DepthPolicy.knobs``; ``simulate_policy``'s keywords)
-KNOBS = ("rate", "prior", "relax", "min_gain", "threshold", "shrink", "spread", "explore", "pool", "prior_weight")
+KNOBS = ("rate", "prior", "relax", "relax_early", "min_gain", "threshold", "shrink", "spread", "explore", "pool",
+         "prior_weight")
 
 
 @pytree_dataclass
@@ -120,7 +130,14 @@ class DepthPolicy:
     # drafts at B=1 spent long stretches not drafting: 0.79x the best fixed depth in the simulator)
     rate: float = 0.1
     prior: float = 0.7  # optimistic: a row must draft to learn that drafting does not pay
-    relax: float = 0.0003  # a row that stopped drafting tries one draft again about every 10 steps
+    # the drift of unrevealed positions back to ``prior`` a step: slow, so a row that stopped
+    # drafting tries one draft again about every 10 steps
+    relax: float = 0.0003
+    # the extra drift of a position with few verdicts (``update_estimates``). 0 by default: a
+    # low n-gram estimate mostly means no match (an unoffered draft counts as rejected), which a
+    # drift would forget and a window-1 step cannot recheck. ``auto`` sets ``RELAX_EARLY`` for
+    # drafters that offer every draft asked.
+    relax_early: float = 0.0
     min_gain: float = 0.02
     threshold: float = 0.5
     shrink: float = 0.5  # makespan: each row's estimate pulled half way to the batch mean (noise)
@@ -135,9 +152,13 @@ class DepthPolicy:
     prior_weight: float = 1.0
 
     @classmethod
-    def auto(cls, max_depth: int, rule: str = "goodput") -> DepthPolicy:
-        """Every window from plain decoding (1) to ``max_depth + 1``."""
-        return cls(tuple(range(1, max_depth + 2)), rule)
+    def auto(cls, max_depth: int, rule: str = "goodput", always_offers: bool = False) -> DepthPolicy:
+        """Every window from plain decoding (1) to ``max_depth + 1``. ``always_offers``: the
+        drafter offers every draft the policy asks for (MTP, a draft model, a user's drafter;
+        not n-gram, whose rows without a match offer none), so a low estimate is a low
+        acceptance rate, and one resting on few verdicts drifts back to the prior faster
+        (``relax_early = RELAX_EARLY``)."""
+        return cls(tuple(range(1, max_depth + 2)), rule, relax_early=RELAX_EARLY if always_offers else 0.0)
 
     def knobs(self) -> dict[str, float]:
         """``choose``'s and ``update_estimates``' knobs as ``specjax.sim.simulate_policy`` takes
@@ -153,7 +174,7 @@ class DepthPolicy:
                              f"[2, {max_depth + 1}]")
         if self.rule not in POLICIES:
             raise ValueError(f"DepthPolicy.rule={self.rule!r} is invalid: must be one of {list(POLICIES)}")
-        for name in ("rate", "prior", "relax", "min_gain", "threshold", "shrink", "spread", "explore"):
+        for name in ("rate", "prior", "relax", "relax_early", "min_gain", "threshold", "shrink", "spread", "explore"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v <= 1.0:
                 raise ValueError(f"DepthPolicy.{name}={v!r} is invalid: must lie in [0, 1]")
@@ -191,7 +212,8 @@ def revealed(proposed: jax.Array, accepted: jax.Array, depth: int) -> jax.Array:
 
 
 def update_estimates(est: jax.Array, proposed: jax.Array, accepted: jax.Array, rate: float, prior: float = 0.5,
-                     relax: float = 0.0, seen: jax.Array | None = None, prior_weight: float = 0.0) -> jax.Array:
+                     relax: float = 0.0, seen: jax.Array | None = None, prior_weight: float = 0.0,
+                     relax_early: float = 0.0) -> jax.Array:
     """EMA update from one step: row ``i`` proposed ``proposed[i]`` drafts and the target
     accepted its first ``accepted[i]``. Positions ``j < accepted`` were accepted, position
     ``accepted`` (if proposed) was rejected; later ones revealed nothing and drift back to
@@ -201,11 +223,18 @@ def update_estimates(est: jax.Array, proposed: jax.Array, accepted: jax.Array, r
     counts as ``prior_weight`` verdicts: the ``n``-th verdict moves the estimate by
     ``max(rate, 1 / (prior_weight + n))``, a running mean until the EMA's rate takes over.
     (A plain EMA from the prior needs ~16 verdicts to move 0.7 to 0.45: at B = 32-64 every
-    row drafted the widest window for the first ~10% of steps where drafting did not pay.)"""
+    row drafted the widest window for the first ~10% of steps where drafting did not pay.)
+    And an unrevealed position drifts by ``relax + relax_early * max(0, 1 - seen / EARLY_VERDICTS)``:
+    an estimate resting on a few verdicts is forgotten sooner (a window-1 step reveals nothing,
+    so a row whose first drafts failed would otherwise keep its low estimate)."""
     hit = (jnp.arange(est.shape[1])[None] < accepted[:, None]).astype(jnp.float32)
-    r = rate if seen is None else jnp.maximum(rate, 1.0 / (prior_weight + 1.0 + seen.astype(jnp.float32)))
+    r, drift = rate, relax
+    if seen is not None:
+        n = seen.astype(jnp.float32)
+        r = jnp.maximum(rate, 1.0 / (prior_weight + 1.0 + n))
+        drift = relax + relax_early * jnp.clip(1.0 - n / EARLY_VERDICTS, 0.0, 1.0)
     return jnp.where(revealed(proposed, accepted, est.shape[1]), (1.0 - r) * est + r * hit,
-                     est + relax * (prior - est))
+                     est + drift * (prior - est))
 
 
 def _running_product(x: jax.Array) -> jax.Array:

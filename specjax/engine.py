@@ -361,7 +361,7 @@ def _step_window(eng: EngineConfig, params: dict, st: EngineState, w: int, limit
     if eng.policy is not None:
         pol = eng.policy
         est = jnp.where(active[:, None], update_estimates(est, intended, a, pol.rate, pol.prior, pol.relax,
-                                                          st.seen_pos, pol.prior_weight), est)
+                                                          st.seen_pos, pol.prior_weight, pol.relax_early), est)
     out = st.replace(
         dstate=dstate,
         steps=st.steps + act,

@@ -323,7 +323,8 @@ class PolicyResult:
 def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: CostTable, budget: jax.Array, *,
                 policy: str, steps: int, rule: KvAdvance, rate: float, threshold: float, min_gain: float,
                 prior: float, relax: float, shrink: float, spread: float = 0.0,
-                explore: float = 0.0, prior_weight: float | None = None, pool: float = 0.0) -> dict[str, jax.Array]:
+                explore: float = 0.0, prior_weight: float | None = None, pool: float = 0.0,
+                relax_early: float = 0.0) -> dict[str, jax.Array]:
     """The plan steps of ``_run`` with the window and each row's drafts chosen per step by
     ``policy``. ``budget [B]``: tokens each row emits before it is done (a static batch); a
     step costs the whole batch while any row is left, and nothing after."""
@@ -345,7 +346,7 @@ def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: Cos
         a = accepted_from_prefix(draw(step), drafts)
         plan = jax.lax.switch(idx, branches, u, a)
         counts = None if prior_weight is None else seen
-        est = update_estimates(est, drafts, a, rate, prior, relax, counts, prior_weight or 0.0)
+        est = update_estimates(est, drafts, a, rate, prior, relax, counts, prior_weight or 0.0, relax_early)
         emitted = jnp.where(live, jnp.minimum(plan.emitted, left), 0)
         running = jnp.any(live)
         out = {"emitted": emitted, "drafts": jnp.where(live, drafts, 0), "accepted": jnp.where(live, a, 0),
@@ -361,8 +362,8 @@ def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: Cos
 
 
 _run_policy_jit = jax.jit(_run_policy, static_argnames=("policy", "steps", "rule", "rate", "threshold", "min_gain",
-                                                         "prior", "relax", "shrink", "spread", "explore", "pool",
-                                                         "prior_weight"))
+                                                         "prior", "relax", "relax_early", "shrink", "spread",
+                                                         "explore", "pool", "prior_weight"))
 
 
 def simulate_policy(
@@ -385,12 +386,14 @@ def simulate_policy(
     explore: float = 0.0,
     prior_weight: float | None = None,
     pool: float = 0.0,
+    relax_early: float = 0.0,
 ) -> PolicyResult:
     """Simulate ``steps`` steps of ``batch`` rows whose window (one of ``cost.windows``) and
     per-row draft counts ``policy`` picks each step (``specjax.depth_policy``), each step
     costing ``cost`` seconds at ``batch`` rows. The same row draws as ``simulate``.
     Estimates start at ``prior``, move by ``rate`` on every revealed position and drift back
-    to ``prior`` by ``relax`` on the others.
+    to ``prior`` by ``relax`` on the others, by ``relax_early`` more while a position has had few
+    verdicts (``update_estimates``; needs ``prior_weight``, the verdict counts).
 
     ``tokens``: a static batch (``generate``): every row emits ``tokens`` tokens and the run
     lasts until the slowest row is done (every step until then costs the whole batch;
@@ -410,8 +413,8 @@ def simulate_policy(
         raise ValueError(f"cost must be a CostTable, got {type(cost).__name__}")
     for name, v, lo, hi in (("rate", rate, 0.0, 1.0), ("threshold", threshold, 0.0, 1.0),
                             ("min_gain", min_gain, 0.0, 1.0), ("prior", prior, 0.0, 1.0), ("relax", relax, 0.0, 1.0),
-                            ("shrink", shrink, 0.0, 1.0), ("spread", spread, 0.0, 1.0),
-                            ("explore", explore, 0.0, 1.0), ("pool", pool, 0.0, 1000.0)):
+                            ("relax_early", relax_early, 0.0, 1.0), ("shrink", shrink, 0.0, 1.0),
+                            ("spread", spread, 0.0, 1.0), ("explore", explore, 0.0, 1.0), ("pool", pool, 0.0, 1000.0)):
         if not lo <= float(v) <= hi:
             raise ValueError(f"{name} must lie in [{lo}, {hi}], got {v!r}")
     if prior_weight is not None and not float(prior_weight) >= 0:
@@ -423,7 +426,7 @@ def simulate_policy(
                                        policy=policy, steps=s, rule=r, rate=float(rate), threshold=float(threshold),
                                        min_gain=float(min_gain), prior=float(prior), relax=float(relax),
                                        shrink=float(shrink), spread=float(spread), explore=float(explore),
-                                       pool=float(pool),
+                                       pool=float(pool), relax_early=float(relax_early),
                                        prior_weight=None if prior_weight is None else float(prior_weight)))
     emitted, drafts, accepted = (np.asarray(o[k], np.int64) for k in ("emitted", "drafts", "accepted"))
     ran = np.asarray(o["any"])  # the steps some row was left for

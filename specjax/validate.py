@@ -40,7 +40,8 @@ def resolve_depth(depth: object, max_depth: object, drafter: object,
         if isinstance(max_depth, bool) or not isinstance(max_depth, int | np.integer) \
                 or not 1 <= max_depth <= MAX_DEPTH:
             fail("max_depth", max_depth, f"must be an int in [1, {MAX_DEPTH}] (the widest depth='auto' may draft)")
-        return int(max_depth), DepthPolicy.auto(int(max_depth), "makespan" if static_batch else "goodput")
+        return int(max_depth), DepthPolicy.auto(int(max_depth), "makespan" if static_batch else "goodput",
+                                                always_offers=drafter_kind(drafter) != "ngram")
     if isinstance(depth, bool) or not isinstance(depth, int | np.integer) or not 1 <= depth <= MAX_DEPTH:
         fail("depth", depth, f"must be an int in [1, {MAX_DEPTH}], 'auto' or a DepthPolicy")
     return int(depth), None

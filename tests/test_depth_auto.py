@@ -7,6 +7,7 @@ import dataclasses
 import json
 from types import SimpleNamespace
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from hypothesis import strategies as st_
 from specjax import batch_generate, generate
 from specjax import engine as engine_mod
 from specjax.advance import kv_advance
-from specjax.depth_policy import CostTable, DepthPolicy, cost_cache_path
+from specjax.depth_policy import EARLY_VERDICTS, RELAX_EARLY, CostTable, DepthPolicy, cost_cache_path
 from specjax.drafter import MtpDrafter, NgramDrafter
 from specjax.engine import auto_state, make_engine, prefill, step
 from specjax.sampling import RowSampling
@@ -329,6 +330,32 @@ def test_stream_and_batch_jobs_run_auto_depth():
     assert resolve_depth("auto", 2, "mtp")[1].rule == "goodput"  # what batch_generate resolves
     out = {c.id: c.tokens for c in batch_generate(TARGET, PROMPTS, slots=3, **kw)}
     assert [out[i] for i in range(len(PROMPTS))] == _plain()
+
+
+def test_auto_estimates_drift_faster_for_drafters_that_offer_every_draft():
+    """MTP, a draft model and a user's drafter offer every draft asked, so a low estimate is a
+    low acceptance rate, and one resting on few verdicts drifts back to the prior faster
+    (``RELAX_EARLY``: the window-1 lock-in, ``test_depth_policy``); a low n-gram estimate mostly
+    means no match: no faster drift."""
+    for drafter in ("mtp", "draft_model", MtpDrafter(), SimpleNamespace(propose=None)):
+        assert resolve_depth("auto", 2, drafter)[1].relax_early == RELAX_EARLY > 0, drafter
+    for drafter in ("ngram", NgramDrafter(4)):
+        assert resolve_depth("auto", 2, drafter)[1].relax_early == 0.0, drafter
+
+
+def test_a_row_at_window_1_forgets_an_estimate_resting_on_few_verdicts():
+    """The engine's update: an unrevealed position (every one, at window 1) drifts back to the
+    prior by ``relax + relax_early`` while it has had no verdict, by ``relax`` alone once it has
+    had ``EARLY_VERDICTS``."""
+    policy = DepthPolicy(WINDOWS, relax_early=0.25)
+    eng, params, st = _stepper(DRAFT, policy, cost=STEEP)  # drafting a loss: window 1
+    low = jnp.full_like(st.est, 0.1)
+    firm = st.replace(est=low, seen_pos=jnp.full_like(st.seen_pos, EARLY_VERDICTS))
+    firm = step(eng, params, jax.tree.map(jnp.copy, firm))  # the step donates its input
+    fresh = step(eng, params, st.replace(est=low))
+    assert int(np.asarray(fresh.proposed).sum()) == 0 and int(np.asarray(firm.proposed).sum()) == 0
+    np.testing.assert_allclose(np.asarray(fresh.est), 0.1 + (policy.relax + 0.25) * 0.6, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(firm.est), 0.1 + policy.relax * 0.6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("kwargs,match", [
