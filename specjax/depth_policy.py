@@ -224,7 +224,8 @@ def update_estimates(est: jax.Array, proposed: jax.Array, accepted: jax.Array, r
     ``max(rate, 1 / (prior_weight + n))``, a running mean until the EMA's rate takes over.
     (A plain EMA from the prior needs ~16 verdicts to move 0.7 to 0.45: at B = 32-64 every
     row drafted the widest window for the first ~10% of steps where drafting did not pay.)
-    And an unrevealed position drifts by ``relax + relax_early * max(0, 1 - seen / EARLY_VERDICTS)``:
+    With ``seen``, an unrevealed position drifts by ``relax + relax_early * max(0, 1 - seen /
+    EARLY_VERDICTS)``:
     an estimate resting on a few verdicts is forgotten sooner (a window-1 step reveals nothing,
     so a row whose first drafts failed would otherwise keep its low estimate)."""
     hit = (jnp.arange(est.shape[1])[None] < accepted[:, None]).astype(jnp.float32)

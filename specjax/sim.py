@@ -419,6 +419,9 @@ def simulate_policy(
             raise ValueError(f"{name} must lie in [{lo}, {hi}], got {v!r}")
     if prior_weight is not None and not float(prior_weight) >= 0:
         raise ValueError(f"prior_weight must be >= 0 or None, got {prior_weight!r}")
+    if relax_early and prior_weight is None:
+        raise ValueError(f"relax_early={relax_early!r} needs prior_weight (it fades with the verdict counts "
+                         "that prior_weight turns on): pass prior_weight=0 or more")
     b, _, s, acc = _validate(batch, max(max(cost.windows) - 1, 1), steps, acceptance, seed)
     r = parse_kv_advance(rule, what="rule")
     budget = jnp.full((b,), 2**30 if tokens is None else tokens, jnp.int32)

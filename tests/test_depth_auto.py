@@ -368,6 +368,7 @@ def test_a_row_at_window_1_forgets_an_estimate_resting_on_few_verdicts():
     (dict(depth=DepthPolicy((1, 2, 2))), r"DepthPolicy.windows=\(1, 2, 2\) is invalid"),
     (dict(depth=DepthPolicy((1, 3), rule="greedy")), r"DepthPolicy.rule='greedy' is invalid"),
     (dict(depth=DepthPolicy((1, 3), rate=2.0)), r"DepthPolicy.rate=2.0 is invalid: must lie in \[0, 1\]"),
+    (dict(depth=DepthPolicy((1, 3), relax_early=-0.1)), r"DepthPolicy.relax_early=-0.1 is invalid: must lie in \[0"),
 ])
 def test_bad_depth_settings_are_rejected_before_compile(kwargs, match):
     before = engine_mod._TRACES["generate"]

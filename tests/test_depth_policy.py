@@ -299,6 +299,10 @@ def test_simulate_policy_validates():
         simulate_policy(4, 10, 0.5, ROOFLINE, rate=2)
     with pytest.raises(ValueError, match=r"cost must be a CostTable"):
         simulate_policy(4, 10, 0.5, {"windows": [1]})
+    with pytest.raises(ValueError, match=r"relax_early=0.02 needs prior_weight"):
+        simulate_policy(4, 10, 0.5, ROOFLINE, relax_early=0.02)
+    with pytest.raises(ValueError, match=r"relax_early must lie in \[0.0, 1.0\], got 2"):
+        simulate_policy(4, 10, 0.5, ROOFLINE, relax_early=2, prior_weight=1.0)
 
 
 def test_cli_simulate_policies(capsys):
