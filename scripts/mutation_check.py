@@ -746,8 +746,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "prior_weight ignored: a row's first verdicts move its estimate only by the EMA's rate",
         "specjax/depth_policy.py",
-        "    r = rate if seen is None else jnp.maximum(rate, 1.0 / (prior_weight + 1.0 + seen.astype(jnp.float32)))\n",
-        "    r = rate\n",
+        "        r = jnp.maximum(rate, 1.0 / (prior_weight + 1.0 + n))\n",
+        "        r = rate\n",
         ("tests/test_depth_policy.py::test_prior_weight_makes_the_first_verdicts_a_running_mean",),
     ),
     Mutation(
