@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 
+from specjax.depth_policy import KNOBS as POLICY_KNOBS
 from specjax.depth_policy import CostTable, DepthPolicy
 from specjax.sim import BetaRows, simulate_fixed, simulate_policy
 
@@ -27,7 +28,7 @@ COSTS = {  # seconds per step at windows 1-4
 }
 ROWS = {"Beta(7,3) decay 0.9": BetaRows(7.0, 3.0, 0.9), "Beta(2,2)": BetaRows(2.0, 2.0),
         "Beta(0.5,2)": BetaRows(0.5, 2.0), "Beta(9,2)": BetaRows(9.0, 2.0)}
-KNOBS = ("prior_weight", "explore", "pool", "spread", "shrink", "rate", "prior", "min_gain", "relax", "relax_early")
+KNOBS = tuple(k for k in POLICY_KNOBS if k != "threshold")  # the ema rule's knob: the grid runs makespan
 
 
 def main() -> None:
