@@ -604,8 +604,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "auto depth: the engine never updates a row's acceptance estimate",
         "specjax/engine.py",
-        "        est = jnp.where(active[:, None], update_estimates(est, intended, a, pol.rate,",
-        "        est = jnp.where(False, update_estimates(est, intended, a, pol.rate,",
+        "        est = jnp.where(active[:, None], update_estimates(est, told, told_a, pol.rate,",
+        "        est = jnp.where(False, update_estimates(est, told, told_a, pol.rate,",
         ("tests/test_depth_auto.py::test_rows_whose_drafts_are_never_accepted_stop_drafting",),
     ),
     Mutation(
@@ -640,8 +640,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "auto depth: a forced window (cost measurement) is ignored",
         "specjax/engine.py",
-        "    return jnp.where(forced, jnp.maximum(at, narrowest), idx), jnp.where(forced, eng.depth, drafts)\n",
-        "    return idx, drafts\n",
+        "    return jnp.where(forced, jnp.maximum(at, narrowest), idx), jnp.where(forced, eng.depth, drafts), first\n",
+        "    return idx, drafts, first\n",
         ("tests/test_depth_auto.py::test_a_forced_window_runs_with_every_row_drafting",),
     ),
     Mutation(
@@ -760,7 +760,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "auto depth: the engine never counts a position's verdicts (seen_pos stays 0)",
         "specjax/engine.py",
-        "        seen_pos=st.seen_pos + (revealed(intended, a, dmax) & active[:, None]).astype(jnp.int32),\n",
+        "        seen_pos=st.seen_pos + (revealed(told, told_a, dmax) & active[:, None]).astype(jnp.int32),\n",
         "        seen_pos=st.seen_pos,\n",
         ("tests/test_depth_auto.py::test_each_row_drafts_its_own_count",),
     ),
@@ -1009,8 +1009,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "ngram auto: the estimates learn only from the drafts offered",
         "specjax/engine.py",
-        "update_estimates(est, intended, a,",
-        "update_estimates(est, proposed, a,",
+        "    told, told_a = intended, a\n",
+        "    told, told_a = proposed, a\n",
         ("tests/test_depth_auto.py::test_ngram_rows_without_a_match_offer_no_drafts",),
     ),
     Mutation(
@@ -1018,7 +1018,49 @@ MUTATIONS: list[Mutation] = [
         "specjax/drafter.py",
         "jnp.clip(st.known - best - self.n, 0, eng.depth)",
         "jnp.clip(st.known - best - self.n + 1, 0, eng.depth)",
-        ("tests/test_depth_auto.py::test_ngram_available_drafts_match_a_reference",),
+        ("tests/test_depth_auto.py::test_ngram_offer_matches_a_reference",),
+    ),
+    Mutation(
+        "ngram offer: the first draft one token past the match's continuation",
+        "specjax/drafter.py",
+        "_gather(st.seq, (best + self.n)[:, None])[:, 0]",
+        "_gather(st.seq, (best + self.n + 1)[:, None])[:, 0]",
+        ("tests/test_depth_auto.py::test_ngram_offer_matches_a_reference",),
+    ),
+    Mutation(
+        "ngram auto: the window-1 verdict given to rows without a match",
+        "specjax/engine.py",
+        "        matched = st.auto.first >= 0\n",
+        "        matched = active\n",
+        ("tests/test_depth_auto.py::test_a_window_1_step_judges_an_ngram_rows_first_draft_for_free",),
+    ),
+    Mutation(
+        "ngram auto: the window-1 verdict ignores the target's token (every matched draft accepted)",
+        "specjax/engine.py",
+        "(matched & (st.auto.first == nxt))",
+        "(matched & (st.auto.first >= 0))",
+        ("tests/test_depth_auto.py::test_a_window_1_step_judges_an_ngram_rows_first_draft_for_free",),
+    ),
+    Mutation(
+        "ngram auto: no window-1 verdict (the estimates learn only while drafting)",
+        "specjax/engine.py",
+        "if limit is not None and w == 1 and hasattr(eng.drafter, \"offer\"):",
+        "if False:",
+        ("tests/test_depth_auto.py::test_a_window_1_step_judges_an_ngram_rows_first_draft_for_free",),
+    ),
+    Mutation(
+        "ngram auto: the window-1 verdict counted as a proposed draft",
+        "specjax/engine.py",
+        "prop_pos=st.prop_pos + ((kd < intended[:, None])",
+        "prop_pos=st.prop_pos + ((kd < told[:, None])",
+        ("tests/test_depth_auto.py::test_a_window_1_step_judges_an_ngram_rows_first_draft_for_free",),
+    ),
+    Mutation(
+        "ngram auto: the first draft not kept for the next step",
+        "specjax/engine.py",
+        "auto=st.auto.replace(pick=idx, drafts=drafts, first=first))",
+        "auto=st.auto.replace(pick=idx, drafts=drafts))",
+        ("tests/test_depth_auto.py::test_a_window_1_step_judges_an_ngram_rows_first_draft_for_free",),
     ),
     Mutation(
         "cost measurement: the windows in the same order every round",

@@ -196,6 +196,9 @@ class AutoState:
     # only read it (each evaluation of the rule is some 25 small kernels per step on CPU)
     pick: jax.Array  # int32 []: index of the next step's window
     drafts: jax.Array  # int32 [B]: each row's draft count in it
+    # int32 [B]: each row's first draft for the next step where the drafter knows it before the
+    # target runs (n-gram), else -1: a window-1 step then reveals that draft's verdict for free
+    first: jax.Array
 
 
 def init_estimates(batch: int, depth: int, prior: float = 0.5) -> jax.Array:

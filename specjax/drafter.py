@@ -108,12 +108,19 @@ class NgramDrafter(_Stateless):
         hit &= (starts[None] + n < known[:, None]) & (known[:, None] >= n)  # continuation starts inside known
         return jnp.max(jnp.where(hit, starts[None], -1), axis=1)
 
-    def available(self, eng, st) -> jax.Array:
-        """int32 [B]: drafts each row can offer now (``<= eng.depth``): the known tokens after
-        its match, 0 with none. Under ``depth="auto"`` a row offers no more (a row without a
-        match drafts nothing, and a step where no row has one runs at window 1)."""
+    def offer(self, eng, st) -> tuple[jax.Array, jax.Array]:
+        """(int32 [B]: drafts each row can offer now (``<= eng.depth``): the known tokens after
+        its match, 0 with none; int32 [B]: its first draft, -1 with none). Under ``depth="auto"``
+        a row offers no more (a row without a match drafts nothing, and a step where no row has
+        one runs at window 1), and a window-1 step checks its token against the first draft."""
         best = self._match(st.seq, st.known)
-        return jnp.where(best >= 0, jnp.clip(st.known - best - self.n, 0, eng.depth), 0).astype(jnp.int32)
+        count = jnp.where(best >= 0, jnp.clip(st.known - best - self.n, 0, eng.depth), 0)
+        first = jnp.where(best >= 0, _gather(st.seq, (best + self.n)[:, None])[:, 0], -1)
+        return count.astype(jnp.int32), first.astype(jnp.int32)
+
+    def available(self, eng, st) -> jax.Array:
+        """int32 [B]: the drafts each row can offer now (``offer``'s count)."""
+        return self.offer(eng, st)[0]
 
     def propose(self, eng, params, st):
         seq, known = st.seq, st.known

@@ -206,9 +206,10 @@ def _fresh_prefill(eng: EngineConfig, params: dict, prompts, prompt_len, max_len
                     eng.drafter.empty(eng, b, p), jnp.ones((b,), bool))
 
 
-def _choice(eng: EngineConfig, st: EngineState) -> tuple[jax.Array, jax.Array]:
-    """Under a depth policy: the index of this step's window in ``eng.windows`` and each row's
-    draft count in it (``depth_policy.choose`` on the rows' estimates and the cost table)."""
+def _choice(eng: EngineConfig, st: EngineState) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Under a depth policy: the index of this step's window in ``eng.windows``, each row's
+    draft count in it (``depth_policy.choose`` on the rows' estimates and the cost table), and
+    each row's first draft where the drafter knows it now (``offer``), else -1."""
     pol = eng.policy
     active = ~st.done
     need = jnp.max(jnp.where(active, st.u, 1))  # the window must hold every row's re-fed tokens (cohort)
@@ -218,20 +219,22 @@ def _choice(eng: EngineConfig, st: EngineState) -> tuple[jax.Array, jax.Array]:
                          remaining=st.max_len - st.known, shrink=pol.shrink, spread=pol.spread,
                          seen=st.seen_pos, pool=pol.pool, upper=upper)
     windows = jnp.asarray(pol.windows)
-    if hasattr(eng.drafter, "available"):  # rows that can offer fewer drafts now (n-gram: none without a match)
-        offered = jnp.minimum(drafts, eng.drafter.available(eng, st))
+    first = jnp.full(st.known.shape, -1, jnp.int32)
+    if hasattr(eng.drafter, "offer"):  # rows that can offer fewer drafts now (n-gram: none without a match)
+        can, first = eng.drafter.offer(eng, st)
+        offered = jnp.minimum(drafts, can)
         holds = jnp.minimum(jnp.max(jnp.where(active, st.u + offered, 1)), windows[idx])
         idx = jnp.minimum(idx, jnp.argmax(windows >= holds)).astype(jnp.int32)  # the same drafts, a cheaper window
     narrowest = jnp.argmax(windows >= need).astype(jnp.int32)
     forced = st.auto.force >= 0  # cost measurement: this window, every row drafting (the widest before force_from)
     at = jnp.where(st.i < st.auto.force_from, len(pol.windows) - 1, st.auto.force)
-    return jnp.where(forced, jnp.maximum(at, narrowest), idx), jnp.where(forced, eng.depth, drafts)
+    return jnp.where(forced, jnp.maximum(at, narrowest), idx), jnp.where(forced, eng.depth, drafts), first
 
 
 def _pick(eng: EngineConfig, st: EngineState) -> EngineState:
-    """``st`` with the next step's choice (``_choice``) kept in ``st.auto.pick`` / ``.drafts``."""
-    idx, drafts = _choice(eng, st)
-    return st.replace(auto=st.auto.replace(pick=idx, drafts=drafts))
+    """``st`` with the next step's choice (``_choice``) kept in ``st.auto.pick`` / ``.drafts`` / ``.first``."""
+    idx, drafts, first = _choice(eng, st)
+    return st.replace(auto=st.auto.replace(pick=idx, drafts=drafts, first=first))
 
 
 def _chosen_step(eng: EngineConfig, params: dict, k: int):
@@ -313,7 +316,7 @@ def _step_window(eng: EngineConfig, params: dict, st: EngineState, w: int, limit
     # the policy's count (its estimates learn from it: a draft the row could not offer counts as
     # rejected, so they stay long-run rates) and what the row offers to verify
     intended = proposed
-    if limit is not None and w > 1 and hasattr(eng.drafter, "available"):  # window 1 proposes none (u >= 1)
+    if limit is not None and w > 1 and hasattr(eng.drafter, "offer"):  # window 1 proposes none (u >= 1)
         proposed = jnp.minimum(proposed, eng.drafter.available(eng, st))
 
     # the window: u known tokens, then w - u drafts, at this row's own offset
@@ -358,9 +361,19 @@ def _step_window(eng: EngineConfig, params: dict, st: EngineState, w: int, limit
     act = active.astype(jnp.int32)
     kd = jnp.arange(dmax, dtype=jnp.int32)[None]
     est = st.est
+    # the verdicts the estimates learn from: the drafts' own, or at window 1, where the drafter
+    # knew a row's first draft (``_pick``: n-gram), whether the target's token is that draft. Free
+    # (nothing more runs) and exact: greedy, ``nxt`` is the argmax; sampling, ``nxt ~ p`` and
+    # ``P(nxt = x) = p(x)``, a one-hot draft's acceptance probability. Rows without a match learn
+    # nothing (as a drafting step where no row has one runs at window 1), so a row whose first
+    # drafts failed recovers its estimate without drafting at a loss.
+    told, told_a = intended, a
+    if limit is not None and w == 1 and hasattr(eng.drafter, "offer"):
+        matched = st.auto.first >= 0
+        told, told_a = matched.astype(jnp.int32), (matched & (st.auto.first == nxt)).astype(jnp.int32)
     if eng.policy is not None:
         pol = eng.policy
-        est = jnp.where(active[:, None], update_estimates(est, intended, a, pol.rate, pol.prior, pol.relax,
+        est = jnp.where(active[:, None], update_estimates(est, told, told_a, pol.rate, pol.prior, pol.relax,
                                                           st.seen_pos, pol.prior_weight, pol.relax_early), est)
     out = st.replace(
         dstate=dstate,
@@ -370,7 +383,7 @@ def _step_window(eng: EngineConfig, params: dict, st: EngineState, w: int, limit
         proposed=st.proposed + proposed * act,
         acc_pos=st.acc_pos + ((kd < a[:, None]) & active[:, None]).astype(jnp.int32),
         prop_pos=st.prop_pos + ((kd < intended[:, None]) & active[:, None]).astype(jnp.int32),
-        seen_pos=st.seen_pos + (revealed(intended, a, dmax) & active[:, None]).astype(jnp.int32),
+        seen_pos=st.seen_pos + (revealed(told, told_a, dmax) & active[:, None]).astype(jnp.int32),
         trace=st.trace.at[jnp.arange(b), jnp.where(active, st.steps, eng.max_steps)].set(a, mode="drop"),
         est=est,
         i=st.i + 1,
@@ -632,7 +645,7 @@ def auto_state(eng: EngineConfig, table: CostTable, batch: int) -> AutoState:
     recompile), no window forced, no steps counted."""
     at = CostTable.create(table.windows, [batch], [np.asarray(table.at(batch)).tolist()])
     return AutoState(at, jnp.int32(-1), jnp.int32(0), jnp.zeros((len(eng.windows),), jnp.int32), jnp.int32(0),
-                     jnp.zeros((batch,), jnp.int32))
+                     jnp.zeros((batch,), jnp.int32), jnp.full((batch,), -1, jnp.int32))
 
 
 def placeholder_cost(eng: EngineConfig, batch: int) -> CostTable:

@@ -152,54 +152,62 @@ def test_a_forced_window_runs_with_every_row_drafting():
     assert np.asarray(st.auto.window_steps).tolist() == [1, 0, 1]
 
 
-def _available_ref(seq: np.ndarray, known: int, n: int, depth: int) -> int:
-    """Drafts an n-gram row can offer: the known tokens after the latest earlier occurrence of
-    its last ``n`` (one that leaves at least one known token after it), at most ``depth``."""
+def _offer_ref(seq: np.ndarray, known: int, n: int, depth: int) -> tuple[int, int]:
+    """What an n-gram row can offer: the known tokens after the latest earlier occurrence of
+    its last ``n`` (one that leaves at least one known token after it), at most ``depth``, and
+    the first of them (0 and -1 without a match)."""
     if known < n:
-        return 0
+        return 0, -1
     tail = list(seq[known - n:known])
     starts = [s for s in range(known - n) if list(seq[s:s + n]) == tail]
-    return min(known - starts[-1] - n, depth) if starts else 0
+    return (min(known - starts[-1] - n, depth), int(seq[starts[-1] + n])) if starts else (0, -1)
 
 
 @settings(max_examples=60, deadline=None)
 @given(st_.integers(1, 6), st_.integers(1, 3), st_.integers(0, 3), st_.data())
-def test_ngram_available_drafts_match_a_reference(batch, n, depth, data):
+def test_ngram_offer_matches_a_reference(batch, n, depth, data):
     width = 12
     seq = np.asarray(data.draw(st_.lists(st_.lists(st_.integers(0, 2), min_size=width, max_size=width),
                                          min_size=batch, max_size=batch)), np.int32)
     known = np.asarray(data.draw(st_.lists(st_.integers(0, width), min_size=batch, max_size=batch)), np.int32)
-    got = NgramDrafter(n=n).available(SimpleNamespace(depth=depth),
-                                      SimpleNamespace(seq=jnp.asarray(seq), known=jnp.asarray(known)))
-    assert np.asarray(got).tolist() == [_available_ref(seq[i], int(known[i]), n, depth) for i in range(batch)]
+    eng, rows = SimpleNamespace(depth=depth), SimpleNamespace(seq=jnp.asarray(seq), known=jnp.asarray(known))
+    count, first = NgramDrafter(n=n).offer(eng, rows)
+    want = [_offer_ref(seq[i], int(known[i]), n, depth) for i in range(batch)]
+    assert np.asarray(count).tolist() == [c for c, _ in want]
+    assert np.asarray(first).tolist() == [f for _, f in want]
+    assert np.asarray(NgramDrafter(n=n).available(eng, rows)).tolist() == [c for c, _ in want]
+
+
+_NGRAM_ENG = make_engine(TARGET, drafter="ngram", draft_model=None, depth=2,
+                         kv_advance_rule=kv_advance("per_sequence"), cache="dense", capacity=64,
+                         policy=DepthPolicy(WINDOWS), greedy=True)
+
+
+def _ngram_rows(rows: list[int]):
+    """An n-gram engine under depth="auto" and prefilled rows, each row's known tokens (8: the
+    prompt and the first token g) rewritten to: 0, a match 5 back (2 drafts to offer, the first
+    19); 1, none; 2, a match 1 back (1 draft, g); 3, a match 5 back (2, the first 12). The
+    lookup reads only these tokens."""
+    eng, params, b = _NGRAM_ENG, {"target": TARGET.params}, len(rows)
+    prompts = np.asarray([[5, 6, 7, 8, 9, 10, 11]] * b, np.int32)
+    st = prefill(eng, params, prompts, np.full(b, 7, np.int32), np.full(b, 40, np.int32),
+                 np.full(b, -1, np.int32), np.arange(b, dtype=np.uint32),
+                 RowSampling.rows([0.0] * b, [None] * b, [None] * b))
+    g = np.asarray(st.seq)[:, 7]
+    seq = np.asarray(st.seq).copy()
+    known = {0: [1, 2, -1, 7, 7, 1, 2, -1], 1: [5, 6, 7, 8, 9, 10, 11, -1], 2: [1, 2, 3, 0, -1, -1, -1, -1],
+             3: [3, 4, -1, 0, 0, 3, 4, -1]}
+    for i, r in enumerate(rows):
+        seq[i, :8] = [g[i] if t == -1 else 12 + t for t in known[r]]  # (vocab 31)
+    return eng, params, st.replace(seq=jnp.asarray(seq), auto=auto_state(eng, FREE, b))
 
 
 def test_ngram_rows_without_a_match_offer_no_drafts():
     """Under depth="auto" an n-gram row offers only the drafts its match holds: none without one
     (its estimate still counts the policy's drafts, the missing ones as rejected), and a step
     where no row has a match runs at window 1 however cheap drafting is."""
-    prompts = np.asarray([[5, 6, 7, 8, 9, 10, 11]] * 4, np.int32)
-    eng = make_engine(TARGET, drafter="ngram", draft_model=None, depth=2, kv_advance_rule=kv_advance("per_sequence"),
-                      cache="dense", capacity=64, policy=DepthPolicy(WINDOWS), greedy=True)
-    params = {"target": TARGET.params}
-
-    def start(rows):
-        """Prefilled rows, then each row's known tokens (8: the prompt and the first token g)
-        rewritten to: a match 5 back (2 drafts to offer), none, a match 1 back (1), a match 5
-        back (the lookup reads only these tokens)."""
-        b = len(rows)
-        st = prefill(eng, params, prompts[:b], np.full(b, 7, np.int32), np.full(b, 40, np.int32),
-                     np.full(b, -1, np.int32), np.arange(b, dtype=np.uint32),
-                     RowSampling.rows([0.0] * b, [None] * b, [None] * b))
-        g = np.asarray(st.seq)[:, 7]
-        seq = np.asarray(st.seq).copy()
-        known = {0: [1, 2, -1, 7, 7, 1, 2, -1], 1: [5, 6, 7, 8, 9, 10, 11, -1], 2: [1, 2, 3, 0, -1, -1, -1, -1],
-                 3: [3, 4, -1, 0, 0, 3, 4, -1]}
-        for i, r in enumerate(rows):
-            seq[i, :8] = [g[i] if t == -1 else 12 + t for t in known[r]]  # (vocab 31)
-        return st.replace(seq=jnp.asarray(seq), auto=auto_state(eng, FREE, b))
-
-    st = start([0, 1, 2, 3])
+    eng, params, st = _ngram_rows([0, 1, 2, 3])
+    start = lambda rows: _ngram_rows(rows)[2]  # noqa: E731
     assert np.asarray(eng.drafter.available(eng, st)).tolist() == [2, 0, 1, 2]
     st = step(eng, params, st)
     assert np.asarray(st.auto.window_steps).tolist() == [0, 0, 1]
@@ -211,6 +219,34 @@ def test_ngram_rows_without_a_match_offer_no_drafts():
     pair = step(eng, params, start([1, 2]))  # window 2 holds row 2's one draft; row 1 still offers none
     assert np.asarray(pair.auto.window_steps).tolist() == [0, 1, 0]
     assert np.asarray(pair.proposed).tolist() == [0, 1]
+
+
+def test_a_window_1_step_judges_an_ngram_rows_first_draft_for_free():
+    """At window 1 nothing is drafted, but an n-gram row's first draft was known before the
+    target ran (``_pick`` keeps it): the estimates learn whether the target's token is that
+    draft. A row whose draft was the token rises, one whose draft was not falls, a row without
+    a match learns nothing; later positions and the draft counts stay untouched."""
+    eng, params, st = _ngram_rows([0, 1, 2, 3])
+    g = int(np.asarray(st.seq)[2, 7])
+    assert np.asarray(engine_mod._pick(eng, st).auto.first).tolist() == [19, -1, g, 12]  # offer's, kept
+
+    def at_window_1(first):
+        return engine_mod._step_window(eng, params, st.replace(auto=st.auto.replace(first=jnp.asarray(first))), 1,
+                                       st.auto.drafts)
+
+    prior = float(np.asarray(st.est)[0, 0])  # every estimate starts there
+    assert (np.asarray(st.est) == prior).all()
+    blind = at_window_1([-1] * 4)  # what a window-1 step reveals without the first drafts: nothing
+    assert (np.asarray(blind.seen_pos) == 0).all() and (np.asarray(blind.est) == prior).all()
+    nxt = np.asarray(blind.seq)[:, 8]  # the target's tokens (greedy)
+    told = at_window_1([int(nxt[0]), -1, (int(nxt[2]) + 1) % 31, int(nxt[3])])
+    np.testing.assert_array_equal(told.seq, blind.seq)  # the tokens are the target's alone
+    est, seen = np.asarray(told.est), np.asarray(told.seen_pos)
+    assert seen[:, 0].tolist() == [1, 0, 1, 1] and (seen[:, 1] == 0).all()
+    assert est[0, 0] > prior and est[3, 0] > prior and est[2, 0] < prior and est[1, 0] == prior
+    assert (est[:, 1] == prior).all()
+    for name in ("prop_pos", "acc_pos", "proposed", "accepted"):  # nothing was drafted: no draft counted
+        assert (np.asarray(getattr(told, name)) == 0).all(), name
 
 
 @pytest.mark.parametrize("greedy", [True, False])
