@@ -1028,17 +1028,17 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_depth_auto.py::test_ngram_offer_matches_a_reference",),
     ),
     Mutation(
-        "ngram auto: the window-1 verdict given to rows without a match",
+        "ngram auto: rows without a match get no window-1 verdict (estimates conditioned on a match)",
         "specjax/engine.py",
-        "        matched = st.auto.first >= 0\n",
-        "        matched = active\n",
+        "        told, told_a = jnp.ones_like(a), hit.astype(jnp.int32)\n",
+        "        told, told_a = (st.auto.first >= 0).astype(jnp.int32), hit.astype(jnp.int32)\n",
         ("tests/test_depth_auto.py::test_a_window_1_step_judges_an_ngram_rows_first_draft_for_free",),
     ),
     Mutation(
         "ngram auto: the window-1 verdict ignores the target's token (every matched draft accepted)",
         "specjax/engine.py",
-        "(matched & (st.auto.first == nxt))",
-        "(matched & (st.auto.first >= 0))",
+        "hit = (st.auto.first >= 0) & (st.auto.first == nxt)",
+        "hit = st.auto.first >= 0",
         ("tests/test_depth_auto.py::test_a_window_1_step_judges_an_ngram_rows_first_draft_for_free",),
     ),
     Mutation(

@@ -364,13 +364,16 @@ def _step_window(eng: EngineConfig, params: dict, st: EngineState, w: int, limit
     # the verdicts the estimates learn from: the drafts' own, or at window 1, where the drafter
     # knew a row's first draft (``_pick``: n-gram), whether the target's token is that draft. Free
     # (nothing more runs) and exact: greedy, ``nxt`` is the argmax; sampling, ``nxt ~ p`` and
-    # ``P(nxt = x) = p(x)``, a one-hot draft's acceptance probability. Rows without a match learn
-    # nothing (as a drafting step where no row has one runs at window 1), so a row whose first
-    # drafts failed recovers its estimate without drafting at a loss.
+    # ``P(nxt = x) = p(x)``, a one-hot draft's acceptance probability. A row without a match is
+    # judged rejected, as its unoffered draft is in a drafting window: the estimates stay each
+    # row's long-run rate, which the makespan rule prices as if every step drafted (a rate
+    # conditioned on a match, as learned first, had batches of 8-64 drafting wide windows for the
+    # half of their rows that held one). A row whose first drafts failed still recovers its
+    # estimate without drafting at a loss.
     told, told_a = intended, a
     if limit is not None and w == 1 and hasattr(eng.drafter, "offer"):
-        matched = st.auto.first >= 0
-        told, told_a = matched.astype(jnp.int32), (matched & (st.auto.first == nxt)).astype(jnp.int32)
+        hit = (st.auto.first >= 0) & (st.auto.first == nxt)
+        told, told_a = jnp.ones_like(a), hit.astype(jnp.int32)
     if eng.policy is not None:
         pol = eng.policy
         est = jnp.where(active[:, None], update_estimates(est, told, told_a, pol.rate, pol.prior, pol.relax,

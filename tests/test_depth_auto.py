@@ -224,8 +224,9 @@ def test_ngram_rows_without_a_match_offer_no_drafts():
 def test_a_window_1_step_judges_an_ngram_rows_first_draft_for_free():
     """At window 1 nothing is drafted, but an n-gram row's first draft was known before the
     target ran (``_pick`` keeps it): the estimates learn whether the target's token is that
-    draft. A row whose draft was the token rises, one whose draft was not falls, a row without
-    a match learns nothing; later positions and the draft counts stay untouched."""
+    draft. A row whose draft was the token rises, one whose draft was not falls, and so does a
+    row without a match (its unoffered draft counts as rejected, as in a drafting window: the
+    estimates stay long-run rates); later positions and the draft counts stay untouched."""
     eng, params, st = _ngram_rows([0, 1, 2, 3])
     g = int(np.asarray(st.seq)[2, 7])
     assert np.asarray(engine_mod._pick(eng, st).auto.first).tolist() == [19, -1, g, 12]  # offer's, kept
@@ -236,14 +237,17 @@ def test_a_window_1_step_judges_an_ngram_rows_first_draft_for_free():
 
     prior = float(np.asarray(st.est)[0, 0])  # every estimate starts there
     assert (np.asarray(st.est) == prior).all()
-    blind = at_window_1([-1] * 4)  # what a window-1 step reveals without the first drafts: nothing
-    assert (np.asarray(blind.seen_pos) == 0).all() and (np.asarray(blind.est) == prior).all()
+    blind = at_window_1([-1] * 4)  # no row with a match: every row's first draft judged rejected
+    seen, est = np.asarray(blind.seen_pos), np.asarray(blind.est)
+    assert (seen[:, 0] == 1).all() and (seen[:, 1:] == 0).all()
+    assert (est[:, 0] < prior).all() and (est[:, 1:] == prior).all()
     nxt = np.asarray(blind.seq)[:, 8]  # the target's tokens (greedy)
     told = at_window_1([int(nxt[0]), -1, (int(nxt[2]) + 1) % 31, int(nxt[3])])
     np.testing.assert_array_equal(told.seq, blind.seq)  # the tokens are the target's alone
     est, seen = np.asarray(told.est), np.asarray(told.seen_pos)
-    assert seen[:, 0].tolist() == [1, 0, 1, 1] and (seen[:, 1] == 0).all()
-    assert est[0, 0] > prior and est[3, 0] > prior and est[2, 0] < prior and est[1, 0] == prior
+    assert seen[:, 0].tolist() == [1, 1, 1, 1] and (seen[:, 1] == 0).all()
+    assert est[0, 0] > prior and est[3, 0] > prior and est[2, 0] < prior
+    assert est[1, 0] == est[2, 0]  # no match and a wrong draft: the same rejection
     assert (est[:, 1] == prior).all()
     for name in ("prop_pos", "acc_pos", "proposed", "accepted"):  # nothing was drafted: no draft counted
         assert (np.asarray(getattr(told, name)) == 0).all(), name
