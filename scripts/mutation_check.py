@@ -958,7 +958,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "simulate --policy auto: the simulator's knobs instead of the engine's",
         "specjax/cli.py",
-        "knobs = DepthPolicy(table.windows, policy, relax_early=RELAX_EARLY).knobs()",
+        "knobs = DepthPolicy.auto(table.windows[-1] - 1, policy, always_offers=True).knobs()",
         "knobs = {}",
         ("tests/test_depth_policy.py::test_cli_simulate_auto_models_the_engine",),
     ),
@@ -982,6 +982,14 @@ MUTATIONS: list[Mutation] = [
         "relax_early=RELAX_EARLY if always_offers else 0.0)",
         "relax_early=0.0)",
         ("tests/test_depth_policy.py::test_a_row_whose_first_drafts_fail_drafts_again_when_its_drafter_offers_every_draft",),
+    ),
+    Mutation(
+        "DepthPolicy.auto: n-gram's makespan ignores the slowest row's lateness (spread 0: the batch's tail unseen)",
+        "specjax/depth_policy.py",
+        "spread=0.0 if always_offers else 1.0)",
+        "spread=0.0)",
+        ("tests/test_depth_policy.py::test_ngram_auto_counts_the_lateness_of_the_slowest_row",
+         "tests/test_depth_auto.py::test_ngram_auto_prices_the_slowest_rows_lateness"),
     ),
     Mutation(
         "auto depth: the engine's estimates ignore relax_early (the window-1 lock-in again)",

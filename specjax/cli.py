@@ -96,7 +96,7 @@ def _cost_table(spec: str, windows: str):
 
 def _simulate_policies(args: argparse.Namespace, acc) -> int:
     """``specjax simulate --cost ...``: depth policies side by side in simulated tokens per second."""
-    from specjax.depth_policy import RELAX_EARLY, DepthPolicy
+    from specjax.depth_policy import DepthPolicy
     from specjax.sim import compare_policies, simulate_policy
 
     knobs: dict[str, float] = {}
@@ -109,7 +109,7 @@ def _simulate_policies(args: argparse.Namespace, acc) -> int:
             if policy == "auto":  # the engine's depth="auto": its rule for this kind of run and its knobs
                 policy = "makespan" if args.tokens else "goodput"
                 # simulated rows offer every draft asked: the knobs of an MTP or draft-model run
-                knobs = DepthPolicy(table.windows, policy, relax_early=RELAX_EARLY).knobs()
+                knobs = DepthPolicy.auto(table.windows[-1] - 1, policy, always_offers=True).knobs()
             rows = [simulate_policy(args.batch, args.steps, acc, table, policy, seed=args.seed,
                                     tokens=args.tokens, **knobs).to_dict()]
     except ValueError as e:

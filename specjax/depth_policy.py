@@ -141,7 +141,8 @@ class DepthPolicy:
     min_gain: float = 0.02
     threshold: float = 0.5
     shrink: float = 0.5  # makespan: each row's estimate pulled half way to the batch mean (noise)
-    spread: float = 0.0  # makespan: weight of the slowest row's expected lateness (choose(spread=))
+    # makespan: weight of the slowest row's expected lateness (choose(spread=)); ``auto``: 1 for n-gram
+    spread: float = 0.0
     # the estimates' upper confidence bound in standard errors of the batch's verdicts
     # (``optimistic``): a batch that has seen few verdicts keeps drafting until they are firm
     explore: float = 0.5
@@ -157,8 +158,17 @@ class DepthPolicy:
         drafter offers every draft the policy asks for (MTP, a draft model, a user's drafter;
         not n-gram, whose rows without a match offer none), so a low estimate is a low
         acceptance rate, and one resting on few verdicts drifts back to the prior faster
-        (``relax_early = RELAX_EARLY``)."""
-        return cls(tuple(range(1, max_depth + 2)), rule, relax_early=RELAX_EARLY if always_offers else 0.0)
+        (``relax_early = RELAX_EARLY``).
+
+        A drafter that does not (n-gram) gets ``spread = 1``: whether a row's context repeats
+        splits its rows into truly different rates that come in bursts, so a static batch's
+        slowest row lands well behind its expected steps (``choose``). Priced by steps x each
+        run's cost table (``benchmarks/policy_steps.py --knob spread``, bench prompts, B = 8-64,
+        where no fixed n-gram depth beats plain): 0.90-0.96x plain with 0, 0.98-0.99x with 1.
+        MTP's alike rows lost up to 19% with it (their noisy per-row estimates already make the
+        slowest one pessimistic), so they keep 0."""
+        return cls(tuple(range(1, max_depth + 2)), rule, relax_early=RELAX_EARLY if always_offers else 0.0,
+                   spread=0.0 if always_offers else 1.0)
 
     def knobs(self) -> dict[str, float]:
         """``choose``'s and ``update_estimates``' knobs as ``specjax.sim.simulate_policy`` takes
@@ -372,7 +382,8 @@ def choose(
         # left / mu steps with sd sqrt(left var / mu^3) (a renewal count), and the slowest of n
         # such rows lands about E[max of n normals] sds late; plain decoding has no spread.
         # Simulator: 0.5-2.7 points nearer the best fixed depth at B = 8-64. Engine bench (MTP,
-        # B=32): 5-7% slower, as the max over noisy per-row EMAs is already pessimistic; so 0 by default
+        # B=32): 5-7% slower, as the max over noisy per-row EMAs is already pessimistic; so 0 by default,
+        # and 1 for n-gram, whose rows differ truly (``DepthPolicy.auto``)
         z = spread * expected_max_normal(jnp.sum(live)) if spread else 0.0  # static: 0 adds no kernels
 
         def finish(k):

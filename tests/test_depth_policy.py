@@ -255,6 +255,23 @@ def test_makespan_counts_the_spread_of_the_slowest_row():
     assert windows[int(choose(est, jnp.ones(64, bool), cost, "makespan", remaining=left)[0])] == 2
 
 
+def test_ngram_auto_counts_the_lateness_of_the_slowest_row():
+    """Half of 64 rows repeat their context (n-gram accepts 80% of first drafts), half do not
+    (5%); a draft step costs 1.15x. The makespan of expected steps drafts (the slowest row,
+    pulled half way to the mean, still gains 1.24 tokens a step); n-gram's ``DepthPolicy.auto``
+    (``spread = 1``) sees that row land late and stays at plain decoding. MTP's keeps drafting."""
+    cost = CostTable.create((1, 2), [64], [[1.0, 1.15]])
+    est = jnp.concatenate([jnp.full((32, 1), 0.8), jnp.full((32, 1), 0.05)])
+    live, left = jnp.ones(64, bool), jnp.full(64, 100)
+
+    def window(always_offers: bool) -> int:
+        p = DepthPolicy.auto(1, "makespan", always_offers=always_offers)
+        idx, _ = choose(est, live, cost, p.rule, remaining=left, shrink=p.shrink, spread=p.spread)
+        return p.windows[int(idx)]
+    assert window(always_offers=False) == 1
+    assert window(always_offers=True) == 2
+
+
 def test_a_row_whose_first_drafts_fail_drafts_again_when_its_drafter_offers_every_draft():
     """The window-1 lock-in: a window-1 step reveals nothing, so a row that accepts no draft on
     its first two steps (and every draft after them) keeps a low estimate. Under the drift of a
