@@ -979,8 +979,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "DepthPolicy.auto: always_offers ignored (the slow drift for every drafter)",
         "specjax/depth_policy.py",
-        "relax_early=RELAX_EARLY if always_offers else 0.0)",
-        "relax_early=0.0)",
+        "relax_early=RELAX_EARLY if always_offers else 0.0,",
+        "relax_early=0.0,",
         ("tests/test_depth_policy.py::test_a_row_whose_first_drafts_fail_drafts_again_when_its_drafter_offers_every_draft",),
     ),
     Mutation(
