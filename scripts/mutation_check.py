@@ -989,7 +989,7 @@ MUTATIONS: list[Mutation] = [
         "spread=0.0 if always_offers else 1.0)",
         "spread=0.0)",
         ("tests/test_depth_policy.py::test_ngram_auto_counts_the_lateness_of_the_slowest_row",
-         "tests/test_depth_auto.py::test_ngram_auto_prices_the_slowest_rows_lateness"),
+         "tests/test_depth_auto.py::test_auto_estimates_drift_faster_for_drafters_that_offer_every_draft"),
     ),
     Mutation(
         "auto depth: the engine's estimates ignore relax_early (the window-1 lock-in again)",

@@ -376,21 +376,15 @@ def test_auto_estimates_drift_faster_for_drafters_that_offer_every_draft():
     """MTP, a draft model and a user's drafter offer every draft asked, so a low estimate is a
     low acceptance rate, and one resting on few verdicts drifts back to the prior faster
     (``RELAX_EARLY``: the window-1 lock-in, ``test_depth_policy``); a low n-gram estimate mostly
-    means no match: no faster drift."""
+    means no match: no faster drift. n-gram rows also differ truly (a context repeats or not),
+    so a static batch's makespan counts the slowest row's expected lateness (``spread = 1``,
+    ``test_depth_policy``); the others keep the makespan of expected steps."""
     for drafter in ("mtp", "draft_model", MtpDrafter(), SimpleNamespace(propose=None)):
-        assert resolve_depth("auto", 2, drafter)[1].relax_early == RELAX_EARLY > 0, drafter
+        policy = resolve_depth("auto", 2, drafter)[1]
+        assert policy.relax_early == RELAX_EARLY > 0 and policy.spread == 0.0, drafter
     for drafter in ("ngram", NgramDrafter(4)):
-        assert resolve_depth("auto", 2, drafter)[1].relax_early == 0.0, drafter
-
-
-def test_ngram_auto_prices_the_slowest_rows_lateness():
-    """n-gram rows differ truly (a context repeats or not), so a static batch's makespan counts
-    the slowest row's expected lateness (``spread = 1``, ``test_depth_policy``); MTP, a draft
-    model and a user's drafter keep the makespan of expected steps."""
-    for drafter in ("ngram", NgramDrafter(4)):
-        assert resolve_depth("auto", 2, drafter)[1].spread == 1.0, drafter
-    for drafter in ("mtp", "draft_model", MtpDrafter(), SimpleNamespace(propose=None)):
-        assert resolve_depth("auto", 2, drafter)[1].spread == 0.0, drafter
+        policy = resolve_depth("auto", 2, drafter)[1]
+        assert policy.relax_early == 0.0 and policy.spread == 1.0, drafter
 
 
 def test_a_row_at_window_1_forgets_an_estimate_resting_on_few_verdicts():
