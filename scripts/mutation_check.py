@@ -984,6 +984,13 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_depth_policy.py::test_a_row_whose_first_drafts_fail_drafts_again_when_its_drafter_offers_every_draft",),
     ),
     Mutation(
+        "attention 'auto': Pallas on GPU again (the kernels do not lower through Triton)",
+        "specjax/cache/base.py",
+        'return "pallas" if jax.default_backend() == "tpu" else "xla"',
+        'return "xla" if jax.default_backend() == "cpu" else "pallas"',
+        ("tests/test_lean_step.py::test_auto_attention_is_pallas_on_tpu_only",),
+    ),
+    Mutation(
         "DepthPolicy.auto: n-gram's makespan ignores the slowest row's lateness (spread 0: the batch's tail unseen)",
         "specjax/depth_policy.py",
         "spread=0.0 if always_offers else 1.0)",

@@ -559,8 +559,8 @@ def _add_decoding_args(p: argparse.ArgumentParser) -> None:
                    help="KV advance rule (default: $SPECJAX_KV_ADVANCE, else per_sequence)")
     p.add_argument("--cache", choices=["dense", "paged"], default="dense")
     p.add_argument("--attention", choices=["auto", "xla", "pallas"], default="auto",
-                   help="attention path: Pallas kernels (interpret mode on CPU) or XLA; auto = Pallas on TPU/GPU, "
-                        "XLA on CPU (default: auto)")
+                   help="attention path: Pallas kernels (interpret mode on CPU) or XLA; auto = Pallas on TPU, "
+                        "XLA on GPU and CPU (default: auto)")
     p.add_argument("--mesh", type=_mesh_arg, default=None, metavar="DATAxMODEL",
                    help="run on a (data, model) device mesh covering every device, e.g. 4x2: the batch split over "
                         "data, the model over model (README: Many devices, many hosts)")

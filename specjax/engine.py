@@ -573,7 +573,7 @@ def generate(
     ``draft_model`` follow the model protocol (``specjax.protocols``: specjax's ``Model``, a
     Flax NNX module through ``specjax.nnx_model``, or your own).
     ``kv_advance``: ``"per_sequence"`` | ``"cohort"`` | ``None`` (the latched rule).
-    ``attention_impl``: ``"xla"`` | ``"pallas"`` | ``"auto"`` (Pallas on TPU/GPU, XLA on CPU).
+    ``attention_impl``: ``"xla"`` | ``"pallas"`` | ``"auto"`` (Pallas on TPU, XLA on GPU and CPU).
     ``seed``: one int (each row's seed is derived from it and the row index, so rows
     differ) or one seed per prompt (used as given: a row with an explicit seed gives the
     same tokens alone or in any batch). ``temperature``, ``top_k`` and ``top_p`` are data.

@@ -167,6 +167,17 @@ def test_bad_attention_impl_is_rejected_before_compile():
     assert engine_mod._TRACES["generate"] == before
 
 
+@pytest.mark.parametrize("backend,expected", [("tpu", "pallas"), ("gpu", "xla"), ("cuda", "xla"), ("cpu", "xla")])
+def test_auto_attention_is_pallas_on_tpu_only(monkeypatch, backend, expected):
+    """The kernels do not lower through Triton (JAX 0.11 on an H200: "Unimplemented primitive in
+    Pallas Triton lowering: slice"), so "auto" takes XLA on GPU; an explicit choice is kept."""
+    from specjax.cache import base
+
+    monkeypatch.setattr(base.jax, "default_backend", lambda: backend)
+    assert base.resolve_attention_impl("auto") == expected
+    assert base.resolve_attention_impl("pallas") == "pallas" and base.resolve_attention_impl("xla") == "xla"
+
+
 def test_step_donates_its_state():
     """``step`` updates the caches in place: the input state's buffers are consumed."""
     import jax.numpy as jnp

@@ -12,7 +12,7 @@ __all__ = [
 ]
 
 # How a cache's ``attend`` runs: "xla" (specjax.attention.live_attention), "pallas"
-# (pallas_kernels, interpret mode on CPU) or "auto" (Pallas on TPU/GPU, XLA on CPU).
+# (pallas_kernels, interpret mode on CPU) or "auto" (Pallas on TPU, XLA on GPU and CPU).
 ATTENTION_IMPLS = ("xla", "pallas", "auto")
 CAPACITY_BLOCK = 128  # request-sized capacities are multiples of this (kernel key blocks divide them)
 XLA_SINGLE_PASS = 512  # up to this many key slots the XLA path is one fused pass (no loop)
@@ -123,11 +123,15 @@ def kernel_operands(
 
 
 def resolve_attention_impl(impl: str) -> str:
-    """``"auto"`` -> ``"pallas"`` on TPU/GPU, ``"xla"`` on CPU; a bad name is a ``ValueError``."""
+    """``"auto"`` -> ``"pallas"`` on TPU, ``"xla"`` elsewhere; a bad name is a ``ValueError``.
+
+    Not Pallas on GPU: the kernels slice values inside their bodies, which JAX 0.11's Triton
+    lowering rejects (``NotImplementedError: Unimplemented primitive in Pallas Triton lowering:
+    slice``, an H200 run of ``benchmarks/gpu_check.py``), so "auto" there crashed every generate."""
     if impl not in ATTENTION_IMPLS:
         raise ValueError(f"attention_impl={impl!r} is invalid: must be one of {list(ATTENTION_IMPLS)}")
     if impl == "auto":
-        return "xla" if jax.default_backend() == "cpu" else "pallas"
+        return "pallas" if jax.default_backend() == "tpu" else "xla"
     return impl
 
 
