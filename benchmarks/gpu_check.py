@@ -12,8 +12,13 @@ Sections (each reports its own error instead of stopping the run):
    head_dim 128, bf16, every row live to 32k): achieved HBM bandwidth = K/V bytes read /
    time, for the Pallas kernel and the XLA live-range path, and the Pallas kernel with rows
    live to 8k only (live-block skipping: time should fall ~4x).
-3. ``engine``: ``specjax bench`` on the bundled model (``attention_impl="auto"`` = Pallas
-   on GPU/TPU), B in {1, 8, 32, 64}, mtp and ngram, both rules.
+3. ``loop``: ``benchmarks/auto_loop.py`` (MTP at B=1 and 64, n-gram at B=64; window 4):
+   depth="auto"'s loop structure, choice and host work per call against the fixed engine's,
+   per step, with the compiled loops' while / conditional ops and command buffers.
+4. ``engine``: ``specjax bench`` on the bundled model (``attention_impl="auto"``: Pallas on
+   TPU, XLA on GPU), B in {1, 8, 32, 64}, mtp and ngram, both rules.
+
+    PYTHONPATH=. python benchmarks/gpu_check.py --skip kernels bandwidth engine   # the loop section only (~2 min)
 """
 
 from __future__ import annotations
@@ -128,6 +133,23 @@ def bandwidth(smoke: bool) -> dict:
     return out
 
 
+def loop(smoke: bool) -> dict:
+    import os
+
+    import specjax
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from auto_loop import measure
+
+    bundle = specjax.load_model()
+    cases = [("mtp", 2, 8, 1)] if smoke else [("mtp", 1, 64, 5), ("mtp", 64, 64, 5), ("ngram", 64, 64, 5)]
+    out = {}
+    for drafter, b, steps, repeats in cases:
+        rows, calls = measure(bundle, drafter, b, 4, steps, repeats)
+        out[f"{drafter} B={b}"] = {"loops": rows, "generate_calls": calls}
+    return out
+
+
 def engine(smoke: bool) -> dict:
     import specjax
     from specjax.bench import bench
@@ -142,10 +164,10 @@ def engine(smoke: bool) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU: interpret mode)")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["kernels", "bandwidth", "engine"])
+    ap.add_argument("--skip", nargs="*", default=[], choices=["kernels", "bandwidth", "loop", "engine"])
     args = ap.parse_args()
     result = {"backend": jax.default_backend(), "devices": [str(x) for x in jax.devices()], "jax": jax.__version__}
-    for name, fn in (("kernels", kernels), ("bandwidth", bandwidth), ("engine", engine)):
+    for name, fn in (("kernels", kernels), ("bandwidth", bandwidth), ("loop", loop), ("engine", engine)):
         if name in args.skip:
             continue
         t0 = time.perf_counter()

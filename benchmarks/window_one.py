@@ -26,7 +26,7 @@ from specjax.depth_policy import CostTable
 from specjax.drafter import MtpDrafter
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from _report import emit  # noqa: E402
+from _report import emit, loop_args  # noqa: E402
 
 MAX_DEPTH = 3
 
@@ -64,15 +64,7 @@ def static_cost(pre, one, params, args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--window", type=int, default=1, choices=range(1, MAX_DEPTH + 2))
-    ap.add_argument("--steps", type=int, default=96)
-    ap.add_argument("--repeats", type=int, default=6)
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--out")
-    a = ap.parse_args()
-    if a.batch < 1 or a.steps < 1 or a.repeats < 1:
-        ap.error(f"--batch, --steps and --repeats must be >= 1, got {a.batch}, {a.steps}, {a.repeats}")
+    a = loop_args(ap, batch=8, windows=range(1, MAX_DEPTH + 2), window=1, steps=96, repeats=6)
     bundle = specjax.load_model()
     prompts = bundle.encode_prompts(bench_prompts(), bos=False)[: a.batch]
     deferred = f"mtp auto, deferred (R={MtpDrafter().backlog_limit})"

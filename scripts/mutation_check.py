@@ -616,6 +616,20 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_depth_auto.py::test_the_cost_table_steers_the_window",),
     ),
     Mutation(
+        "auto depth: the cost cache file is never read again once parsed (a rewrite goes unseen)",
+        "specjax/depth_policy.py",
+        "        seen = (str(path), (st.st_ino, st.st_mtime_ns, st.st_size))\n",
+        "        seen = (str(path), ())\n",
+        ("tests/test_depth_auto.py::test_the_measured_table_is_kept_on_disk_and_reused",),
+    ),
+    Mutation(
+        "auto depth: the host-side cost reading ignores the load (the first batch's row)",
+        "specjax/depth_policy.py",
+        "np.interp(float(active), b, s[:, k])",
+        "s[0, k]",
+        ("tests/test_depth_policy.py::test_cost_table_interpolates_and_validates",),
+    ),
+    Mutation(
         "auto depth: each row's own draft count ignored (every row fills the window)",
         "specjax/engine.py",
         "    proposed = w - u if limit is None else jnp.clip(jnp.minimum(w - u, limit), 0, None)\n",

@@ -63,7 +63,7 @@ class CostTable:
     """Seconds per target step: ``seconds [NB, NW]`` at ``batches [NB]`` active rows (ascending;
     linear in between, clamped outside) and each window of ``windows`` (ascending, static)."""
 
-    batches: jax.Array  # float32 [NB]
+    batches: jax.Array  # float32 [NB] (host arrays from ``create``; device arrays inside a state)
     seconds: jax.Array  # float32 [NB, NW]
     windows: tuple[int, ...] = static_field()
 
@@ -80,7 +80,7 @@ class CostTable:
         if s.shape != (len(b), len(w)) or not (s > 0).all():
             raise ValueError(f"seconds must be positive with shape [batches={len(b)}, windows={len(w)}], "
                              f"got shape {s.shape}")
-        return cls(jnp.asarray(b), jnp.asarray(s), w)
+        return cls(b, s, w)  # host arrays: placed with the state they join (``engine.auto_state``), no dispatch
 
     @classmethod
     def roofline(cls, floor: float, per_token: float, windows=(1, 2, 4), max_batch: int = 256) -> CostTable:
@@ -106,6 +106,11 @@ class CostTable:
             return f"CostTable(windows={self.windows}, batches={np.asarray(self.batches).tolist()})"
         except Exception:  # traced inside jit
             return f"CostTable(windows={self.windows})"
+
+    def row(self, active: int) -> np.ndarray:
+        """``at`` on the host for a known load: ``float32 [NW]`` (no device work)."""
+        b, s = np.asarray(self.batches, np.float32), np.asarray(self.seconds, np.float32)
+        return np.asarray([np.interp(float(active), b, s[:, k]) for k in range(s.shape[1])], np.float32)
 
     def at(self, active: jax.Array) -> jax.Array:
         """Seconds of one step at ``active`` rows, per window: ``[NW]``."""
@@ -415,14 +420,33 @@ def _cache_key(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
+# the cache file as last read: (path, its (inode, mtime_ns, size)) -> {key: CostTable}. Every ``generate``
+# under depth="auto" looks its table up: parsing the file each time was ~0.5 ms of host time a call
+_READ: dict[tuple[str, tuple[int, int, int]], dict[str, CostTable | None]] = {}
+
+
 def load_cached_cost(key: dict) -> CostTable | None:
     """The table stored under ``key`` (anything JSON-able naming what the cost depends on:
-    device, model shapes, batch, capacity, windows, ...), or ``None``."""
+    device, model shapes, batch, capacity, windows, ...), or ``None``. The file is parsed again
+    only when it changed (its inode, modification time or size)."""
+    path = cost_cache_path()
     try:
-        raw = json.loads(cost_cache_path().read_text()).get(_cache_key(key))
-        return None if raw is None else CostTable.create(raw["windows"], raw["batches"], raw["seconds"])
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError):
+        st = path.stat()
+        seen = (str(path), (st.st_ino, st.st_mtime_ns, st.st_size))
+        if seen not in _READ:
+            raw = json.loads(path.read_text())
+            _READ.clear()  # one file version kept
+            _READ[seen] = {k: _parse(v) for k, v in raw.items()}
+        return _READ[seen].get(_cache_key(key))
+    except (OSError, json.JSONDecodeError, AttributeError):
         return None  # absent or unreadable: measure again
+
+
+def _parse(raw: object) -> CostTable | None:
+    try:
+        return CostTable.create(raw["windows"], raw["batches"], raw["seconds"])
+    except (KeyError, TypeError, ValueError):
+        return None  # a bad entry: measured again
 
 
 def store_cached_cost(key: dict, table: CostTable) -> None:
@@ -439,5 +463,6 @@ def store_cached_cost(key: dict, table: CostTable) -> None:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(old, default=str))
         tmp.replace(path)
+        _READ.clear()
     except OSError:
         pass

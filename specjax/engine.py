@@ -516,6 +516,8 @@ def _setup(model, prompts, max_new_tokens, drafter, draft_model, depth, kv_advan
         params["draft"] = draft_model.params
     args = (toks, plen, plen + np.array(news, np.int32), eos_table([stops] * b), np.array(seeds, np.uint32),
             RowSampling.rows([temperature] * b, [top_k] * b, [top_p] * b, host=True))
+    if mesh is None:
+        return eng, params, jax.device_put(args)  # one batched transfer (a call per array: ~1 ms of host time)
     return eng, params, jax.tree.map(lambda x: _put(x, mesh), args)
 
 
@@ -601,15 +603,18 @@ def generate(
                                mesh)
     before = _TRACES["generate"]
     b = len(prompts) * (1 if mesh is None else jax.process_count())
-    auto = None if eng.policy is None else _put_auto(auto_state(eng, placeholder_cost(eng, b), b), mesh)
+    table, cost_source, key = None, None, None
+    if eng.policy is not None:  # a given or cached table: no placeholder state, one transfer of the real one
+        key = cost_key(eng, [np.shape(a) for a in args[:2]])
+        table, cost_source = known_cost(eng, cost, key)
+    auto = None if eng.policy is None else _put_auto(auto_state(eng, table or placeholder_cost(eng, b), b), mesh)
     limit = _put(np.int32(eng.max_steps), mesh)
     run, compile_s = _compiled(eng, params, (*args, auto, limit))
-    cost_source = None
-    if auto is not None:
+    if auto is not None and table is None:
         # each window timed over the whole generation (every step to the end, the prefill-only
         # call subtracted): the context spans the real run's, and the timed part dwarfs the noise
         # of the subtraction (a 32-step window-1 slice at B=8 was under a third of its call)
-        table, cost_source = cost_table(eng, b, cost, cost_key(eng, [np.shape(a) for a in args[:2]]),
+        table, cost_source = cost_table(eng, b, None, key,
                                         lambda k, w, n: _timed_generate(run, params, args, auto, k, w, n),
                                         steps=eng.max_steps)
         auto = _put_auto(auto_state(eng, table, b), mesh)
@@ -645,10 +650,13 @@ def check_cost(cost: object, policy: DepthPolicy | None) -> None:
 def auto_state(eng: EngineConfig, table: CostTable, batch: int) -> AutoState:
     """The depth policy's data for a ``batch``-slot engine: ``table`` read at ``batch`` (every
     slot computes, so that is the only load the step sees; one shape for any table: no
-    recompile), no window forced, no steps counted."""
-    at = CostTable.create(table.windows, [batch], [np.asarray(table.at(batch)).tolist()])
-    return AutoState(at, jnp.int32(-1), jnp.int32(0), jnp.zeros((len(eng.windows),), jnp.int32), jnp.int32(0),
-                     jnp.zeros((batch,), jnp.int32), jnp.full((batch,), -1, jnp.int32))
+    recompile), no window forced, no steps counted. Built on the host and placed in one
+    transfer (a dozen small device ops and a read-back cost ~1 ms of host time a call)."""
+    at = CostTable(np.asarray([batch], np.float32), table.row(batch)[None], table.windows)
+    i32 = np.int32
+    host = AutoState(at, i32(-1), i32(0), np.zeros((len(eng.windows),), i32), i32(0), np.zeros((batch,), i32),
+                     np.full((batch,), -1, i32))
+    return jax.device_put(host)
 
 
 def placeholder_cost(eng: EngineConfig, batch: int) -> CostTable:
@@ -731,10 +739,9 @@ def warm_steps(max_new_tokens: int) -> int:
 SLICES = {"steps": 24, "rounds": 2, "max_rounds": 2, "baseline": False}
 
 
-def cost_table(eng: EngineConfig, batch: int, cost, key: dict, timed, **measure) -> tuple[CostTable, str]:
-    """The table ``depth="auto"`` decides by, and where it came from: ``"given"`` (a
-    ``CostTable`` or file), ``"cached"`` (measured earlier, on disk) or ``"measured"`` now
-    (``measure_cost`` with the ``measure`` settings)."""
+def known_cost(eng: EngineConfig, cost, key: dict) -> tuple[CostTable | None, str | None]:
+    """``cost_table`` without measuring: a given table (``"given"``), one cached on disk under
+    ``key`` (``"cached"``), or ``(None, None)``."""
     if isinstance(cost, CostTable):
         return cost, "given"
     if cost is not None:
@@ -742,8 +749,16 @@ def cost_table(eng: EngineConfig, batch: int, cost, key: dict, timed, **measure)
         check_cost(table, eng.policy)
         return table, "given"
     table = load_cached_cost(key)
+    return (table, "cached") if table is not None else (None, None)
+
+
+def cost_table(eng: EngineConfig, batch: int, cost, key: dict, timed, **measure) -> tuple[CostTable, str]:
+    """The table ``depth="auto"`` decides by, and where it came from: ``"given"`` (a
+    ``CostTable`` or file), ``"cached"`` (measured earlier, on disk) or ``"measured"`` now
+    (``measure_cost`` with the ``measure`` settings)."""
+    table, source = known_cost(eng, cost, key)
     if table is not None:
-        return table, "cached"
+        return table, source
     table = measure_cost(eng, batch, timed, **measure)
     if table is None:
         return placeholder_cost(eng, batch), "none"
@@ -785,13 +800,16 @@ def fetch(eng: EngineConfig, st: EngineState) -> tuple[EngineState, np.ndarray]:
     """What comes back to the host from a finished state: every array but the caches and the
     drafter state (this process's rows of them), and the rows' status ``[B]`` (``row_status``)."""
     small = st.replace(cache=None, dstate=None)
+    if eng.mesh is None:  # one device: one batched read-back (a read per array was ~30 syncs a call)
+        return jax.tree.map(np.asarray, jax.device_get((small, row_status(eng, st))))
     return jax.tree.map(local_rows, small), local_rows(row_status(eng, st))
 
 
 def _put_auto(auto: AutoState, mesh) -> AutoState:
-    """``depth="auto"``'s data, replicated on every device of ``mesh`` (explicitly placed)."""
+    """``depth="auto"``'s data, replicated on every device of ``mesh`` (explicitly placed;
+    without one it stays where ``auto_state`` put it)."""
     if mesh is None:
-        return jax.device_put(auto)
+        return auto
     return jax.device_put(auto, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
 
 

@@ -87,5 +87,7 @@ def metrics(st, eng: Any, compiles: int) -> dict:
     if eng.policy is not None:
         ws = np.asarray(st.auto.window_steps)
         out.update(depth="auto", max_depth=eng.depth, windows=list(eng.policy.windows),
-                   window_share=[float(x) for x in ws / max(int(ws.sum()), 1)], depth_rule=eng.policy.rule)
+                   window_share=[float(x) for x in ws / max(int(ws.sum()), 1)], depth_rule=eng.policy.rule,
+                   # what the policy decided by: seconds of one step per window at this batch
+                   cost_seconds=[float(x) for x in np.asarray(st.auto.cost.seconds)[0]])
     return out

@@ -320,7 +320,14 @@ def test_the_measured_table_is_kept_on_disk_and_reused(tmp_path, monkeypatch):
     assert all(b >= a > 0 for a, b in zip(entry["seconds"][0], entry["seconds"][0][1:], strict=False))
     again = generate(TARGET, PROMPTS[:3], **kw)
     assert again.metrics["cost_source"] == "cached" and again.metrics["compiles"] == 0
+    np.testing.assert_allclose(again.metrics["cost_seconds"], entry["seconds"][0], rtol=1e-6)
     assert again.tokens == first.tokens
+    # another process rewrites the entry (drafting now a loss): the next call reads the file again
+    (name,) = stored
+    stored[name]["seconds"] = [[1.0, 9.0, 9.0]]
+    cost_cache_path().write_text(json.dumps(stored))
+    rewritten = generate(TARGET, PROMPTS[:3], **kw)
+    assert rewritten.metrics["cost_source"] == "cached" and rewritten.metrics["cost_seconds"] == [1.0, 9.0, 9.0]
     path = tmp_path / "table.json"
     path.write_text(json.dumps({"windows": [1, 2, 3], "batches": [1], "seconds": [[1, 9, 9]]}))
     given = generate(TARGET, PROMPTS[:3], cost=str(path), **kw)

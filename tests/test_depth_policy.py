@@ -83,6 +83,8 @@ def test_cost_table_interpolates_and_validates(tmp_path):
     t = CostTable.create((1, 4), [1, 3], [[1.0, 2.0], [3.0, 8.0]])
     np.testing.assert_allclose(np.asarray(t.at(2)), [2.0, 5.0])
     np.testing.assert_allclose(np.asarray(t.at(9)), [3.0, 8.0])  # clamped past the last measured batch
+    for active in (0, 1, 2, 2.5, 9):  # the host-side reading auto_state takes
+        np.testing.assert_allclose(t.row(active), np.asarray(t.at(active)), rtol=1e-6)
     path = tmp_path / "cost.json"
     path.write_text(json.dumps({"windows": [1, 4], "batches": [1, 3], "seconds": [[1, 2], [3, 8]]}))
     np.testing.assert_allclose(np.asarray(CostTable.load(path).seconds), np.asarray(t.seconds))
