@@ -14,7 +14,8 @@ Sections (each reports its own error instead of stopping the run):
    live to 8k only (live-block skipping: time should fall ~4x).
 3. ``loop``: ``benchmarks/auto_loop.py`` (MTP at B=1 and 64, n-gram at B=64; window 4):
    depth="auto"'s loop structure, choice and host work per call against the fixed engine's,
-   per step, with the compiled loops' while / conditional ops and command buffers.
+   per step, with the compiled loops' while / conditional ops and command buffers; MTP B=1
+   and n-gram B=64 also with XLA:GPU's command buffers off (``LOOP_FLAGS``).
 4. ``engine``: ``specjax bench`` on the bundled model (``attention_impl="auto"``: Pallas on
    TPU, XLA on GPU), B in {1, 8, 32, 64}, mtp and ngram, both rules.
 
@@ -133,20 +134,33 @@ def bandwidth(smoke: bool) -> dict:
     return out
 
 
+# XLA_FLAGS the loop section runs under: the default, and XLA:GPU's command buffers (CUDA graphs)
+# off. If auto's loops lose to the fixed one only with them on, the graphs' updates (or what they
+# cannot capture) are the cost, not the kernels
+LOOP_FLAGS = {"default": "", "no command buffers": "--xla_gpu_enable_command_buffer="}
+
+
 def loop(smoke: bool) -> dict:
+    """``benchmarks/auto_loop.py --json`` in a subprocess per case and XLA_FLAGS setting."""
     import os
+    import subprocess
 
-    import specjax
-
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from auto_loop import measure
-
-    bundle = specjax.load_model()
-    cases = [("mtp", 2, 8, 1)] if smoke else [("mtp", 1, 64, 5), ("mtp", 64, 64, 5), ("ngram", 64, 64, 5)]
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "auto_loop.py")
+    cases = [("mtp", 2, 8, 1, "default")] if smoke else [
+        ("mtp", 1, 64, 5, "default"), ("mtp", 1, 64, 5, "no command buffers"), ("mtp", 64, 64, 5, "default"),
+        ("ngram", 64, 64, 5, "default"), ("ngram", 64, 64, 5, "no command buffers")]
     out = {}
-    for drafter, b, steps, repeats in cases:
-        rows, calls = measure(bundle, drafter, b, 4, steps, repeats)
-        out[f"{drafter} B={b}"] = {"loops": rows, "generate_calls": calls}
+    for drafter, b, steps, repeats, flags in cases:
+        env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + LOOP_FLAGS[flags]).strip())
+        cmd = [sys.executable, script, "--drafter", drafter, "--batch", str(b), "--steps", str(steps),
+               "--repeats", str(repeats), "--json"]
+        got = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        name = f"{drafter} B={b} ({flags})"
+        try:
+            out[name] = json.loads(got.stdout.strip().splitlines()[-1])["rows"]
+        except (IndexError, ValueError, KeyError):
+            out[name] = {"error": (got.stderr or got.stdout)[-1500:]}
+        print(f"gpu_check: loop {name} done", file=sys.stderr, flush=True)
     return out
 
 

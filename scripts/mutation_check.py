@@ -630,6 +630,20 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_depth_policy.py::test_cost_table_interpolates_and_validates",),
     ),
     Mutation(
+        "auto depth: the slowest row's lateness read one live row short (max_normal_table)",
+        "specjax/depth_policy.py",
+        "jnp.asarray(max_normal_table(live.shape[0]))[jnp.sum(live)]",
+        "jnp.asarray(max_normal_table(live.shape[0]))[jnp.sum(live) - 1]",
+        ("tests/test_depth_policy.py::test_makespan_counts_the_spread_of_the_slowest_row",),
+    ),
+    Mutation(
+        "auto depth: the lateness table shifted by one count",
+        "specjax/depth_policy.py",
+        "[inv((n - 0.375) / (n + 0.25)) for n in range(2, size + 1)]",
+        "[inv((n - 0.375) / (n + 0.25)) for n in range(3, size + 2)]",
+        ("tests/test_depth_policy.py::test_expected_max_normal",),
+    ),
+    Mutation(
         "auto depth: each row's own draft count ignored (every row fills the window)",
         "specjax/engine.py",
         "    proposed = w - u if limit is None else jnp.clip(jnp.minimum(w - u, limit), 0, None)\n",

@@ -26,9 +26,11 @@ All pure and traceable: the simulator runs them inside its scan (``specjax.sim.s
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
+import statistics
 from pathlib import Path
 
 import jax
@@ -39,8 +41,8 @@ from specjax._pytree import pytree_dataclass, static_field
 
 __all__ = [
     "EARLY_VERDICTS", "POLICIES", "RELAX_EARLY", "AutoState", "CostTable", "DepthPolicy", "choose", "cost_cache_path",
-    "expected_max_normal", "expected_tokens", "init_estimates", "load_cached_cost", "optimistic", "revealed",
-    "store_cached_cost", "update_estimates", "yield_variance",
+    "expected_max_normal", "expected_tokens", "init_estimates", "load_cached_cost", "max_normal_table", "optimistic",
+    "revealed", "store_cached_cost", "update_estimates", "yield_variance",
 ]
 
 POLICIES = ("fixed", "ema", "goodput", "makespan")
@@ -293,6 +295,15 @@ def expected_max_normal(n: jax.Array) -> jax.Array:
     return jnp.where(n > 1, jax.scipy.special.ndtri((n - 0.375) / (n + 0.25)), 0.0)
 
 
+@functools.cache
+def max_normal_table(size: int) -> np.ndarray:
+    """``expected_max_normal(n)`` for ``n = 0 .. size`` (float32 ``[size + 1]``), computed on the
+    host: ``choose`` reads it at the live-row count (a gather, where evaluating ``ndtri`` on
+    device was some ten scalar kernels every step)."""
+    inv = statistics.NormalDist().inv_cdf
+    return np.asarray([0.0, 0.0] + [inv((n - 0.375) / (n + 0.25)) for n in range(2, size + 1)], np.float32)[: size + 1]
+
+
 def optimistic(est: jax.Array, seen: jax.Array, bonus: float) -> jax.Array:
     """``est [B, D]`` lifted by ``bonus`` standard errors of the batch's evidence at each draft
     position, ``bonus * sqrt(est (1 - est) / (n_j + 2))`` with ``n_j`` the verdicts position
@@ -389,7 +400,7 @@ def choose(
         # Simulator: 0.5-2.7 points nearer the best fixed depth at B = 8-64. Engine bench (MTP,
         # B=32): 5-7% slower, as the max over noisy per-row EMAs is already pessimistic; so 0 by default,
         # and 1 for n-gram, whose rows differ truly (``DepthPolicy.auto``)
-        z = spread * expected_max_normal(jnp.sum(live)) if spread else 0.0  # static: 0 adds no kernels
+        z = spread * jnp.asarray(max_normal_table(live.shape[0]))[jnp.sum(live)] if spread else 0.0  # static 0: no kernels
 
         def finish(k):
             mu = expected_tokens(pooled, k)

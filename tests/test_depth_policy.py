@@ -18,6 +18,7 @@ from specjax.depth_policy import (
     choose,
     expected_max_normal,
     expected_tokens,
+    max_normal_table,
     optimistic,
     update_estimates,
     yield_variance,
@@ -241,6 +242,8 @@ def test_expected_max_normal():
     for n in (2, 8, 64):
         assert abs(float(expected_max_normal(n)) - draws[:, :n].max(axis=1).mean()) < 0.05, n
     assert float(expected_max_normal(1)) == 0.0 and float(expected_max_normal(0)) == 0.0
+    # the host table choose reads at the live-row count: the same figures at every count
+    np.testing.assert_allclose(max_normal_table(70), [float(expected_max_normal(n)) for n in range(71)], atol=2e-5)
 
 
 def test_makespan_counts_the_spread_of_the_slowest_row():
@@ -255,6 +258,14 @@ def test_makespan_counts_the_spread_of_the_slowest_row():
     many = choose(est, jnp.ones(64, bool), cost, "makespan", remaining=left, spread=1.0)
     assert windows[int(one[0])] == 2 and windows[int(many[0])] == 1
     assert windows[int(choose(est, jnp.ones(64, bool), cost, "makespan", remaining=left)[0])] == 2
+    # the lateness is the live rows' (2 of 64 slots: about 0.59 sds, alone 0, all 64 about 2.4): at a
+    # draft step of 1.65x one row drafts and two do not; at 1.5x two live rows draft and 64 do not
+    two = jnp.arange(64) < 2
+    for ratio, alone, pair, full in ((1.65, 2, 1, 1), (1.5, 2, 2, 1)):
+        c = CostTable.create(windows, [64], [[1.0, ratio]])
+        got = [windows[int(choose(est, live, c, "makespan", remaining=left, spread=1.0)[0])]
+               for live in (jnp.arange(64) < 1, two, jnp.ones(64, bool))]
+        assert got == [alone, pair, full], (ratio, got)
 
 
 def test_ngram_auto_counts_the_lateness_of_the_slowest_row():
