@@ -774,7 +774,7 @@ def _compiled(eng: EngineConfig, params: dict, args: tuple):
     """The compiled generate loop for these static settings and shapes, and the seconds its
     compile took now (0.0 when it was cached): compile time and run time are measured apart."""
     leaves, tree = jax.tree.flatten((params, args))
-    key = (eng, tree, tuple((x.shape, str(x.dtype), getattr(x, "weak_type", False)) for x in leaves))
+    key = (eng, tree, tuple((x.shape, x.dtype, getattr(x, "weak_type", False)) for x in leaves))
     if key in _COMPILED:
         _COMPILED.move_to_end(key)
         return _COMPILED[key], 0.0
