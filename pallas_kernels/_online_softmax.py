@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from specjax.masks import MASK_VALUE
 
 __all__ = ["MASK_VALUE", "block_update", "finalize", "group_queries", "init_carry", "key_positions",
-           "live_block_range"]
+           "live_block_range", "query_rows", "stack_query_rows", "unstack_query_rows"]
 
 
 def live_block_range(
@@ -42,6 +42,29 @@ def key_positions(j: jax.Array, block: int, q_start: jax.Array, t_q: int, ring: 
 def group_queries(q: jax.Array, h: int, groups: int) -> jax.Array:
     """``q [t_q, Hq, D]`` -> ``[G * t_q, D]`` for KV head ``h``."""
     return jnp.concatenate([q[:, h * groups + g, :] for g in range(groups)], axis=0)
+
+
+def query_rows(t_q: int, groups: int) -> int:
+    """Rows of one KV head's query block in the loop body: ``G * t_q`` rounded up to a power
+    of two, at least 16 (Triton tiles: every loaded block a power of two, a dot's M >= 16)."""
+    return max(16, 1 << (groups * t_q - 1).bit_length())
+
+
+def stack_query_rows(q: jax.Array, hkv: int, rows: int) -> jax.Array:
+    """``q [B, t_q, Hq, D]`` -> ``[B, Hkv, rows, D]``: KV head ``h``'s ``group_queries`` rows
+    (row ``g * t_q + t``), zero-padded to ``rows``. Done outside the kernel, so its body reads
+    one 2-D block per KV head and slices no values (Triton lowers no value slice)."""
+    b, t_q, hq, d = q.shape
+    g = hq // hkv
+    x = q.reshape(b, t_q, hkv, g, d).transpose(0, 2, 3, 1, 4).reshape(b, hkv, g * t_q, d)
+    return jnp.pad(x, ((0, 0), (0, 0), (0, rows - g * t_q), (0, 0)))
+
+
+def unstack_query_rows(o: jax.Array, t_q: int, hq: int) -> jax.Array:
+    """``stack_query_rows``' inverse: ``o [B, Hkv, rows, D]`` -> ``[B, t_q, Hq, D]`` (padding dropped)."""
+    b, hkv, _, d = o.shape
+    g = hq // hkv
+    return o[:, :, : g * t_q].reshape(b, hkv, g, t_q, d).transpose(0, 3, 1, 2, 4).reshape(b, t_q, hq, d)
 
 
 def block_update(

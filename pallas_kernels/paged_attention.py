@@ -25,7 +25,7 @@ from pallas_kernels.ragged_attention import (
     default_body,
     grid_call,
     interpret_arg,
-    loop_kernel,
+    loop_call,
     one_layer,
     stacked,
 )
@@ -46,24 +46,12 @@ def _paged_attention(q, k_pages, v_pages, block_table, lead_pad, q_start, layer,
     static = dict(t_q=t_q, hkv=hkv, groups=groups, block=page, window=window, scale=scale, num_keys=num_keys)
     lead_pad, q_start = lead_pad.astype(jnp.int32), q_start.astype(jnp.int32)
     block_table = block_table.astype(jnp.int32)
-    out_shape = jax.ShapeDtypeStruct(q.shape, q.dtype)
     if body == "loop":
-        return pl.pallas_call(
-            functools.partial(loop_kernel, paged=True, **static),
-            grid=(bsz,),
-            in_specs=[
-                pl.BlockSpec((bsz,), lambda b: (0,)),
-                pl.BlockSpec((bsz,), lambda b: (0,)),
-                pl.BlockSpec((bsz, max_pages), lambda b: (0, 0)),
-                pl.BlockSpec((1,), lambda b: (0,)),
-                pl.BlockSpec((None, t_q, hq, d), lambda b: (b, 0, 0, 0)),
-                pl.BlockSpec(k_pages.shape, lambda b: (0, 0, 0, 0, 0)),
-                pl.BlockSpec(v_pages.shape, lambda b: (0, 0, 0, 0, 0)),
-            ],
-            out_specs=pl.BlockSpec((None, t_q, hq, d), lambda b: (b, 0, 0, 0)),
-            out_shape=out_shape,
-            interpret=interpret,
-        )(lead_pad, q_start, block_table, layer, q, k_pages, v_pages)
+        scalars = [pl.BlockSpec((bsz,), lambda b: (0,)), pl.BlockSpec((bsz,), lambda b: (0,)),
+                   pl.BlockSpec((bsz, max_pages), lambda b: (0, 0)), pl.BlockSpec((1,), lambda b: (0,))]
+        whole = pl.BlockSpec(k_pages.shape, lambda b: (0, 0, 0, 0, 0))  # indexed in the body by (layer, page)
+        call = loop_call(static, q=q, kv_specs=[whole, whole], scalar_specs=scalars, interpret=interpret, paged=True)
+        return call(lead_pad, q_start, block_table, layer, k_pages, v_pages)
 
     clamp = functools.partial(
         clamp_block, t_q=t_q, window=window, block=page, num_keys=num_keys, num_blocks=max_pages

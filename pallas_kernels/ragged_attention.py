@@ -41,6 +41,9 @@ from pallas_kernels._online_softmax import (
     init_carry,
     key_positions,
     live_block_range,
+    query_rows,
+    stack_query_rows,
+    unstack_query_rows,
 )
 from specjax.attention import attention_with_positions, ring_positions
 from specjax.attention import ragged_attention as xla_ragged_attention
@@ -98,9 +101,11 @@ def grid_kernel(*refs, n_prefetch, t_q, hkv, groups, block, window, scale, num_k
 
 def loop_kernel(lead_ref, qs_ref, *refs, paged, t_q, hkv, groups, block, window, scale, num_keys, ring=None):
     """Body for grid ``(B,)``: loop over this row's live KV blocks only. Refs: ``lead [B]``,
-    ``q_start [B]``, ``[block_table [B, M]]``, ``layer [1]``, ``q``, ``k``, ``v`` (every
-    layer's buffer, ``[L, B, Hkv, T, D]`` or the page pool ``[L, P, Hkv, page, D]``: this
-    layer's rows are read in place), ``o``."""
+    ``q_start [B]``, ``[block_table [B, M]]``, ``layer [1]``, ``q, o [Hkv, R, D]`` (this row's
+    queries stacked per KV head, ``stack_query_rows``), ``k``, ``v`` (every layer's buffer,
+    ``[L, B, Hkv, T, D]`` or the page pool ``[L, P, Hkv, page, D]``: this layer's rows are read
+    in place). Every load is a 2-D power-of-two block and no value is sliced: the body lowers
+    to Triton (GPU) as well as Mosaic and the interpreter."""
     if paged:
         bt_ref, layer_ref, q_ref, k_ref, v_ref, o_ref = refs
     else:
@@ -108,10 +113,9 @@ def loop_kernel(lead_ref, qs_ref, *refs, paged, t_q, hkv, groups, block, window,
     b = pl.program_id(0)
     lead, qs, layer = lead_ref[b], qs_ref[b], layer_ref[0]
     first, last = _block_range(lead, qs, t_q=t_q, window=window, block=block, num_keys=num_keys, ring=ring)
-    q = q_ref[...]
-    d = q.shape[-1]
+    rows, d = q_ref.shape[1], q_ref.shape[2]
     for h in range(hkv):
-        qg = group_queries(q, h, groups)
+        qg = q_ref[h]  # [R, D]
 
         def body(j, carry, h=h, qg=qg):
             if paged:
@@ -122,10 +126,31 @@ def loop_kernel(lead_ref, qs_ref, *refs, paged, t_q, hkv, groups, block, window,
             key_pos = key_positions(j, block, qs, t_q, ring)
             return block_update(carry, qg, k, v, key_pos, qs, lead, t_q, window, scale)
 
-        _, denom, acc = jax.lax.fori_loop(first, last + 1, body, init_carry(groups * t_q, d))
-        out = finalize(denom, acc)
-        for g in range(groups):
-            o_ref[:, h * groups + g, :] = out[g * t_q : (g + 1) * t_q].astype(o_ref.dtype)
+        _, denom, acc = jax.lax.fori_loop(first, last + 1, body, init_carry(rows, d))
+        o_ref[h] = finalize(denom, acc).astype(o_ref.dtype)
+
+
+def loop_call(static: dict, *, q, kv_specs: list, scalar_specs: list, interpret, paged: bool):
+    """``pallas_call`` of ``loop_kernel`` over grid ``(B,)``; it takes ``q [B, t_q, Hq, D]`` and
+    returns ``[B, t_q, Hq, D]``, the rows stacked per KV head around the call."""
+    bsz, t_q, hq, d = q.shape
+    hkv = static["hkv"]
+    rows = query_rows(t_q, static["groups"])
+    row_spec = pl.BlockSpec((None, hkv, rows, d), lambda b: (b, 0, 0, 0))
+    call = pl.pallas_call(
+        functools.partial(loop_kernel, paged=paged, **static),
+        grid=(bsz,),
+        in_specs=[*scalar_specs, row_spec, *kv_specs],
+        out_specs=row_spec,
+        out_shape=jax.ShapeDtypeStruct((bsz, hkv, rows, d), q.dtype),
+        interpret=interpret,
+    )
+
+    def run(*scalars_then_kv):
+        n = len(scalar_specs)
+        out = call(*scalars_then_kv[:n], stack_query_rows(q, hkv, rows), *scalars_then_kv[n:])
+        return unstack_query_rows(out, t_q, hq)
+    return run
 
 
 def grid_call(static: dict, *, n_prefetch: int, grid: tuple[int, int], kv_spec, q, interpret):
@@ -233,24 +258,12 @@ def _ragged_attention(q, k, v, lead_pad, q_start, layer, *, window, scale, block
                   ring=num_keys if ring else None)
     lead_pad = lead_pad.astype(jnp.int32)
     q_start = q_start.astype(jnp.int32)
-    out_shape = jax.ShapeDtypeStruct(q.shape, q.dtype)
     if body == "loop":
         whole = pl.BlockSpec(k.shape, lambda b: (0, 0, 0, 0, 0))  # indexed in the body by (layer, row)
-        return pl.pallas_call(
-            functools.partial(loop_kernel, paged=False, **static),
-            grid=(bsz,),
-            in_specs=[
-                pl.BlockSpec((bsz,), lambda b: (0,)),
-                pl.BlockSpec((bsz,), lambda b: (0,)),
-                pl.BlockSpec((1,), lambda b: (0,)),
-                pl.BlockSpec((None, t_q, hq, d), lambda b: (b, 0, 0, 0)),
-                whole,
-                whole,
-            ],
-            out_specs=pl.BlockSpec((None, t_q, hq, d), lambda b: (b, 0, 0, 0)),
-            out_shape=out_shape,
-            interpret=interpret,
-        )(lead_pad, q_start, layer, q, k, v)
+        scalars = [pl.BlockSpec((bsz,), lambda b: (0,)), pl.BlockSpec((bsz,), lambda b: (0,)),
+                   pl.BlockSpec((1,), lambda b: (0,))]
+        call = loop_call(static, q=q, kv_specs=[whole, whole], scalar_specs=scalars, interpret=interpret, paged=False)
+        return call(lead_pad, q_start, layer, k, v)
 
     if ring:
         def kv_map(b, j, lead_ref, qs_ref, layer_ref):

@@ -644,6 +644,21 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_depth_policy.py::test_expected_max_normal",),
     ),
     Mutation(
+        "Pallas loop body: query rows not rounded to a power of two (Triton loads none other)",
+        "pallas_kernels/_online_softmax.py",
+        "    return max(16, 1 << (groups * t_q - 1).bit_length())\n",
+        "    return max(16, groups * t_q)\n",
+        ("tests/test_pallas_kernels.py::test_loop_body_lowers_for_gpu",),
+    ),
+    Mutation(
+        "Pallas loop body: query rows stacked token-major (rows no longer group_queries' order)",
+        "pallas_kernels/_online_softmax.py",
+        "    x = q.reshape(b, t_q, hkv, g, d).transpose(0, 2, 3, 1, 4).reshape(b, hkv, g * t_q, d)\n",
+        "    x = q.reshape(b, t_q, hkv, g, d).transpose(0, 2, 1, 3, 4).reshape(b, hkv, g * t_q, d)\n",
+        ("tests/test_pallas_kernels.py::test_query_rows_stack_per_kv_head_and_back",
+         "tests/test_pallas_kernels.py::test_ragged_kernel_matches_reference"),
+    ),
+    Mutation(
         "auto depth: each row's own draft count ignored (every row fills the window)",
         "specjax/engine.py",
         "    proposed = w - u if limit is None else jnp.clip(jnp.minimum(w - u, limit), 0, None)\n",

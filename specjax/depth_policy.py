@@ -400,7 +400,8 @@ def choose(
         # Simulator: 0.5-2.7 points nearer the best fixed depth at B = 8-64. Engine bench (MTP,
         # B=32): 5-7% slower, as the max over noisy per-row EMAs is already pessimistic; so 0 by default,
         # and 1 for n-gram, whose rows differ truly (``DepthPolicy.auto``)
-        z = spread * jnp.asarray(max_normal_table(live.shape[0]))[jnp.sum(live)] if spread else 0.0  # static 0: no kernels
+        lateness = jnp.asarray(max_normal_table(live.shape[0]))[jnp.sum(live)]
+        z = spread * lateness if spread else 0.0  # static: 0 adds no kernels
 
         def finish(k):
             mu = expected_tokens(pooled, k)

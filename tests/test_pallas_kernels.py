@@ -269,3 +269,54 @@ def test_paged_bad_block_table():
     bt = np.full((B, 2), -1, np.int32)
     with pytest.raises(ValueError, match=r"block_table row 0 has pages \[-1\]"):
         paged_attention(q, kp, kp, bt, np.zeros(B, np.int32), np.zeros(B, np.int32))
+
+
+def test_query_rows_stack_per_kv_head_and_back():
+    """The loop body's query layout: KV head ``h``'s rows are ``group_queries``' (row ``g * t_q +
+    t`` is token ``t`` of head ``h * G + g``), zero-padded to a power of two >= 16; unstacking
+    gives ``q`` back exactly."""
+    from pallas_kernels._online_softmax import group_queries, query_rows, stack_query_rows, unstack_query_rows
+
+    assert [query_rows(t, g) for t, g in ((1, 4), (3, 4), (4, 4), (3, 8), (8, 8))] == [16, 16, 16, 32, 64]
+    q = jnp.asarray(np.random.default_rng(0).standard_normal((2, 3, 8, 16)), jnp.float32)
+    rows = query_rows(3, 4)
+    x = stack_query_rows(q, 2, rows)
+    assert x.shape == (2, 2, rows, 16)
+    for b in range(2):
+        for h in range(2):
+            np.testing.assert_array_equal(x[b, h, :12], group_queries(q[b], h, 4))
+            np.testing.assert_array_equal(x[b, h, 12:], 0.0)
+    np.testing.assert_array_equal(unstack_query_rows(x, 3, 8), q)
+
+
+# (kernel, t_q, Hq, Hkv, dtype): decode and verify windows (t_q 3: G * t_q not a power of two)
+GPU_CASES = [("dense", 1, 8, 2, jnp.bfloat16), ("dense", 3, 8, 1, jnp.float32), ("ring", 4, 4, 4, jnp.float32),
+             ("paged", 3, 8, 2, jnp.bfloat16), ("paged", 1, 4, 1, jnp.float32)]
+
+
+@pytest.mark.parametrize("kernel,t_q,hq,hkv,dtype", GPU_CASES)
+def test_loop_body_lowers_for_gpu(kernel, t_q, hq, hkv, dtype):
+    """The GPU body lowers to Triton: lowered for CUDA from this CPU machine (no GPU needed),
+    with Pallas's Triton backend. Triton takes no value slice and only power-of-two loads
+    (jax 0.11 on an H200 failed every kernel on the first: 'Unimplemented primitive in Pallas
+    Triton lowering: slice'). Compiling and running there is ``benchmarks/gpu_check.py``'s job."""
+    import jax
+
+    b, d, num_keys, layers = 2, 64, 256, 3
+    q = jnp.zeros((b, t_q, hq, d), dtype)
+    lead, qs = jnp.zeros((b,), jnp.int32), jnp.full((b,), 100, jnp.int32)
+    kv = jnp.zeros((layers, b, hkv, num_keys, d), dtype)
+    pages = jnp.zeros((layers, 20, hkv, 16, d), dtype)
+    table = jnp.zeros((b, num_keys // 16), jnp.int32)
+    fn = {
+        "dense": lambda q: ragged_attention(q, kv, kv, lead, qs, block_k=64, body="loop", interpret=False, layer=1),
+        "ring": lambda q: ring_attention(q, kv, kv, lead, qs, window=100, body="loop", interpret=False, layer=2),
+        "paged": lambda q: paged_attention(q, pages, pages, table, lead, qs, body="loop", interpret=False, layer=0),
+    }[kernel]
+    before = jax.config.jax_pallas_use_mosaic_gpu
+    jax.config.update("jax_pallas_use_mosaic_gpu", False)  # Pallas's Triton backend (jax 0.11's default on GPU)
+    try:
+        text = jax.jit(fn).trace(q).lower(lowering_platforms=("cuda",)).as_text()
+    finally:
+        jax.config.update("jax_pallas_use_mosaic_gpu", before)
+    assert "triton" in text.lower()
