@@ -47,9 +47,9 @@ def _paged_attention(q, k_pages, v_pages, block_table, lead_pad, q_start, layer,
     lead_pad, q_start = lead_pad.astype(jnp.int32), q_start.astype(jnp.int32)
     block_table = block_table.astype(jnp.int32)
     if body == "loop":
-        scalars = [pl.BlockSpec((bsz,), lambda b: (0,)), pl.BlockSpec((bsz,), lambda b: (0,)),
-                   pl.BlockSpec((bsz, max_pages), lambda b: (0, 0)), pl.BlockSpec((1,), lambda b: (0,))]
-        whole = pl.BlockSpec(k_pages.shape, lambda b: (0, 0, 0, 0, 0))  # indexed in the body by (layer, page)
+        scalars = [pl.BlockSpec((bsz,), lambda b, h: (0,)), pl.BlockSpec((bsz,), lambda b, h: (0,)),
+                   pl.BlockSpec((bsz, max_pages), lambda b, h: (0, 0)), pl.BlockSpec((1,), lambda b, h: (0,))]
+        whole = pl.BlockSpec(k_pages.shape, lambda b, h: (0, 0, 0, 0, 0))  # indexed in the body by (layer, page, head)
         call = loop_call(static, q=q, kv_specs=[whole, whole], scalar_specs=scalars, interpret=interpret, paged=True)
         return call(lead_pad, q_start, block_table, layer, k_pages, v_pages)
 

@@ -14,8 +14,9 @@ Two kernel bodies share the online-softmax step (``_online_softmax``):
   are scalar-prefetch operands; the K/V ``index_map`` clamps the block index into the
   row's live range, so a skipped block re-uses the block already resident and issues
   no copy, and ``pl.when`` skips its compute. Accumulators live in VMEM scratch.
-* ``"loop"`` (GPU / Triton style): grid ``(B,)``; ``lead_pad``/``q_start`` are plain
-  inputs; each program loops over *only* its live KV blocks with ``fori_loop``.
+* ``"loop"`` (GPU / Triton style): grid ``(B, Hkv)``; ``lead_pad``/``q_start`` are plain
+  inputs; each program loops over *only* its live KV blocks with ``fori_loop``, its queries
+  stacked outside the kernel (``stack_query_rows``) so it slices no value.
 
 On CPU both run in interpret mode (``interpret=True``; the grid body also under the
 TPU interpreter, ``pltpu.InterpretParams``). K/V are head-major like the caches
@@ -100,46 +101,45 @@ def grid_kernel(*refs, n_prefetch, t_q, hkv, groups, block, window, scale, num_k
 
 
 def loop_kernel(lead_ref, qs_ref, *refs, paged, t_q, hkv, groups, block, window, scale, num_keys, ring=None):
-    """Body for grid ``(B,)``: loop over this row's live KV blocks only. Refs: ``lead [B]``,
-    ``q_start [B]``, ``[block_table [B, M]]``, ``layer [1]``, ``q, o [Hkv, R, D]`` (this row's
-    queries stacked per KV head, ``stack_query_rows``), ``k``, ``v`` (every layer's buffer,
-    ``[L, B, Hkv, T, D]`` or the page pool ``[L, P, Hkv, page, D]``: this layer's rows are read
-    in place). Every load is a 2-D power-of-two block and no value is sliced: the body lowers
-    to Triton (GPU) as well as Mosaic and the interpreter."""
+    """Body for grid ``(B, Hkv)``: one row's queries of one KV head, looping over the row's
+    live KV blocks only. Refs: ``lead [B]``, ``q_start [B]``, ``[block_table [B, M]]``, ``layer
+    [1]``, ``q, o [R, D]`` (the head's queries stacked, ``stack_query_rows``), ``k``, ``v``
+    (every layer's buffer, ``[L, B, Hkv, T, D]`` or the page pool ``[L, P, Hkv, page, D]``:
+    this layer's rows are read in place). Every load is a 2-D power-of-two block and no value
+    is sliced: the body lowers to Triton (GPU) as well as to the interpreter."""
     if paged:
         bt_ref, layer_ref, q_ref, k_ref, v_ref, o_ref = refs
     else:
         layer_ref, q_ref, k_ref, v_ref, o_ref = refs
-    b = pl.program_id(0)
+    b, h = pl.program_id(0), pl.program_id(1)
     lead, qs, layer = lead_ref[b], qs_ref[b], layer_ref[0]
     first, last = _block_range(lead, qs, t_q=t_q, window=window, block=block, num_keys=num_keys, ring=ring)
-    rows, d = q_ref.shape[1], q_ref.shape[2]
-    for h in range(hkv):
-        qg = q_ref[h]  # [R, D]
+    qg = q_ref[...]  # [R, D]
 
-        def body(j, carry, h=h, qg=qg):
-            if paged:
-                page = bt_ref[b, j]
-                k, v = k_ref[layer, page, h], v_ref[layer, page, h]
-            else:
-                k, v = k_ref[layer, b, h, pl.ds(j * block, block), :], v_ref[layer, b, h, pl.ds(j * block, block), :]
-            key_pos = key_positions(j, block, qs, t_q, ring)
-            return block_update(carry, qg, k, v, key_pos, qs, lead, t_q, window, scale)
+    def body(j, carry):
+        if paged:
+            page = bt_ref[b, j]
+            k, v = k_ref[layer, page, h], v_ref[layer, page, h]
+        else:
+            k, v = k_ref[layer, b, h, pl.ds(j * block, block), :], v_ref[layer, b, h, pl.ds(j * block, block), :]
+        key_pos = key_positions(j, block, qs, t_q, ring)
+        return block_update(carry, qg, k, v, key_pos, qs, lead, t_q, window, scale)
 
-        _, denom, acc = jax.lax.fori_loop(first, last + 1, body, init_carry(rows, d))
-        o_ref[h] = finalize(denom, acc).astype(o_ref.dtype)
+    _, denom, acc = jax.lax.fori_loop(first, last + 1, body, init_carry(*qg.shape))
+    o_ref[...] = finalize(denom, acc).astype(o_ref.dtype)
 
 
 def loop_call(static: dict, *, q, kv_specs: list, scalar_specs: list, interpret, paged: bool):
-    """``pallas_call`` of ``loop_kernel`` over grid ``(B,)``; it takes ``q [B, t_q, Hq, D]`` and
-    returns ``[B, t_q, Hq, D]``, the rows stacked per KV head around the call."""
+    """``pallas_call`` of ``loop_kernel`` over grid ``(B, Hkv)`` (a program per row and KV head);
+    it takes ``q [B, t_q, Hq, D]`` and returns ``[B, t_q, Hq, D]``, the rows stacked per KV head
+    around the call."""
     bsz, t_q, hq, d = q.shape
     hkv = static["hkv"]
     rows = query_rows(t_q, static["groups"])
-    row_spec = pl.BlockSpec((None, hkv, rows, d), lambda b: (b, 0, 0, 0))
+    row_spec = pl.BlockSpec((None, None, rows, d), lambda b, h: (b, h, 0, 0))
     call = pl.pallas_call(
         functools.partial(loop_kernel, paged=paged, **static),
-        grid=(bsz,),
+        grid=(bsz, hkv),
         in_specs=[*scalar_specs, row_spec, *kv_specs],
         out_specs=row_spec,
         out_shape=jax.ShapeDtypeStruct((bsz, hkv, rows, d), q.dtype),
@@ -259,9 +259,9 @@ def _ragged_attention(q, k, v, lead_pad, q_start, layer, *, window, scale, block
     lead_pad = lead_pad.astype(jnp.int32)
     q_start = q_start.astype(jnp.int32)
     if body == "loop":
-        whole = pl.BlockSpec(k.shape, lambda b: (0, 0, 0, 0, 0))  # indexed in the body by (layer, row)
-        scalars = [pl.BlockSpec((bsz,), lambda b: (0,)), pl.BlockSpec((bsz,), lambda b: (0,)),
-                   pl.BlockSpec((1,), lambda b: (0,))]
+        whole = pl.BlockSpec(k.shape, lambda b, h: (0, 0, 0, 0, 0))  # indexed in the body by (layer, row, head)
+        scalars = [pl.BlockSpec((bsz,), lambda b, h: (0,)), pl.BlockSpec((bsz,), lambda b, h: (0,)),
+                   pl.BlockSpec((1,), lambda b, h: (0,))]
         call = loop_call(static, q=q, kv_specs=[whole, whole], scalar_specs=scalars, interpret=interpret, paged=False)
         return call(lead_pad, q_start, layer, k, v)
 
