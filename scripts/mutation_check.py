@@ -659,6 +659,20 @@ MUTATIONS: list[Mutation] = [
          "tests/test_pallas_kernels.py::test_ragged_kernel_matches_reference"),
     ),
     Mutation(
+        "rolling cache: the ring not aligned to RING_ALIGN slots (Triton blocks under 16 keys)",
+        "specjax/model/llama.py",
+        "        ring = -(-(config.sliding_window + reach) // RING_ALIGN) * RING_ALIGN\n",
+        "        ring = config.sliding_window + reach\n",
+        ("tests/test_pallas_kernels.py::test_engine_with_pallas_attention_lowers_for_gpu",),
+    ),
+    Mutation(
+        "rolling cache: the ring kernel reads the whole ring as one block (not a power of two)",
+        "specjax/cache/rolling.py",
+        "                                  block_k=kernel_block(self.size))",
+        "                                  block_k=self.size)",
+        ("tests/test_pallas_kernels.py::test_engine_with_pallas_attention_lowers_for_gpu",),
+    ),
+    Mutation(
         "auto depth: each row's own draft count ignored (every row fills the window)",
         "specjax/engine.py",
         "    proposed = w - u if limit is None else jnp.clip(jnp.minimum(w - u, limit), 0, None)\n",

@@ -320,3 +320,36 @@ def test_loop_body_lowers_for_gpu(kernel, t_q, hq, hkv, dtype):
     finally:
         jax.config.update("jax_pallas_use_mosaic_gpu", before)
     assert "triton" in text.lower()
+
+
+@pytest.mark.parametrize("cache,sliding", [("dense", False), ("paged", False), ("dense", True)])
+def test_engine_with_pallas_attention_lowers_for_gpu(cache, sliding, monkeypatch):
+    """The whole generate loop (depth="auto", n-gram) with ``attention_impl="pallas"`` lowers
+    for CUDA from this CPU machine: every layer's kernel is the loop body in Triton (as on a
+    GPU: the body and interpret mode follow the backend, here patched to a GPU's choice); with
+    sliding-window layers, their rings' kernel too."""
+    import jax
+
+    import pallas_kernels.paged_attention as paged_module
+    import pallas_kernels.ragged_attention as ragged_module
+    from specjax import engine
+    from specjax.model import ModelConfig, init_model
+
+    for module in (ragged_module, paged_module):
+        monkeypatch.setattr(module, "default_body", lambda: "loop")
+        monkeypatch.setattr(module, "interpret_arg", lambda interpret: False)
+    cfg = ModelConfig(vocab_size=32, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=64,
+                      tie_embeddings=False, sliding_window=30 if sliding else None, global_every=2 if sliding else 0)
+    eng, params, args = engine._setup(init_model(cfg), [[1, 2, 3], [4, 5]], 8, "ngram", None, "auto", None, cache,
+                                      0.0, None, None, 0, None, 3, "pallas", 3)
+    if sliding:  # a ring of 30 + 2w + 2 = 40 slots is held in 48, read in blocks of 16 (a Triton dot's N >= 16)
+        assert eng.new_cache(eng.target, 2).local_kv.size == 48
+    auto = engine.auto_state(eng, engine.placeholder_cost(eng, 2), 2)
+    before = jax.config.jax_pallas_use_mosaic_gpu
+    jax.config.update("jax_pallas_use_mosaic_gpu", False)
+    try:
+        lowered = jax.jit(engine._generate_loop, static_argnums=0).trace(
+            eng, params, *args, auto, np.int32(eng.max_steps)).lower(lowering_platforms=("cuda",))
+    finally:
+        jax.config.update("jax_pallas_use_mosaic_gpu", before)
+    assert "triton" in lowered.as_text().lower()

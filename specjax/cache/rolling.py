@@ -27,6 +27,7 @@ from specjax.cache.base import (
     Layers,
     as_rows,
     is_stacked,
+    kernel_block,
     kernel_operands,
     layer_buffers,
     layer_spec,
@@ -168,7 +169,8 @@ class RollingKVCache:
             from pallas_kernels.ragged_attention import ring_attention  # lazy: pallas_kernels imports specjax
 
             k, v, at = kernel_operands(self.k, self.v, layer)
-            return ring_attention(q, k, v, self.start, self.lengths, window=self.window, scale=scale, layer=at)
+            return ring_attention(q, k, v, self.start, self.lengths, window=self.window, scale=scale, layer=at,
+                                  block_k=kernel_block(self.size))
         return attention_with_positions(
             q, self.k[layer], self.v[layer], positions(self.lengths, t_q), self.key_positions(t_q), self.start,
             window=self.window, scale=scale,

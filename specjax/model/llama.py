@@ -267,6 +267,11 @@ def head(params: dict, cfg: ModelConfig, x: jax.Array) -> jax.Array:
 # ----------------------------------------------------------------------------- cache
 
 
+# a sliding-window layer's ring holds a multiple of this many slots (its rollback room, ``slack``, grows
+# by under RING_ALIGN): the Pallas kernel reads it in blocks of a power of two (kernel_block)
+RING_ALIGN = 16
+
+
 def init_cache(
     config: ModelConfig,
     batch: int,
@@ -285,7 +290,8 @@ def init_cache(
     ``kind``: ``"dense"`` or ``"paged"`` for global layers. Sliding-window layers use the
     rolling cache and compressed-memory layers the compressed cache; their slack is ``reach``
     (default ``slack``): how far a write reaches past the committed length (a wider write, the
-    prefill, is bounded per row by ``bound_write`` and attends through ``write_attend``).
+    prefill, is bounded per row by ``bound_write`` and attends through ``write_attend``); a ring's
+    slack is rounded up so it holds a multiple of ``RING_ALIGN`` slots.
     ``stacked``: each kind's layers in one ``[L, ...]`` buffer, for params laid out for the
     layer scan (``with_layer_loop(model, "scan")``); else a tuple of per-layer buffers.
     """
@@ -298,7 +304,11 @@ def init_cache(
         glob = global_cache(kind, n_g, batch, capacity, hkv, hd, page_size=page_size, num_pages=num_pages,
                             dtype=dtype, stacked=stacked)
     reach = slack if reach is None else reach
-    loc = RollingKVCache.create(n_l, batch, config.sliding_window, reach, hkv, hd, dtype, stacked) if n_l else None
+    loc = None
+    if n_l:  # each ring rounded up to a multiple of RING_ALIGN slots (a Triton kernel loads power-of-two blocks)
+        ring = -(-(config.sliding_window + reach) // RING_ALIGN) * RING_ALIGN
+        loc = RollingKVCache.create(n_l, batch, config.sliding_window, ring - config.sliding_window, hkv, hd, dtype,
+                                    stacked)
     n_m = len(config.compressed_layers)
     mem = CompressedKVCache.create(n_m, batch, capacity, config.compress_window, config.compress_block,
                                    reach, hkv, hd, dtype, stacked) if n_m else None
