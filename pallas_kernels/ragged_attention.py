@@ -129,6 +129,17 @@ def loop_kernel(lead_ref, qs_ref, *refs, paged, t_q, hkv, groups, block, window,
     o_ref[...] = finalize(denom, acc).astype(o_ref.dtype)
 
 
+# the most keys the loop body takes a step: a Triton program holds its K and V blocks (float32 in the
+# dot) in shared memory, staged several deep (256 keys x head_dim 128 is 128 KB a block)
+LOOP_BLOCK = 64
+
+
+def loop_block(block: int) -> int:
+    """The loop body's step: ``block`` keys, or ``LOOP_BLOCK`` when that divides it (the live
+    range is then skipped in finer steps; the same keys are read)."""
+    return LOOP_BLOCK if block > LOOP_BLOCK and block % LOOP_BLOCK == 0 else block
+
+
 def loop_call(static: dict, *, q, kv_specs: list, scalar_specs: list, interpret, paged: bool):
     """``pallas_call`` of ``loop_kernel`` over grid ``(B, Hkv)`` (a program per row and KV head);
     it takes ``q [B, t_q, Hq, D]`` and returns ``[B, t_q, Hq, D]``, the rows stacked per KV head
@@ -259,6 +270,7 @@ def _ragged_attention(q, k, v, lead_pad, q_start, layer, *, window, scale, block
     lead_pad = lead_pad.astype(jnp.int32)
     q_start = q_start.astype(jnp.int32)
     if body == "loop":
+        static["block"] = loop_block(block_k)
         whole = pl.BlockSpec(k.shape, lambda b, h: (0, 0, 0, 0, 0))  # indexed in the body by (layer, row, head)
         scalars = [pl.BlockSpec((bsz,), lambda b, h: (0,)), pl.BlockSpec((bsz,), lambda b, h: (0,)),
                    pl.BlockSpec((1,), lambda b, h: (0,))]

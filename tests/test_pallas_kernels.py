@@ -48,6 +48,7 @@ DENSE_CASES = [
     (1, 2, 2, 64, 8, 32, 5, jnp.float32),
     (4, 4, 1, 64, 16, 64, None, jnp.bfloat16),
     (8, 2, 2, 128, 32, 64, 20, jnp.bfloat16),
+    (4, 4, 2, 64, 256, 256, 40, jnp.float32),  # the loop body steps 64 keys at a time (LOOP_BLOCK)
 ]
 
 
