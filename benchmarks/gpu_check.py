@@ -180,7 +180,8 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU: interpret mode)")
     ap.add_argument("--skip", nargs="*", default=[], choices=["kernels", "bandwidth", "loop", "engine"])
     args = ap.parse_args()
-    result = {"backend": jax.default_backend(), "devices": [str(x) for x in jax.devices()], "jax": jax.__version__}
+    result = {"backend": jax.default_backend(), "devices": [str(x) for x in jax.devices()], "jax": jax.__version__,
+              "pallas_gpu_backend": "mosaic" if getattr(jax.config, "jax_pallas_use_mosaic_gpu", False) else "triton"}
     for name, fn in (("kernels", kernels), ("bandwidth", bandwidth), ("loop", loop), ("engine", engine)):
         if name in args.skip:
             continue

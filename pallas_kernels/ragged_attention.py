@@ -54,6 +54,12 @@ __all__ = ["BODIES", "ragged_attention", "ragged_attention_reference", "ring_att
 
 BODIES = ("grid", "loop")
 _TPU_PARAMS = getattr(pltpu, "CompilerParams", None) or getattr(pltpu, "TPUCompilerParams", None)
+try:  # the loop body names Pallas's Triton backend (else a GPU picks by jax_pallas_use_mosaic_gpu)
+    from jax.experimental.pallas import triton as _pltriton
+
+    _TRITON_PARAMS = _pltriton.CompilerParams
+except ImportError:  # a jax without the Triton backend: the loop body runs interpreted only
+    _TRITON_PARAMS = None
 
 
 # ----------------------------------------------------------------------------- bodies
@@ -148,6 +154,9 @@ def loop_call(static: dict, *, q, kv_specs: list, scalar_specs: list, interpret,
     hkv = static["hkv"]
     rows = query_rows(t_q, static["groups"])
     row_spec = pl.BlockSpec((None, None, rows, d), lambda b, h: (b, h, 0, 0))
+    extra = {}
+    if not interpret and _TRITON_PARAMS is not None and jax.default_backend() != "tpu":
+        extra["compiler_params"] = _TRITON_PARAMS()  # Triton's defaults; the body is written for it
     call = pl.pallas_call(
         functools.partial(loop_kernel, paged=paged, **static),
         grid=(bsz, hkv),
@@ -155,6 +164,7 @@ def loop_call(static: dict, *, q, kv_specs: list, scalar_specs: list, interpret,
         out_specs=row_spec,
         out_shape=jax.ShapeDtypeStruct((bsz, hkv, rows, d), q.dtype),
         interpret=interpret,
+        **extra,
     )
 
     def run(*scalars_then_kv):

@@ -673,6 +673,13 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_pallas_kernels.py::test_engine_with_pallas_attention_lowers_for_gpu",),
     ),
     Mutation(
+        "Pallas loop body leaves the GPU backend to jax_pallas_use_mosaic_gpu (no Triton params)",
+        "pallas_kernels/ragged_attention.py",
+        "        extra[\"compiler_params\"] = _TRITON_PARAMS()  # Triton's defaults; the body is written for it\n",
+        "        pass\n",
+        ("tests/test_pallas_kernels.py::test_loop_body_lowers_for_gpu",),
+    ),
+    Mutation(
         "auto depth: each row's own draft count ignored (every row fills the window)",
         "specjax/engine.py",
         "    proposed = w - u if limit is None else jnp.clip(jnp.minimum(w - u, limit), 0, None)\n",

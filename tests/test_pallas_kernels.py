@@ -297,10 +297,11 @@ GPU_CASES = [("dense", 1, 8, 2, jnp.bfloat16), ("dense", 3, 8, 1, jnp.float32), 
 
 @pytest.mark.parametrize("kernel,t_q,hq,hkv,dtype", GPU_CASES)
 def test_loop_body_lowers_for_gpu(kernel, t_q, hq, hkv, dtype):
-    """The GPU body lowers to Triton: lowered for CUDA from this CPU machine (no GPU needed),
-    with Pallas's Triton backend. Triton takes no value slice and only power-of-two loads
-    (jax 0.11 on an H200 failed every kernel on the first: 'Unimplemented primitive in Pallas
-    Triton lowering: slice'). Compiling and running there is ``benchmarks/gpu_check.py``'s job."""
+    """The GPU body lowers to Triton: lowered for CUDA from this CPU machine (no GPU needed); it
+    names Pallas's Triton backend itself (``jax_pallas_use_mosaic_gpu`` aside). Triton takes no
+    value slice and only power-of-two loads (jax 0.11 on an H200 failed every kernel on the
+    first: 'Unimplemented primitive in Pallas Triton lowering: slice'). Compiling and running
+    there is ``benchmarks/gpu_check.py``'s job."""
     import jax
 
     b, d, num_keys, layers = 2, 64, 256, 3
@@ -314,12 +315,15 @@ def test_loop_body_lowers_for_gpu(kernel, t_q, hq, hkv, dtype):
         "ring": lambda q: ring_attention(q, kv, kv, lead, qs, window=100, body="loop", interpret=False, layer=2),
         "paged": lambda q: paged_attention(q, pages, pages, table, lead, qs, body="loop", interpret=False, layer=0),
     }[kernel]
-    before = jax.config.jax_pallas_use_mosaic_gpu
-    jax.config.update("jax_pallas_use_mosaic_gpu", False)  # Pallas's Triton backend (jax 0.11's default on GPU)
+    flag = "jax_pallas_use_mosaic_gpu"  # the body asks for Triton even where Mosaic GPU is jax's default
+    before = getattr(jax.config, flag, None)
+    if before is not None:
+        jax.config.update(flag, True)
     try:
         text = jax.jit(fn).trace(q).lower(lowering_platforms=("cuda",)).as_text()
     finally:
-        jax.config.update("jax_pallas_use_mosaic_gpu", before)
+        if before is not None:
+            jax.config.update(flag, before)
     assert "triton" in text.lower()
 
 
@@ -346,11 +350,6 @@ def test_engine_with_pallas_attention_lowers_for_gpu(cache, sliding, monkeypatch
     if sliding:  # a ring of 30 + 2w + 2 = 40 slots is held in 48, read in blocks of 16 (a Triton dot's N >= 16)
         assert eng.new_cache(eng.target, 2).local_kv.size == 48
     auto = engine.auto_state(eng, engine.placeholder_cost(eng, 2), 2)
-    before = jax.config.jax_pallas_use_mosaic_gpu
-    jax.config.update("jax_pallas_use_mosaic_gpu", False)
-    try:
-        lowered = jax.jit(engine._generate_loop, static_argnums=0).trace(
-            eng, params, *args, auto, np.int32(eng.max_steps)).lower(lowering_platforms=("cuda",))
-    finally:
-        jax.config.update("jax_pallas_use_mosaic_gpu", before)
+    lowered = jax.jit(engine._generate_loop, static_argnums=0).trace(
+        eng, params, *args, auto, np.int32(eng.max_steps)).lower(lowering_platforms=("cuda",))
     assert "triton" in lowered.as_text().lower()
