@@ -304,6 +304,8 @@ def test_loop_body_lowers_for_gpu(kernel, t_q, hq, hkv, dtype):
     there is ``benchmarks/gpu_check.py``'s job."""
     import jax
 
+    pytest.importorskip("jax.experimental.pallas.triton")  # a jax built without Pallas's Triton backend
+
     b, d, num_keys, layers = 2, 64, 256, 3
     q = jnp.zeros((b, t_q, hq, d), dtype)
     lead, qs = jnp.zeros((b,), jnp.int32), jnp.full((b,), 100, jnp.int32)
@@ -334,6 +336,8 @@ def test_engine_with_pallas_attention_lowers_for_gpu(cache, sliding, monkeypatch
     GPU: the body and interpret mode follow the backend, here patched to a GPU's choice); with
     sliding-window layers, their rings' kernel too."""
     import jax
+
+    pytest.importorskip("jax.experimental.pallas.triton")
 
     import pallas_kernels.paged_attention as paged_module
     import pallas_kernels.ragged_attention as ragged_module
