@@ -603,11 +603,11 @@ def generate(
                                mesh)
     before = _TRACES["generate"]
     b = len(prompts) * (1 if mesh is None else jax.process_count())
-    table, cost_source, key = None, None, None
+    table, cost_source, key, auto = None, None, None, None
     if eng.policy is not None:  # a given or cached table: no placeholder state, one transfer of the real one
         key = cost_key(eng, [np.shape(a) for a in args[:2]])
         table, cost_source = known_cost(eng, cost, key)
-    auto = None if eng.policy is None else _put_auto(auto_state(eng, table or placeholder_cost(eng, b), b), mesh)
+        auto = _put_auto(auto_state(eng, placeholder_cost(eng, b) if table is None else table, b), mesh)
     limit = _put(np.int32(eng.max_steps), mesh)
     run, compile_s = _compiled(eng, params, (*args, auto, limit))
     if auto is not None and table is None:
