@@ -15,7 +15,8 @@ Sections (each reports its own error instead of stopping the run):
 3. ``loop``: ``benchmarks/auto_loop.py`` (MTP at B=1 and 64, n-gram at B=64; window 4):
    depth="auto"'s loop structure, choice and host work per call against the fixed engine's,
    per step, with the compiled loops' while / conditional ops and command buffers; MTP B=1
-   and n-gram B=64 also with XLA:GPU's command buffers off (``LOOP_FLAGS``).
+   and n-gram B=64 also with XLA:GPU's command buffers off (``LOOP_FLAGS``); and
+   ``benchmarks/window_one.py`` at B=64: auto's window-1 steps against plain decoding's.
 4. ``engine``: ``specjax bench`` on the bundled model (``attention_impl="auto"``: Pallas on
    TPU, XLA on GPU), B in {1, 8, 32, 64}, mtp and ngram, both rules.
 
@@ -141,21 +142,30 @@ LOOP_FLAGS = {"default": "", "no command buffers": "--xla_gpu_enable_command_buf
 
 
 def loop(smoke: bool) -> dict:
-    """``benchmarks/auto_loop.py --json`` in a subprocess per case and XLA_FLAGS setting."""
+    """``benchmarks/auto_loop.py --json`` (a drafting window: auto's loop against the fixed one)
+    and ``benchmarks/window_one.py --json`` (window 1: auto's plain steps against plain
+    decoding), each case in a subprocess under its XLA_FLAGS setting."""
     import os
     import subprocess
 
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "auto_loop.py")
-    cases = [("mtp", 2, 8, 1, "default")] if smoke else [
-        ("mtp", 1, 64, 5, "default"), ("mtp", 1, 64, 5, "no command buffers"), ("mtp", 64, 64, 5, "default"),
-        ("ngram", 64, 64, 5, "default"), ("ngram", 64, 64, 5, "no command buffers")]
+    here = os.path.dirname(os.path.abspath(__file__))
+    steps = ["--steps", "8", "--repeats", "1"] if smoke else ["--steps", "64", "--repeats", "5"]
+    cases = {"auto_loop mtp B=1": ("auto_loop.py", ["--drafter", "mtp", "--batch", "1"], "default")}
+    if not smoke:
+        cases.update({
+            "auto_loop mtp B=1 (no command buffers)": ("auto_loop.py", ["--drafter", "mtp", "--batch", "1"],
+                                                       "no command buffers"),
+            "auto_loop mtp B=64": ("auto_loop.py", ["--drafter", "mtp", "--batch", "64"], "default"),
+            "auto_loop ngram B=64": ("auto_loop.py", ["--drafter", "ngram", "--batch", "64"], "default"),
+            "auto_loop ngram B=64 (no command buffers)": ("auto_loop.py", ["--drafter", "ngram", "--batch", "64"],
+                                                         "no command buffers"),
+            "window_one B=64 (window 1)": ("window_one.py", ["--batch", "64", "--window", "1"], "default"),
+        })
     out = {}
-    for drafter, b, steps, repeats, flags in cases:
+    for name, (script, args, flags) in cases.items():
         env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + LOOP_FLAGS[flags]).strip())
-        cmd = [sys.executable, script, "--drafter", drafter, "--batch", str(b), "--steps", str(steps),
-               "--repeats", str(repeats), "--json"]
-        got = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        name = f"{drafter} B={b} ({flags})"
+        got = subprocess.run([sys.executable, os.path.join(here, script), *args, *steps, "--json"], env=env,
+                             capture_output=True, text=True)
         try:
             out[name] = json.loads(got.stdout.strip().splitlines()[-1])["rows"]
         except (IndexError, ValueError, KeyError):
