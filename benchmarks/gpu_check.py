@@ -20,7 +20,7 @@ Sections (each reports its own error instead of stopping the run):
 4. ``engine``: ``specjax bench`` on the bundled model (``attention_impl="auto"``: Pallas on
    TPU, XLA on GPU), B in {1, 8, 32, 64}, mtp and ngram, both rules.
 
-    PYTHONPATH=. python benchmarks/gpu_check.py --skip kernels bandwidth engine   # the loop section only (~2 min)
+    PYTHONPATH=. python benchmarks/gpu_check.py --skip kernels bandwidth engine   # the loop section only (~3 min)
 """
 
 from __future__ import annotations
@@ -191,7 +191,8 @@ def main() -> None:
     ap.add_argument("--skip", nargs="*", default=[], choices=["kernels", "bandwidth", "loop", "engine"])
     args = ap.parse_args()
     result = {"backend": jax.default_backend(), "devices": [str(x) for x in jax.devices()], "jax": jax.__version__,
-              "pallas_gpu_backend": "mosaic" if getattr(jax.config, "jax_pallas_use_mosaic_gpu", False) else "triton"}
+              # jax's own default for Pallas on GPU (the loop body names Triton whatever this says)
+              "pallas_gpu_default": "mosaic" if getattr(jax.config, "jax_pallas_use_mosaic_gpu", False) else "triton"}
     for name, fn in (("kernels", kernels), ("bandwidth", bandwidth), ("loop", loop), ("engine", engine)):
         if name in args.skip:
             continue

@@ -47,11 +47,8 @@ def _paged_attention(q, k_pages, v_pages, block_table, lead_pad, q_start, layer,
     lead_pad, q_start = lead_pad.astype(jnp.int32), q_start.astype(jnp.int32)
     block_table = block_table.astype(jnp.int32)
     if body == "loop":
-        scalars = [pl.BlockSpec((bsz,), lambda b, h: (0,)), pl.BlockSpec((bsz,), lambda b, h: (0,)),
-                   pl.BlockSpec((bsz, max_pages), lambda b, h: (0, 0)), pl.BlockSpec((1,), lambda b, h: (0,))]
-        whole = pl.BlockSpec(k_pages.shape, lambda b, h: (0, 0, 0, 0, 0))  # indexed in the body by (layer, page, head)
-        call = loop_call(static, q=q, kv_specs=[whole, whole], scalar_specs=scalars, interpret=interpret, paged=True)
-        return call(lead_pad, q_start, block_table, layer, k_pages, v_pages)
+        return loop_call(static, q=q, scalars=(lead_pad, q_start, block_table, layer), k=k_pages, v=v_pages,
+                         interpret=interpret, paged=True)
 
     clamp = functools.partial(
         clamp_block, t_q=t_q, window=window, block=page, num_keys=num_keys, num_blocks=max_pages

@@ -146,32 +146,32 @@ def loop_block(block: int) -> int:
     return LOOP_BLOCK if block > LOOP_BLOCK and block % LOOP_BLOCK == 0 else block
 
 
-def loop_call(static: dict, *, q, kv_specs: list, scalar_specs: list, interpret, paged: bool):
-    """``pallas_call`` of ``loop_kernel`` over grid ``(B, Hkv)`` (a program per row and KV head);
-    it takes ``q [B, t_q, Hq, D]`` and returns ``[B, t_q, Hq, D]``, the rows stacked per KV head
-    around the call."""
+def loop_call(static: dict, *, q, scalars: tuple, k, v, interpret, paged: bool) -> jax.Array:
+    """``loop_kernel`` over grid ``(B, Hkv)`` (a program per row and KV head): ``q [B, t_q, Hq,
+    D]`` -> ``[B, t_q, Hq, D]``, the rows stacked per KV head around the call. ``scalars``
+    (``lead, q_start[, block_table], layer``) and ``k, v`` (every layer's buffer or page pool)
+    go in whole; the body indexes them."""
     bsz, t_q, hq, d = q.shape
     hkv = static["hkv"]
     rows = query_rows(t_q, static["groups"])
     row_spec = pl.BlockSpec((None, None, rows, d), lambda b, h: (b, h, 0, 0))
+
+    def whole(x):
+        return pl.BlockSpec(x.shape, lambda b, h: (0,) * x.ndim)
+
     extra = {}
     if not interpret and _TRITON_PARAMS is not None and jax.default_backend() != "tpu":
         extra["compiler_params"] = _TRITON_PARAMS()  # Triton's defaults; the body is written for it
     call = pl.pallas_call(
         functools.partial(loop_kernel, paged=paged, **static),
         grid=(bsz, hkv),
-        in_specs=[*scalar_specs, row_spec, *kv_specs],
+        in_specs=[*(whole(x) for x in scalars), row_spec, whole(k), whole(v)],
         out_specs=row_spec,
         out_shape=jax.ShapeDtypeStruct((bsz, hkv, rows, d), q.dtype),
         interpret=interpret,
         **extra,
     )
-
-    def run(*scalars_then_kv):
-        n = len(scalar_specs)
-        out = call(*scalars_then_kv[:n], stack_query_rows(q, hkv, rows), *scalars_then_kv[n:])
-        return unstack_query_rows(out, t_q, hq)
-    return run
+    return unstack_query_rows(call(*scalars, stack_query_rows(q, hkv, rows), k, v), t_q, hq)
 
 
 def grid_call(static: dict, *, n_prefetch: int, grid: tuple[int, int], kv_spec, q, interpret):
@@ -281,11 +281,7 @@ def _ragged_attention(q, k, v, lead_pad, q_start, layer, *, window, scale, block
     q_start = q_start.astype(jnp.int32)
     if body == "loop":
         static["block"] = loop_block(block_k)
-        whole = pl.BlockSpec(k.shape, lambda b, h: (0, 0, 0, 0, 0))  # indexed in the body by (layer, row, head)
-        scalars = [pl.BlockSpec((bsz,), lambda b, h: (0,)), pl.BlockSpec((bsz,), lambda b, h: (0,)),
-                   pl.BlockSpec((1,), lambda b, h: (0,))]
-        call = loop_call(static, q=q, kv_specs=[whole, whole], scalar_specs=scalars, interpret=interpret, paged=False)
-        return call(lead_pad, q_start, layer, k, v)
+        return loop_call(static, q=q, scalars=(lead_pad, q_start, layer), k=k, v=v, interpret=interpret, paged=False)
 
     if ring:
         def kv_map(b, j, lead_ref, qs_ref, layer_ref):

@@ -400,8 +400,9 @@ def choose(
         # Simulator: 0.5-2.7 points nearer the best fixed depth at B = 8-64. Engine bench (MTP,
         # B=32): 5-7% slower, as the max over noisy per-row EMAs is already pessimistic; so 0 by default,
         # and 1 for n-gram, whose rows differ truly (``DepthPolicy.auto``)
-        lateness = jnp.asarray(max_normal_table(live.shape[0]))[jnp.sum(live)]
-        z = spread * lateness if spread else 0.0  # static: 0 adds no kernels
+        z = 0.0
+        if spread:  # static: 0 adds no kernels
+            z = spread * jnp.asarray(max_normal_table(live.shape[0]))[jnp.sum(live)]
 
         def finish(k):
             mu = expected_tokens(pooled, k)

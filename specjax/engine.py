@@ -614,9 +614,9 @@ def generate(
         # each window timed over the whole generation (every step to the end, the prefill-only
         # call subtracted): the context spans the real run's, and the timed part dwarfs the noise
         # of the subtraction (a 32-step window-1 slice at B=8 was under a third of its call)
-        table, cost_source = cost_table(eng, b, None, key,
-                                        lambda k, w, n: _timed_generate(run, params, args, auto, k, w, n),
-                                        steps=eng.max_steps)
+        table, cost_source = measured_cost(eng, b, key,
+                                           lambda k, w, n: _timed_generate(run, params, args, auto, k, w, n),
+                                           steps=eng.max_steps)
         auto = _put_auto(auto_state(eng, table, b), mesh)
     t0 = time.perf_counter()
     st, status = fetch(eng, run(params, *args, auto, limit))
@@ -757,8 +757,12 @@ def cost_table(eng: EngineConfig, batch: int, cost, key: dict, timed, **measure)
     ``CostTable`` or file), ``"cached"`` (measured earlier, on disk) or ``"measured"`` now
     (``measure_cost`` with the ``measure`` settings)."""
     table, source = known_cost(eng, cost, key)
-    if table is not None:
-        return table, source
+    return (table, source) if table is not None else measured_cost(eng, batch, key, timed, **measure)
+
+
+def measured_cost(eng: EngineConfig, batch: int, key: dict, timed, **measure) -> tuple[CostTable, str]:
+    """``cost_table``'s last resort: measured now (``"measured"``) and kept on disk under ``key``,
+    or, with no step to time, the placeholder (``"none"``)."""
     table = measure_cost(eng, batch, timed, **measure)
     if table is None:
         return placeholder_cost(eng, batch), "none"

@@ -169,8 +169,9 @@ def test_bad_attention_impl_is_rejected_before_compile():
 
 @pytest.mark.parametrize("backend,expected", [("tpu", "pallas"), ("gpu", "xla"), ("cuda", "xla"), ("cpu", "xla")])
 def test_auto_attention_is_pallas_on_tpu_only(monkeypatch, backend, expected):
-    """The kernels do not lower through Triton (JAX 0.11 on an H200: "Unimplemented primitive in
-    Pallas Triton lowering: slice"), so "auto" takes XLA on GPU; an explicit choice is kept."""
+    """The kernels have not run on a GPU (JAX 0.11 on an H200 failed the old bodies:
+    "Unimplemented primitive in Pallas Triton lowering: slice"), so "auto" takes XLA on GPU; an
+    explicit choice is kept."""
     from specjax.cache import base
 
     monkeypatch.setattr(base.jax, "default_backend", lambda: backend)

@@ -125,9 +125,11 @@ def kernel_operands(
 def resolve_attention_impl(impl: str) -> str:
     """``"auto"`` -> ``"pallas"`` on TPU, ``"xla"`` elsewhere; a bad name is a ``ValueError``.
 
-    Not Pallas on GPU: the kernels slice values inside their bodies, which JAX 0.11's Triton
-    lowering rejects (``NotImplementedError: Unimplemented primitive in Pallas Triton lowering:
-    slice``, an H200 run of ``benchmarks/gpu_check.py``), so "auto" there crashed every generate."""
+    Not Pallas on GPU: the kernels' bodies once sliced values, which JAX 0.11's Triton lowering
+    rejects (``NotImplementedError: Unimplemented primitive in Pallas Triton lowering: slice``, an
+    H200 run of ``benchmarks/gpu_check.py``), so "auto" there crashed every generate. The loop
+    body lowers to Triton now (``tests/test_pallas_kernels.py``) but has not been compiled or
+    run on a GPU."""
     if impl not in ATTENTION_IMPLS:
         raise ValueError(f"attention_impl={impl!r} is invalid: must be one of {list(ATTENTION_IMPLS)}")
     if impl == "auto":
