@@ -1169,6 +1169,41 @@ MUTATIONS: list[Mutation] = [
         "    return np.concatenate([s[:1], np.minimum.accumulate(s[:0:-1])[::-1]])\n",
         ("tests/test_depth_auto.py::test_a_drafting_window_slow_in_every_round_takes_a_wider_ones_figure",),
     ),
+    Mutation(
+        "sim Matches: the window not narrowed to the drafts rows offer",
+        "specjax/sim.py",
+        "        if offers:  # as ``engine._choice``",
+        "        if False:  # as ``engine._choice``",
+        ("tests/test_sim.py",),
+    ),
+    Mutation(
+        "sim Matches: no window-1 verdict on a matched row's first draft",
+        "specjax/sim.py",
+        "        if offers:\n            one = windows[idx] == 1\n",
+        "        if False:\n            one = windows[idx] == 1\n",
+        ("tests/test_sim.py",),
+    ),
+    Mutation(
+        "sim Matches: runs ignored (a match as likely to last as to start)",
+        "specjax/sim.py",
+        "stay = jnp.where(q < 1, 1 - 1 / burst, 1.0)",
+        "stay = jnp.where(q < 1, jnp.minimum(q / jnp.maximum(1 - q, 1e-9) / burst, 1.0), 1.0)",
+        ("tests/test_sim.py",),
+    ),
+    Mutation(
+        "sim Matches: rows without a match still draft at a fixed depth",
+        "specjax/sim.py",
+        "proposed = jnp.where(m, window - u, 0)",
+        "proposed = window - u",
+        ("tests/test_sim.py",),
+    ),
+    Mutation(
+        "sim Matches: match streams keyed by batch slot, not row id",
+        "specjax/sim.py",
+        "keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(row_ids)",
+        "keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(jnp.arange(row_ids.shape[0]))",
+        ("tests/test_sim.py",),
+    ),
 ]
 
 

@@ -15,13 +15,24 @@ SWEEP_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 def _acceptance(args: argparse.Namespace):
-    from specjax.sim import Bernoulli, BetaRows, PositionDecay
+    from specjax.sim import Bernoulli, BetaRows, Matches, PositionDecay
 
     if args.beta is not None:
-        return BetaRows(float(args.beta[0]), float(args.beta[1]), float(args.decay or 1.0))
-    if args.decay is not None:
-        return PositionDecay(float(args.p), float(args.decay))
-    return Bernoulli(float(args.p))
+        acc = BetaRows(float(args.beta[0]), float(args.beta[1]), float(args.decay or 1.0))
+    elif args.decay is not None:
+        acc = PositionDecay(float(args.p), float(args.decay))
+    else:
+        acc = Bernoulli(float(args.p))
+    if args.match is None:
+        return acc
+    return Matches(acc, float(args.match), float(args.burst), float(args.match_concentration))
+
+
+def _match_config(args: argparse.Namespace) -> dict:
+    """The ``--match`` settings for a JSON config (none without ``--match``)."""
+    if args.match is None:
+        return {}
+    return {"match": args.match, "burst": args.burst, "match_concentration": args.match_concentration}
 
 
 def _simulate_rows(batch: int, depth: int, steps: int, acc, seed: int) -> list[dict]:
@@ -108,8 +119,9 @@ def _simulate_policies(args: argparse.Namespace, acc) -> int:
             policy = args.policy
             if policy == "auto":  # the engine's depth="auto": its rule for this kind of run and its knobs
                 policy = "makespan" if args.tokens else "goodput"
-                # simulated rows offer every draft asked: the knobs of an MTP or draft-model run
-                knobs = DepthPolicy.auto(table.windows[-1] - 1, policy, always_offers=True).knobs()
+                # rows that offer every draft asked: an MTP or draft-model run's knobs; rows that
+                # draft only where they match (--match): an n-gram run's
+                knobs = DepthPolicy.auto(table.windows[-1] - 1, policy, always_offers=args.match is None).knobs()
             rows = [simulate_policy(args.batch, args.steps, acc, table, policy, seed=args.seed,
                                     tokens=args.tokens, **knobs).to_dict()]
     except ValueError as e:
@@ -118,6 +130,7 @@ def _simulate_policies(args: argparse.Namespace, acc) -> int:
     if args.json:
         print(json.dumps({"config": {"batch": args.batch, "steps": args.steps, "tokens": args.tokens, "cost": args.cost,
                                      "windows": list(table.windows), "acceptance": type(acc).__name__,
+                                     **_match_config(args),
                                      "knobs": knobs or None},  # None: the simulator's defaults
                           "rows": rows}))
         return 0
@@ -140,6 +153,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if bad:
         print(f"specjax simulate: error: {bad}", file=sys.stderr)
         return 2
+    if args.match is None and (args.burst != 1.0 or args.match_concentration != 0.0):
+        print("specjax simulate: error: --burst and --match-concentration describe --match RATE's rows: "
+              "pass --match", file=sys.stderr)
+        return 2
     acc = _acceptance(args)
     if args.cost is not None:
         return _simulate_policies(args, acc)
@@ -156,6 +173,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         "p": None if args.beta is not None else args.p,
         "decay": args.decay,
         "beta": args.beta,
+        **_match_config(args),
     }
     try:
         rows = _simulate_rows(args.batch, args.depth, args.steps, acc, args.seed)
@@ -598,6 +616,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--decay", type=float, default=None, help="position decay: p_k = p * decay**k")
     s.add_argument("--beta", type=float, nargs=2, metavar=("A", "B"), default=None,
                    help="heterogeneous rows: p_i ~ Beta(A, B) (replaces --p)")
+    s.add_argument("--match", type=float, metavar="RATE", default=None,
+                   help="n-gram rows: a row offers drafts only at the steps it matches, a share RATE of them "
+                        "(specjax.sim.Matches); default: every row offers every step")
+    s.add_argument("--burst", type=float, metavar="STEPS", default=1.0,
+                   help="with --match: mean steps a match lasts (1: steps independent)")
+    s.add_argument("--match-concentration", type=float, metavar="C", default=0.0,
+                   help="with --match: each row its own share ~ Beta(RATE*C, (1-RATE)*C); 0: every row RATE")
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--plot", metavar="FILE", default=None,
                    help="write a PNG of tok/step vs batch size (1..256) for both rules")

@@ -32,6 +32,7 @@ from specjax.plan import accepted_from_prefix, plan_step
 __all__ = [
     "Bernoulli",
     "BetaRows",
+    "Matches",
     "PolicyResult",
     "PositionDecay",
     "SimResult",
@@ -126,12 +127,56 @@ class Trace:
             raise ValueError(f"Trace.prefix values must lie in [0, depth={depth}]")
 
 
+@pytree_dataclass
+class Matches:
+    """An n-gram drafter's rows: a row offers drafts only at the steps where its context repeats
+    (a match), and none at the others. Each row's matches are a two-state chain over steps, matched
+    a long-run share ``rate`` of them, in runs of ``burst`` steps on average (1: steps independent;
+    a repeated span matches for many steps in a row); where a row matches, ``accept`` says how its
+    drafts fare. ``concentration`` > 0 gives each row its own share, ``Beta(rate * c, (1 - rate) * c)``
+    (a workload of repetitive and plain prompts); 0: every row's share is ``rate``. A row's chance
+    of starting a run is capped at 1, so a share beyond ``burst / (1 + burst)`` is not reached.
+
+    Simplified from the engine's ``NgramDrafter``: a match offers every draft (the engine's offers
+    the known tokens after it, up to the depth), and a row without one drafts nothing at a fixed
+    depth too (the engine's fills its window with its last token, rarely accepted)."""
+
+    accept: Bernoulli | PositionDecay | BetaRows
+    rate: float
+    burst: float = 1.0
+    concentration: float = 0.0
+
+    def check(self, depth: int) -> None:
+        if not isinstance(self.accept, Bernoulli | PositionDecay | BetaRows):
+            raise ValueError(f"Matches.accept must be a Bernoulli, PositionDecay or BetaRows, got {self.accept!r}")
+        self.accept.check(depth)
+        _check_prob("Matches.rate", self.rate)
+        if not float(self.burst) >= 1.0:
+            raise ValueError(f"Matches.burst must be >= 1 (mean steps a match lasts), got {self.burst!r}")
+        if not float(self.concentration) >= 0.0:
+            raise ValueError(f"Matches.concentration must be >= 0 (0: every row the same share), "
+                             f"got {self.concentration!r}")
+        rate, burst = float(self.rate), float(self.burst)
+        if not self.concentration and rate < 1 and rate / (1 - rate) > burst:
+            raise ValueError(f"Matches.rate={self.rate!r} needs burst >= rate / (1 - rate) = {rate / (1 - rate):.3g} "
+                             f"(runs of matches that long on average), got burst={self.burst!r}")
+
+    def chain(self, row_key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """This row's (long-run share, chance a match lasts to the next step, chance one starts)."""
+        rate, c, burst = (jnp.asarray(x, jnp.float32) for x in (self.rate, self.concentration, self.burst))
+        drawn = jax.random.beta(row_key, jnp.maximum(rate * c, 1e-6), jnp.maximum((1 - rate) * c, 1e-6))
+        q = jnp.where(c > 0, drawn, rate)
+        stay = jnp.where(q < 1, 1 - 1 / burst, 1.0)  # a row that always matches never leaves its run
+        start = jnp.where(q < 1, jnp.minimum(q / jnp.maximum(1 - q, 1e-9) / burst, 1.0), 1.0)
+        return q, stay, start
+
+
 def _check_prob(name: str, p: object) -> None:
     if not 0.0 <= float(p) <= 1.0:
         raise ValueError(f"{name} must lie in [0, 1], got {p!r}")
 
 
-Acceptance = Bernoulli | PositionDecay | BetaRows | Trace
+Acceptance = Bernoulli | PositionDecay | BetaRows | Trace | Matches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +220,8 @@ def _row_keys(seed: jax.Array, row_ids: jax.Array) -> tuple[jax.Array, jax.Array
 def _prefix_draws(acceptance: Any, seed: jax.Array, row_ids: jax.Array, depth: int):
     """``step -> prefix [B]``: each row's accepted-prefix length at ``step``, from the trace or
     from the row's own stream keyed by ``(seed, row id, step)``."""
+    if isinstance(acceptance, Matches):
+        acceptance = acceptance.accept  # where the row matches; ``_matches`` says where
     if isinstance(acceptance, Trace):
         return lambda step: acceptance.prefix[step, row_ids].astype(jnp.int32)
     stream_keys, row_keys = _row_keys(seed, row_ids)
@@ -187,21 +234,41 @@ def _prefix_draws(acceptance: Any, seed: jax.Array, row_ids: jax.Array, depth: i
     return draw
 
 
+def _matches(acceptance: Any, seed: jax.Array, row_ids: jax.Array):
+    """``(prev [B] bool, step) -> [B] bool``: which rows can offer drafts at ``step`` (``Matches``;
+    every row at every step otherwise), from each row's own stream keyed by ``(seed, row id, step)``;
+    ``prev`` is the step before's (ignored at step 0, where the chain starts at its long-run share)."""
+    if not isinstance(acceptance, Matches):
+        return lambda prev, step: jnp.ones(row_ids.shape, bool)
+    base = jax.random.fold_in(jax.random.key(seed), 2)  # a stream of its own: the draws stay as without it
+    keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(row_ids)
+    q, stay, start = jax.vmap(lambda k: acceptance.chain(jax.random.fold_in(k, 0)))(keys)
+
+    def matched(prev, step):
+        x = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(jax.random.fold_in(k, 1), step)))(keys)
+        return x < jnp.where(step == 0, q, jnp.where(prev, stay, start))
+
+    return matched
+
+
 def _run(
     acceptance: Any, seed: jax.Array, row_ids: jax.Array, *, depth: int, steps: int, rule: KvAdvance
 ) -> dict[str, jax.Array]:
     """Scan ``steps`` plan steps over rows ``row_ids [B]``; returns per-step arrays."""
     window = depth + 1
     draw = _prefix_draws(acceptance, seed, row_ids, depth)
+    matched = _matches(acceptance, seed, row_ids)
 
-    def body(u: jax.Array, step: jax.Array):
-        prefix = draw(step)
-        plan = plan_step(u, accepted_from_prefix(prefix, window - u), window, rule)
-        out = {"emitted": plan.emitted, "proposed": plan.proposed, "accepted": plan.accepted, "u": u}
-        return plan.next_uncached, out
+    def body(carry, step: jax.Array):
+        u, m = carry
+        m = matched(m, step)
+        proposed = jnp.where(m, window - u, 0)  # a row without a match offers no draft
+        plan = plan_step(u, accepted_from_prefix(draw(step), proposed), window, rule)
+        out = {"emitted": plan.emitted, "proposed": proposed, "accepted": plan.accepted, "u": u}
+        return (plan.next_uncached, m), out
 
-    u0 = jnp.ones(row_ids.shape, jnp.int32)
-    _, outs = jax.lax.scan(body, u0, jnp.arange(steps, dtype=jnp.int32))
+    init = (jnp.ones(row_ids.shape, jnp.int32), jnp.ones(row_ids.shape, bool))
+    _, outs = jax.lax.scan(body, init, jnp.arange(steps, dtype=jnp.int32))
     return outs
 
 
@@ -217,12 +284,12 @@ def _run_alone_jit(acceptance: Any, seed: jax.Array, row_ids: jax.Array, *, dept
 
 
 def _coerce_acceptance(acceptance: object) -> Acceptance:
-    if isinstance(acceptance, Bernoulli | PositionDecay | BetaRows | Trace):
+    if isinstance(acceptance, Bernoulli | PositionDecay | BetaRows | Trace | Matches):
         return acceptance
     if isinstance(acceptance, int | float) and not isinstance(acceptance, bool):
         return Bernoulli(float(acceptance))
     raise ValueError(
-        "acceptance must be a float p or one of Bernoulli, PositionDecay, BetaRows, Trace; "
+        "acceptance must be a float p or one of Bernoulli, PositionDecay, BetaRows, Trace, Matches; "
         f"got {acceptance!r}"
     )
 
@@ -330,33 +397,49 @@ def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: Cos
     step costs the whole batch while any row is left, and nothing after."""
     depth = max(max(table.windows) - 1, 1)
     draw = _prefix_draws(acceptance, seed, row_ids, depth)
+    matched = _matches(acceptance, seed, row_ids)
+    offers = isinstance(acceptance, Matches)  # the engine's ``offer``: rows say what they can draft before the choice
     windows = jnp.asarray(table.windows, jnp.int32)
     branches = [lambda u, a, w=w: plan_step(u, a, w, rule) for w in table.windows]
     cost = table.at(row_ids.shape[0])  # [NW]: every simulated row computes every step (static shapes)
 
     def body(carry, step):
-        u, est, left, seen = carry
+        u, est, left, seen, m = carry
         live = left > 0
+        m = matched(m, step)
         idx, drafts = choose(est, live, table, policy,
                              min_window=jnp.max(jnp.where(live, u, 1)),
                              threshold=threshold, min_gain=min_gain, load=row_ids.shape[0], remaining=left,
                              shrink=shrink, spread=spread, seen=seen, pool=pool,
                              upper=optimistic(est, seen, explore))
+        can = jnp.where(m, depth, 0)  # drafts each row can offer now
+        if offers:  # as ``engine._choice``: the narrowest window that holds the drafts offered
+            holds = jnp.minimum(jnp.max(jnp.where(live, u + jnp.minimum(drafts, can), 1)), windows[idx])
+            idx = jnp.minimum(idx, jnp.argmax(windows >= holds)).astype(jnp.int32)
         drafts = jnp.minimum(drafts, windows[idx] - u)  # room left after the re-fed tokens
-        a = accepted_from_prefix(draw(step), drafts)
+        prefix = draw(step)
+        a = accepted_from_prefix(prefix, jnp.minimum(drafts, can))
         plan = jax.lax.switch(idx, branches, u, a)
+        # the verdicts, as ``engine._step_window``'s: the drafts asked (one not offered counts as
+        # rejected: long-run rates); at window 1 a row's first draft, judged for free (no match: rejected)
+        told, told_a = drafts, a
+        if offers:
+            one = windows[idx] == 1
+            told = jnp.where(one, 1, drafts)
+            told_a = jnp.where(one, (m & (prefix >= 1)).astype(jnp.int32), a)
         counts = None if prior_weight is None else seen
-        est = update_estimates(est, drafts, a, rate, prior, relax, counts, prior_weight or 0.0, relax_early)
+        est = update_estimates(est, told, told_a, rate, prior, relax, counts, prior_weight or 0.0, relax_early)
         emitted = jnp.where(live, jnp.minimum(plan.emitted, left), 0)
         running = jnp.any(live)
-        out = {"emitted": emitted, "drafts": jnp.where(live, drafts, 0), "accepted": jnp.where(live, a, 0),
-               "seconds": jnp.where(running, cost[idx], 0.0), "window": idx, "any": running}
-        seen = seen + (revealed(drafts, a, depth) & live[:, None])
-        return (plan.next_uncached, est, left - emitted, seen), out
+        out = {"emitted": emitted, "drafts": jnp.where(live, jnp.minimum(drafts, can), 0),
+               "accepted": jnp.where(live, a, 0), "seconds": jnp.where(running, cost[idx], 0.0), "window": idx,
+               "any": running}
+        seen = seen + (revealed(told, told_a, depth) & live[:, None])
+        return (plan.next_uncached, est, left - emitted, seen, m), out
 
     b = row_ids.shape[0]
     zeros = jnp.zeros((b, depth), jnp.int32)
-    init = (jnp.ones((b,), jnp.int32), init_estimates(b, depth, prior), budget, zeros)
+    init = (jnp.ones((b,), jnp.int32), init_estimates(b, depth, prior), budget, zeros, jnp.ones((b,), bool))
     _, outs = jax.lax.scan(body, init, jnp.arange(steps, dtype=jnp.int32))
     return outs
 

@@ -80,6 +80,7 @@ def test_help_shows_every_default(capsys):
     (["generate", "--batch-file", "/no/such/prompts.txt"], "--batch-file /no/such/prompts.txt: no such file"),
     (["generate", "--batch-file", "/tmp"], "is a directory"),
     (["simulate", "--batch", "4", "--steps", "5", "--plot", "/no/such/dir/x.png"], "--plot"),
+    (["simulate", "--steps", "5", "--match", "0.9", "--burst", "2"], "Matches.rate=0.9 needs burst >= rate"),
     (["generate", "x", "--temperature", "nan"], "temperature=nan is invalid"),
     (["generate", "x", "--depth", "deep"], "argument --depth: must be an int or 'auto', got 'deep'"),
     (["generate", "y" * 300], "prompts[0]='301 tokens' is invalid"),

@@ -23,7 +23,7 @@ from specjax.depth_policy import (
     update_estimates,
     yield_variance,
 )
-from specjax.sim import BetaRows, Trace, compare_policies, simulate_policy
+from specjax.sim import BetaRows, Matches, Trace, compare_policies, simulate_policy
 
 WINDOWS = (1, 2, 4)
 ROOFLINE = CostTable.roofline(1.0, 0.02, WINDOWS)  # memory-bound until rows * window passes 50
@@ -370,3 +370,20 @@ def test_cli_simulate_auto_models_the_engine(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["config"]["knobs"] is None
     assert out["rows"][0]["tok_per_s"] == pytest.approx(simulator.tok_per_s, rel=1e-6)
+
+
+def test_cli_simulate_auto_models_an_ngram_run_with_match(capsys):
+    """``--match RATE`` simulates n-gram rows (``specjax.sim.Matches``), and ``--policy auto``
+    then takes the engine's knobs for a drafter that offers only where it matches (spread on)."""
+    args = ["simulate", "--batch", "8", "--steps", "200", "--beta", "2", "2", "--match", "0.4", "--burst", "4",
+            "--cost", "roofline:1,0.05", "--windows", "1,2,4", "--json", "--policy", "auto"]
+    assert cli.main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    knobs = DepthPolicy.auto(3, "goodput", always_offers=False).knobs()
+    assert out["config"]["knobs"] == knobs and knobs != DepthPolicy.auto(3, "goodput", always_offers=True).knobs()
+    assert out["config"]["match"] == 0.4 and out["config"]["burst"] == 4.0
+    acc, table = Matches(BetaRows(2.0, 2.0), 0.4, 4.0), CostTable.roofline(1.0, 0.05, (1, 2, 4))
+    assert out["rows"][0]["tok_per_s"] == pytest.approx(simulate_policy(8, 200, acc, table, "goodput", **knobs)
+                                                        .tok_per_s, rel=1e-6)
+    assert cli.main(["simulate", "--steps", "5", "--burst", "3"]) == 2
+    assert "pass --match" in capsys.readouterr().err

@@ -1,10 +1,16 @@
-"""Simulator: no ratchet (with its control), saturation, batch invariance, figures."""
+"""Simulator: no ratchet (with its control), saturation, batch invariance, figures; n-gram
+rows that draft only where they match (``Matches``)."""
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specjax import sim
+from specjax.advance import KvAdvance
+from specjax.depth_policy import CostTable, DepthPolicy
 from specjax.plan import plan_cohort_step
-from specjax.sim import Bernoulli, BetaRows, PositionDecay, Trace, simulate, simulate_alone
+from specjax.sim import Bernoulli, BetaRows, Matches, PositionDecay, Trace, simulate, simulate_alone, simulate_policy
 
 B, D, STEPS, P = 128, 3, 200, 0.33
 
@@ -112,6 +118,12 @@ def test_acceptance_models():
         (dict(acceptance=Trace(np.zeros((3, 4), np.int32))), r"steps=10, batch=4 need"),
         (dict(acceptance=Trace(np.full((10, 4), 9, np.int32))), r"\[0, depth=3\]"),
         (dict(acceptance="high"), r"acceptance must be a float p"),
+        (dict(acceptance=Matches(Bernoulli(0.5), 1.5)), r"Matches.rate must lie in \[0, 1\], got 1.5"),
+        (dict(acceptance=Matches(Bernoulli(0.5), 0.3, 0.5)), r"Matches.burst must be >= 1"),
+        (dict(acceptance=Matches(Bernoulli(0.5), 0.9, 2.0)), r"needs burst >= rate / \(1 - rate\) = 9"),
+        (dict(acceptance=Matches(Bernoulli(0.5), 0.3, 1.0, -1.0)), r"Matches.concentration must be >= 0"),
+        (dict(acceptance=Matches(Bernoulli(1.5), 0.3)), r"p must lie in \[0, 1\], got 1.5"),
+        (dict(acceptance=Matches(Trace(np.zeros((10, 4), np.int32)), 0.3)), r"Matches.accept must be a Bernoulli"),
         (dict(rule="min"), r"rule must be one of"),
     ],
 )
@@ -119,3 +131,64 @@ def test_simulate_validation(kwargs, match):
     args = dict(batch=4, depth=3, steps=10, acceptance=0.5, rule="cohort") | kwargs
     with pytest.raises(ValueError, match=match):
         simulate(**args)
+
+
+def _matched(rate: float, burst: float, rows: int = 128, steps: int = 400) -> np.ndarray:
+    """bool ``[steps, rows]``: where each row offered drafts (every draft accepted where it did,
+    so each step re-feeds one token and offers the whole window)."""
+    outs = sim._run_jit(Matches(Bernoulli(1.0), rate, burst), jnp.uint32(0), jnp.arange(rows, dtype=jnp.int32),
+                        depth=D, steps=steps, rule=KvAdvance.PER_SEQUENCE)
+    proposed = np.asarray(jax.device_get(outs["proposed"]))
+    assert set(np.unique(proposed)) <= {0, D}
+    return proposed == D
+
+
+@pytest.mark.parametrize("rate,burst", [(0.3, 1.0), (0.3, 6.0), (0.6, 3.0)])
+def test_matches_share_and_run_length(rate, burst):
+    m = _matched(rate, burst)
+    assert abs(m.mean() - rate) < 0.03, m.mean()
+    starts = m[0].sum() + (m[1:] & ~m[:-1]).sum()  # runs of matched steps
+    assert abs(m.sum() / starts - burst) < 0.15 * burst, m.sum() / starts
+
+
+def test_rows_without_a_match_draft_nothing():
+    none = simulate(16, D, 50, Matches(Bernoulli(1.0), 0.0), "per_sequence")
+    assert none.proposed == 0 and none.tok_per_step == 1.0
+    assert _matched(1.0, 1.0, rows=8, steps=50).all()  # a row that always matches never stops
+
+
+def test_matches_keep_rows_batch_invariant():
+    acc = Matches(BetaRows(2.0, 2.0), 0.4, 4.0, 2.0)
+    together = simulate(64, D, 120, acc, "per_sequence")
+    alone = simulate_alone(64, D, 120, acc)
+    np.testing.assert_array_equal(together.row_tok_per_step, alone.row_tok_per_step)
+    np.testing.assert_array_equal(together.row_proposed, alone.row_proposed)
+    shares = together.row_proposed / (D * 120)  # each row its own share (concentration 2)
+    assert shares.min() < 0.15 and shares.max() > 0.7, shares
+
+
+def test_policy_narrows_to_what_rows_offer():
+    """As ``engine._choice``: drafting is free (one cost for every window), so rows that offer
+    every draft run the widest window from the first step; rows that never match run window 1
+    from the first step (their estimates have not learned it yet: the offer narrows it)."""
+    flat = CostTable.create((1, 2, 4), [8], [[1.0, 1.0, 1.0]])
+    knobs = DepthPolicy.auto(3, "goodput", always_offers=False).knobs()
+    never = simulate_policy(8, 40, Matches(Bernoulli(0.9), 0.0), flat, "goodput", **knobs)
+    assert never.window_share == (1.0, 0.0, 0.0) and never.mean_drafts == 0.0
+    always = simulate_policy(8, 40, Matches(Bernoulli(0.9), 1.0), flat, "goodput", **knobs)
+    assert always.window_share[-1] > 0.9 and always.tok_per_step > 3.0
+    # one row: the window opens at its matches only (a batch opens while any row matches)
+    some = simulate_policy(1, 600, Matches(Bernoulli(0.9), 0.3, 8.0), flat, "goodput", **knobs)
+    assert 0.2 < some.window_share[-1] < 0.4 and some.window_share[0] > 0.55, some.window_share
+
+
+def test_window_1_steps_judge_a_matching_rows_first_draft():
+    """As the engine's n-gram rows: a window-1 step still judges a matched row's first draft
+    (free), so a row that starts at window 1 (drafting priced as a loss at the prior) learns that
+    its drafts are always accepted and opens the window; one whose drafts fail stays at window 1."""
+    knobs = DepthPolicy.auto(3, "goodput", always_offers=False).knobs()
+    table = CostTable.create((1, 4), [1], [[1.0, 3.5]])  # window 4 pays only at near-certain acceptance
+    good = simulate_policy(1, 300, Matches(Bernoulli(1.0), 1.0), table, "goodput", **knobs)
+    assert good.window_share[0] > 0 and good.window_share[1] > 0.9, good.window_share
+    bad = simulate_policy(1, 300, Matches(Bernoulli(0.2), 1.0), table, "goodput", **knobs)
+    assert bad.window_share[0] > 0.9, bad.window_share
