@@ -1022,9 +1022,16 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "simulate --policy auto: the simulator's knobs instead of the engine's",
         "specjax/cli.py",
-        "knobs = DepthPolicy.auto(table.windows[-1] - 1, policy, always_offers=True).knobs()",
+        "knobs = DepthPolicy.auto(table.windows[-1] - 1, policy, always_offers=args.match is None).knobs()",
         "knobs = {}",
         ("tests/test_depth_policy.py::test_cli_simulate_auto_models_the_engine",),
+    ),
+    Mutation(
+        "simulate --policy auto --match: an MTP run's knobs for n-gram rows",
+        "specjax/cli.py",
+        "knobs = DepthPolicy.auto(table.windows[-1] - 1, policy, always_offers=args.match is None).knobs()",
+        "knobs = DepthPolicy.auto(table.windows[-1] - 1, policy, always_offers=True).knobs()",
+        ("tests/test_depth_policy.py::test_cli_simulate_auto_models_an_ngram_run_with_match",),
     ),
     Mutation(
         "depth='auto': MTP / draft model estimates drift as slowly as n-gram's (the window-1 lock-in)",
