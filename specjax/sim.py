@@ -243,9 +243,10 @@ def _matches(acceptance: Any, seed: jax.Array, row_ids: jax.Array):
     base = jax.random.fold_in(jax.random.key(seed), 2)  # a stream of its own: the draws stay as without it
     keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(row_ids)
     q, stay, start = jax.vmap(lambda k: acceptance.chain(jax.random.fold_in(k, 0)))(keys)
+    step_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)  # each row's per-step stream
 
     def matched(prev, step):
-        x = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(jax.random.fold_in(k, 1), step)))(keys)
+        x = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, step)))(step_keys)
         return x < jnp.where(step == 0, q, jnp.where(prev, stay, start))
 
     return matched
@@ -284,7 +285,7 @@ def _run_alone_jit(acceptance: Any, seed: jax.Array, row_ids: jax.Array, *, dept
 
 
 def _coerce_acceptance(acceptance: object) -> Acceptance:
-    if isinstance(acceptance, Bernoulli | PositionDecay | BetaRows | Trace | Matches):
+    if isinstance(acceptance, Acceptance):
         return acceptance
     if isinstance(acceptance, int | float) and not isinstance(acceptance, bool):
         return Bernoulli(float(acceptance))
@@ -417,8 +418,9 @@ def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: Cos
             holds = jnp.minimum(jnp.max(jnp.where(live, u + jnp.minimum(drafts, can), 1)), windows[idx])
             idx = jnp.minimum(idx, jnp.argmax(windows >= holds)).astype(jnp.int32)
         drafts = jnp.minimum(drafts, windows[idx] - u)  # room left after the re-fed tokens
+        offered = jnp.minimum(drafts, can)
         prefix = draw(step)
-        a = accepted_from_prefix(prefix, jnp.minimum(drafts, can))
+        a = accepted_from_prefix(prefix, offered)
         plan = jax.lax.switch(idx, branches, u, a)
         # the verdicts, as ``engine._step_window``'s: the drafts asked (one not offered counts as
         # rejected: long-run rates); at window 1 a row's first draft, judged for free (no match: rejected)
@@ -431,7 +433,7 @@ def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: Cos
         est = update_estimates(est, told, told_a, rate, prior, relax, counts, prior_weight or 0.0, relax_early)
         emitted = jnp.where(live, jnp.minimum(plan.emitted, left), 0)
         running = jnp.any(live)
-        out = {"emitted": emitted, "drafts": jnp.where(live, jnp.minimum(drafts, can), 0),
+        out = {"emitted": emitted, "drafts": jnp.where(live, offered, 0),
                "accepted": jnp.where(live, a, 0), "seconds": jnp.where(running, cost[idx], 0.0), "window": idx,
                "any": running}
         seen = seen + (revealed(told, told_a, depth) & live[:, None])
