@@ -1,6 +1,7 @@
 """``depth="auto"`` policies compared without a clock: the bench's prompts are decoded
-(greedy, so the steps are deterministic) at every fixed depth and under ``depth="auto"`` with
-each value of one knob, and each run is priced as its steps at each window times one cost
+(greedy, so the steps are deterministic) at every fixed depth and under the drafter's own
+``depth="auto"`` policy (``DepthPolicy.auto``, generate's makespan rule) with each value of one
+knob, and each run is priced as its steps at each window times one cost
 table (seconds per step per window, the one ``depth="auto"`` measured for that batch and
 cached on disk). Every configuration is priced by the same table, so the ratios carry none of
 a shared machine's timing noise; what they leave out is how far the table is from the true
@@ -66,9 +67,12 @@ def main() -> None:
     try:
         values = [float(v) for v in a.values.split(",")]
         batches = [int(b) for b in a.batches.split(",")]
-        policies = {v: dataclasses.replace(DepthPolicy(WINDOWS, rule="makespan"), **{a.knob: v}) for v in values}
-        for p in policies.values():
-            p.check(3)
+        # each drafter's own depth="auto" policy (generate's: makespan), the knob set to each value
+        policies = {d: {v: dataclasses.replace(DepthPolicy.auto(3, "makespan", always_offers=d != "ngram"),
+                                               **{a.knob: v}) for v in values} for d in ("mtp", "ngram")}
+        for by_value in policies.values():
+            for p in by_value.values():
+                p.check(3)
     except ValueError as e:
         sys.exit(f"--values / --batches: {e}")
     drafters, workloads = a.drafters.split(","), a.workloads.split(",")
@@ -94,7 +98,7 @@ def main() -> None:
                     secs[f"depth {k}"] = c[k] * sum(generate(bundle.model, g, max_new_tokens=NEW_TOKENS, depth=k,
                                                              **kw).metrics["steps"] for g in groups)
                 best = min(secs, key=secs.get)
-                for v, pol in policies.items():
+                for v, pol in policies[d].items():
                     steps = np.zeros(len(WINDOWS))
                     for g in groups:
                         m = generate(bundle.model, g, max_new_tokens=NEW_TOKENS, depth=pol, max_depth=3,

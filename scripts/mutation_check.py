@@ -1211,6 +1211,20 @@ MUTATIONS: list[Mutation] = [
         "keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(jnp.arange(row_ids.shape[0]))",
         ("tests/test_sim.py",),
     ),
+    Mutation(
+        "depth='auto' fill ignored: rows propose only their own count in a wider window",
+        "specjax/engine.py",
+        "proposed if eng.policy.fill else jnp.minimum(proposed, limit)",
+        "jnp.minimum(proposed, limit)",
+        ("tests/test_depth_auto.py",),
+    ),
+    Mutation(
+        "sim fill ignored: rows propose only their own count in a wider window",
+        "specjax/sim.py",
+        "drafts = room if fill else jnp.minimum(drafts, room)",
+        "drafts = jnp.minimum(drafts, room)",
+        ("tests/test_sim.py",),
+    ),
 ]
 
 

@@ -57,7 +57,7 @@ RELAX_EARLY = 0.02
 EARLY_VERDICTS = 8
 # DepthPolicy's fields that tune its rule (``DepthPolicy.knobs``; ``simulate_policy``'s keywords)
 KNOBS = ("rate", "prior", "relax", "relax_early", "min_gain", "threshold", "shrink", "spread", "explore", "pool",
-         "prior_weight")
+         "prior_weight", "fill")
 
 
 @pytree_dataclass
@@ -158,6 +158,15 @@ class DepthPolicy:
     # the prior counts as this many verdicts (``update_estimates``): a row's first verdicts move its
     # estimate as a running mean would, so a batch stops drafting within a few steps where it does not pay
     prior_weight: float = 1.0
+    # every row verifies all the drafts the chosen window holds (what it can offer: n-gram), not
+    # only its own count. The rows' counts still choose the window (and narrow it to what is
+    # offered); but a window computes every slot of every row, so a draft left out is a slot
+    # computed for nothing, while verifying it can only add tokens (greedy: the same tokens, a
+    # longer accepted prefix; sampling: still lossless). False: each row proposes its own count,
+    # as in an engine that packs each row's tokens, where a draft left out saves its slot.
+    # Simulator (n-gram rows, 48 cases): never worse, 0.957x -> 0.994x of the best fixed at B=8
+    # with slots refilled; the bench's prompts priced by its tables: see the README
+    fill: bool = True
 
     @classmethod
     def auto(cls, max_depth: int, rule: str = "goodput", always_offers: bool = False) -> DepthPolicy:
@@ -195,6 +204,8 @@ class DepthPolicy:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v <= 1.0:
                 raise ValueError(f"DepthPolicy.{name}={v!r} is invalid: must lie in [0, 1]")
+        if self.fill not in (True, False):  # 0.0 / 1.0 pass: ``knobs`` gives every knob as a float
+            raise ValueError(f"DepthPolicy.fill={self.fill!r} is invalid: must be True or False")
         for name in ("prior_weight", "pool"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v <= 1000.0:

@@ -303,8 +303,9 @@ def _step(eng: EngineConfig, params: dict, st: EngineState) -> EngineState:
 
 
 def _step_window(eng: EngineConfig, params: dict, st: EngineState, w: int, limit: jax.Array | None) -> EngineState:
-    """The step at verify window ``w`` (static, ``<= eng.window``); ``limit [B]``: the most
-    drafts each row offers (``None``: every slot). State arrays keep the engine's ``depth``."""
+    """The step at verify window ``w`` (static, ``<= eng.window``); ``limit [B]``: the policy's
+    draft count for each row (``None``: a fixed depth), which caps what the row proposes unless
+    the policy fills the window (``DepthPolicy.fill``). State arrays keep the engine's ``depth``."""
     d, dmax = w - 1, eng.depth
     b, c = st.seq.shape
     lengths, u, active = st.cache.lengths, st.u, ~st.done
@@ -312,9 +313,12 @@ def _step_window(eng: EngineConfig, params: dict, st: EngineState, w: int, limit
     drafts, draft_probs, dstate = eng.drafter.propose(at_w, params, st)
     drafts = drafts[:, :d]  # an MTP chain yields its first draft even at depth 0
     draft_probs = None if draft_probs is None else draft_probs[:, :d]
-    proposed = w - u if limit is None else jnp.clip(jnp.minimum(w - u, limit), 0, None)
-    # the policy's count (its estimates learn from it: a draft the row could not offer counts as
-    # rejected, so they stay long-run rates) and what the row offers to verify
+    # every slot of the window (a fixed depth; a policy's ``fill``) or the policy's own count
+    proposed = w - u
+    if limit is not None:
+        proposed = jnp.clip(proposed if eng.policy.fill else jnp.minimum(proposed, limit), 0, None)
+    # what the row was asked for (its estimates learn from it: a draft the row could not offer
+    # counts as rejected, so they stay long-run rates) and what it offers to verify
     intended = proposed
     if limit is not None and w > 1 and hasattr(eng.drafter, "offer"):  # window 1 proposes none (u >= 1)
         proposed = jnp.minimum(proposed, eng.drafter.available(eng, st))

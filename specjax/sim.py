@@ -392,10 +392,11 @@ def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: Cos
                 policy: str, steps: int, rule: KvAdvance, rate: float, threshold: float, min_gain: float,
                 prior: float, relax: float, shrink: float, spread: float = 0.0,
                 explore: float = 0.0, prior_weight: float | None = None, pool: float = 0.0,
-                relax_early: float = 0.0) -> dict[str, jax.Array]:
+                relax_early: float = 0.0, fill: bool = False) -> dict[str, jax.Array]:
     """The plan steps of ``_run`` with the window and each row's drafts chosen per step by
     ``policy``. ``budget [B]``: tokens each row emits before it is done (a static batch); a
-    step costs the whole batch while any row is left, and nothing after."""
+    step costs the whole batch while any row is left, and nothing after. ``fill``: rows
+    propose every draft the window holds, not only their own count (``DepthPolicy.fill``)."""
     depth = max(max(table.windows) - 1, 1)
     draw = _prefix_draws(acceptance, seed, row_ids, depth)
     matched = _matches(acceptance, seed, row_ids)
@@ -417,7 +418,8 @@ def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: Cos
         if offers:  # as ``engine._choice``: the narrowest window that holds the drafts offered
             holds = jnp.minimum(jnp.max(jnp.where(live, u + jnp.minimum(drafts, can), 1)), windows[idx])
             idx = jnp.minimum(idx, jnp.argmax(windows >= holds)).astype(jnp.int32)
-        drafts = jnp.minimum(drafts, windows[idx] - u)  # room left after the re-fed tokens
+        room = windows[idx] - u  # left after the re-fed tokens
+        drafts = room if fill else jnp.minimum(drafts, room)  # what each row is asked for
         offered = jnp.minimum(drafts, can)
         prefix = draw(step)
         a = accepted_from_prefix(prefix, offered)
@@ -448,7 +450,7 @@ def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: Cos
 
 _run_policy_jit = jax.jit(_run_policy, static_argnames=("policy", "steps", "rule", "rate", "threshold", "min_gain",
                                                          "prior", "relax", "relax_early", "shrink", "spread",
-                                                         "explore", "pool", "prior_weight"))
+                                                         "explore", "pool", "prior_weight", "fill"))
 
 
 def simulate_policy(
@@ -472,6 +474,7 @@ def simulate_policy(
     prior_weight: float | None = None,
     pool: float = 0.0,
     relax_early: float = 0.0,
+    fill: bool | float = False,
 ) -> PolicyResult:
     """Simulate ``steps`` steps of ``batch`` rows whose window (one of ``cost.windows``) and
     per-row draft counts ``policy`` picks each step (``specjax.depth_policy``), each step
@@ -487,7 +490,9 @@ def simulate_policy(
     ``explore``: the estimates' upper confidence bound (``depth_policy.optimistic``; the
     engine's ``DepthPolicy.explore``). ``prior_weight``: the prior counts as that many verdicts
     (``update_estimates``; the engine's ``DepthPolicy.prior_weight``); ``None``: a plain EMA.
-    These defaults are the simulator's own; ``**DepthPolicy(windows).knobs()`` models the engine's."""
+    ``fill``: each row proposes every draft the chosen window holds (``DepthPolicy.fill``; the
+    rows' counts still choose the window); off, only its own count. These defaults are the
+    simulator's own; ``**DepthPolicy(windows).knobs()`` models the engine's."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {list(POLICIES)}, got {policy!r}")
     if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
@@ -502,6 +507,8 @@ def simulate_policy(
                             ("spread", spread, 0.0, 1.0), ("explore", explore, 0.0, 1.0), ("pool", pool, 0.0, 1000.0)):
         if not lo <= float(v) <= hi:
             raise ValueError(f"{name} must lie in [{lo}, {hi}], got {v!r}")
+    if fill not in (True, False):  # 0.0 / 1.0 pass: ``DepthPolicy.knobs`` gives floats
+        raise ValueError(f"fill must be True or False, got {fill!r}")
     if prior_weight is not None and not float(prior_weight) >= 0:
         raise ValueError(f"prior_weight must be >= 0 or None, got {prior_weight!r}")
     if relax_early and prior_weight is None:
@@ -514,7 +521,7 @@ def simulate_policy(
                                        policy=policy, steps=s, rule=r, rate=float(rate), threshold=float(threshold),
                                        min_gain=float(min_gain), prior=float(prior), relax=float(relax),
                                        shrink=float(shrink), spread=float(spread), explore=float(explore),
-                                       pool=float(pool), relax_early=float(relax_early),
+                                       pool=float(pool), relax_early=float(relax_early), fill=bool(fill),
                                        prior_weight=None if prior_weight is None else float(prior_weight)))
     emitted, drafts, accepted = (np.asarray(o[k], np.int64) for k in ("emitted", "drafts", "accepted"))
     ran = np.asarray(o["any"])  # the steps some row was left for

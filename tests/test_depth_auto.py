@@ -103,20 +103,38 @@ def test_rows_whose_drafts_are_never_accepted_stop_drafting():
     assert r.metrics["window_share"][0] > 0.5 and r.metrics["mean_proposed_drafts"] < 0.8, r.metrics["window_share"]
 
 
-EMA = DepthPolicy(WINDOWS, rule="ema", threshold=0.5)
+EMA = DepthPolicy(WINDOWS, rule="ema", threshold=0.5, fill=False)
+SPLIT_EST = [[0.9, 0.9], [0.9, 0.1], [0.1, 0.9], [0.1, 0.1]]  # one row wants the widest window, one none
 
 
 @pytest.mark.parametrize("greedy", [True, False])
 def test_each_row_drafts_its_own_count(greedy):
-    """Row estimates set per row: the window holds the longest row, the others draft fewer
-    and the verifier (greedy or rejection sampling) judges no draft past a row's count."""
+    """Row estimates set per row (``fill=False``): the window holds the longest row, the others
+    draft fewer and the verifier (greedy or rejection sampling) judges no draft past a row's count."""
     eng, params, st = _stepper(TARGET, EMA, greedy=greedy)  # the target drafts for itself: every draft passes
-    est = jnp.asarray([[0.9, 0.9], [0.9, 0.1], [0.1, 0.9], [0.1, 0.1]], jnp.float32)
-    st = step(eng, params, st.replace(est=est))
+    st = step(eng, params, st.replace(est=jnp.asarray(SPLIT_EST, jnp.float32)))
     assert np.asarray(st.proposed).tolist() == [2, 1, 0, 0]
     assert np.asarray(st.auto.window_steps).tolist() == [0, 0, 1]
     assert np.asarray(st.accepted).tolist() == [2, 1, 0, 0]
     assert np.asarray(st.seen_pos).tolist() == [[1, 1], [1, 0], [0, 0], [0, 0]]
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_a_filled_window_verifies_every_draft_it_holds(greedy):
+    """``fill`` (the default): the same estimates choose the same window, and every row verifies
+    all its drafts (a slot the window computes anyway), so each gains the tokens its count left
+    out; the estimates learn from all of them. Greedy tokens stay the target's own."""
+    eng, params, st = _stepper(TARGET, dataclasses.replace(EMA, fill=True), greedy=greedy)
+    st = step(eng, params, st.replace(est=jnp.asarray(SPLIT_EST, jnp.float32)))
+    assert np.asarray(st.auto.window_steps).tolist() == [0, 0, 1]
+    assert np.asarray(st.proposed).tolist() == [2, 2, 2, 2]
+    assert np.asarray(st.accepted).tolist() == [2, 2, 2, 2]
+    assert np.asarray(st.emitted).tolist() == [3, 3, 3, 3]
+    assert np.asarray(st.seen_pos).tolist() == [[1, 1]] * 4
+    kw = dict(max_new_tokens=20, drafter="ngram", depth="auto", max_depth=2, cost=FREE)
+    own = generate(TARGET, PROMPTS, **{**kw, "depth": DepthPolicy(WINDOWS, rule="makespan", fill=False)})
+    filled = generate(TARGET, PROMPTS, **{**kw, "depth": DepthPolicy(WINDOWS, rule="makespan")})
+    assert filled.tokens == own.tokens == _plain()
 
 
 def test_the_step_judges_windows_on_what_its_verdicts_support():
@@ -420,6 +438,7 @@ def test_a_row_at_window_1_forgets_an_estimate_resting_on_few_verdicts():
     (dict(depth=DepthPolicy((1, 3), rule="greedy")), r"DepthPolicy.rule='greedy' is invalid"),
     (dict(depth=DepthPolicy((1, 3), rate=2.0)), r"DepthPolicy.rate=2.0 is invalid: must lie in \[0, 1\]"),
     (dict(depth=DepthPolicy((1, 3), relax_early=-0.1)), r"DepthPolicy.relax_early=-0.1 is invalid: must lie in \[0"),
+    (dict(depth=DepthPolicy((1, 3), fill=0.5)), r"DepthPolicy.fill=0.5 is invalid: must be True or False"),
 ])
 def test_bad_depth_settings_are_rejected_before_compile(kwargs, match):
     before = engine_mod._TRACES["generate"]

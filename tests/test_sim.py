@@ -192,3 +192,19 @@ def test_window_1_steps_judge_a_matching_rows_first_draft():
     assert good.window_share[0] > 0 and good.window_share[1] > 0.9, good.window_share
     bad = simulate_policy(1, 300, Matches(Bernoulli(0.2), 1.0), table, "goodput", **knobs)
     assert bad.window_share[0] > 0.9, bad.window_share
+
+
+def test_a_filled_window_proposes_every_draft_it_holds():
+    """``fill`` (the engine's default, in ``DepthPolicy.knobs``): the same windows, every row
+    proposing all the drafts they hold, and more tokens for the same steps' cost; off, rows with
+    low estimates propose fewer. A fill that is not 0 or 1 is refused."""
+    table = CostTable.roofline(1.0, 0.02, (1, 2, 4))
+    knobs = DepthPolicy.auto(3, "goodput", always_offers=True).knobs()
+    assert knobs["fill"] == 1.0
+    filled = simulate_policy(8, 200, BetaRows(0.5, 2.0), table, "goodput", **knobs)
+    own = simulate_policy(8, 200, BetaRows(0.5, 2.0), table, "goodput", **{**knobs, "fill": False})
+    assert own.window_share == filled.window_share == (0.0, 0.0, 1.0)
+    assert filled.mean_drafts == 3.0 and own.mean_drafts < 2.0
+    assert filled.tok_per_s > own.tok_per_s
+    with pytest.raises(ValueError, match=r"fill must be True or False, got 0.5"):
+        simulate_policy(8, 20, 0.5, table, "goodput", fill=0.5)
