@@ -106,7 +106,7 @@ def grid_kernel(*refs, n_prefetch, t_q, hkv, groups, block, window, scale, num_k
                 o_ref[:, h * groups + g, :] = out[g * t_q : (g + 1) * t_q].astype(o_ref.dtype)
 
 
-def loop_kernel(lead_ref, qs_ref, *refs, paged, t_q, hkv, groups, block, window, scale, num_keys, ring=None):
+def loop_kernel(lead_ref, qs_ref, *refs, paged, t_q, block, window, scale, num_keys, ring=None):
     """Body for grid ``(B, Hkv)``: one row's queries of one KV head, looping over the row's
     live KV blocks only. Refs: ``lead [B]``, ``q_start [B]``, ``[block_table [B, M]]``, ``layer
     [1]``, ``q, o [R, D]`` (the head's queries stacked, ``stack_query_rows``), ``k``, ``v``
@@ -162,8 +162,9 @@ def loop_call(static: dict, *, q, scalars: tuple, k, v, interpret, paged: bool) 
     extra = {}
     if not interpret and _TRITON_PARAMS is not None and jax.default_backend() != "tpu":
         extra["compiler_params"] = _TRITON_PARAMS()  # Triton's defaults; the body is written for it
+    body = {k: x for k, x in static.items() if k not in ("hkv", "groups")}  # the grid and row stacking carry them
     call = pl.pallas_call(
-        functools.partial(loop_kernel, paged=paged, **static),
+        functools.partial(loop_kernel, paged=paged, **body),
         grid=(bsz, hkv),
         in_specs=[*(whole(x) for x in scalars), row_spec, whole(k), whole(v)],
         out_specs=row_spec,

@@ -1219,6 +1219,13 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_depth_auto.py",),
     ),
     Mutation(
+        "makespan ties go to the narrowest window, not the one emitting the most tokens",
+        "specjax/depth_policy.py",
+        "rate = jnp.where(rate >= jnp.max(rate) * (1.0 + 1e-6), tokens / cost, -jnp.inf)",
+        "rate = rate",
+        ("tests/test_depth_policy.py",),
+    ),
+    Mutation(
         "sim fill ignored: rows propose only their own count in a wider window",
         "specjax/sim.py",
         "drafts = room if fill else jnp.minimum(drafts, room)",

@@ -166,6 +166,22 @@ def test_makespan_follows_the_row_that_finishes_last():
         choose(est, live, cost, "makespan")
 
 
+def test_makespan_breaks_its_ties_by_the_tokens_a_window_emits():
+    """Where the slowest row gains nothing from drafting, the makespan rule prices every window
+    the same if the step costs the same (a flat stretch of the table): the window emitting the
+    most tokens wins, not the narrowest. Where a wider window costs more, the slowest row still
+    holds the batch at window 1."""
+    est = jnp.asarray([[0.8] * 3] * 7 + [[0.01] * 3])  # the last row: under min_gain, it drafts none
+    live, left = jnp.ones(8, bool), jnp.full(8, 100)
+    flat = CostTable.create(WINDOWS, [1, 64], [[1.0, 1.0, 1.0]] * 2)
+    idx, drafts = choose(est, live, flat, "makespan", remaining=left, min_gain=0.02)
+    assert WINDOWS[int(idx)] == 4 and np.asarray(drafts).tolist() == [3] * 7 + [0]
+    rising = CostTable.create(WINDOWS, [1, 64], [[1.0, 1.01, 1.02]] * 2)
+    assert WINDOWS[int(choose(est, live, rising, "makespan", remaining=left, min_gain=0.02)[0])] == 1
+    nobody = jnp.full((8, 3), 0.01)  # no row drafts: every window emits the same, the narrowest wins
+    assert WINDOWS[int(choose(nobody, live, flat, "makespan", remaining=left, min_gain=0.02)[0])] == 1
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.integers(1, 6), st.integers(1, 4), st.integers(0, 2**31 - 1))
 def test_yield_variance_matches_the_distribution(b, d, seed):

@@ -255,8 +255,8 @@ def tiny():
 
 
 # depth="auto" with the EMA rule and a high prior: rows rejected early draft fewer than their
-# neighbours inside one window (per-row draft counts), others keep the widest
-AUTO = DepthPolicy((1, 2, 3), rule="ema", prior=0.7, threshold=0.6, rate=0.25)
+# neighbours inside one window (per-row draft counts: fill off), others keep the widest
+AUTO = DepthPolicy((1, 2, 3), rule="ema", prior=0.7, threshold=0.6, rate=0.25, fill=False)
 
 
 @pytest.mark.parametrize("drafter,temperature,top_p,depth", [
