@@ -1,8 +1,14 @@
 """A depth-policy knob in the simulator, against the best fixed window: the makespan rule
 (a static batch, 128 tokens a row) with the engine's defaults over a grid of cost tables,
-Beta row models and batch sizes, once per value of the knob.
+row models and batch sizes, once per value of the knob.
 
-    python benchmarks/policy_grid.py --knob prior_weight --values none,0.5,1,2,4 [--seeds 2] [--json] [--out FILE]
+    python benchmarks/policy_grid.py --knob prior_weight --values none,0.5,1,2,4 [--rows beta|ngram]
+        [--seeds 2] [--json] [--out FILE]
+
+``--rows beta`` (default): Beta rows, every draft offered, ``DepthPolicy``'s own defaults.
+``--rows ngram``: n-gram rows (``specjax.sim.Matches``: drafts only where a row's context
+repeats, in runs), with n-gram's ``depth="auto"`` knobs (``DepthPolicy.auto(...,
+always_offers=False)``).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import numpy as np
 
 from specjax.depth_policy import KNOBS as POLICY_KNOBS
 from specjax.depth_policy import CostTable, DepthPolicy
-from specjax.sim import BetaRows, simulate_fixed, simulate_policy
+from specjax.sim import Bernoulli, BetaRows, Matches, simulate_fixed, simulate_policy
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from _report import emit  # noqa: E402
@@ -28,6 +34,11 @@ COSTS = {  # seconds per step at windows 1-4
 }
 ROWS = {"Beta(7,3) decay 0.9": BetaRows(7.0, 3.0, 0.9), "Beta(2,2)": BetaRows(2.0, 2.0),
         "Beta(0.5,2)": BetaRows(0.5, 2.0), "Beta(9,2)": BetaRows(9.0, 2.0)}
+NGRAM_ROWS = {  # accept where matched / share of steps matched / mean run of matched steps (/ per-row shares)
+    "p0.7 match 0.4 runs 6": Matches(Bernoulli(0.7), 0.4, 6.0),
+    "Beta(4,2) match 0.5 runs 4, c 4": Matches(BetaRows(4.0, 2.0), 0.5, 4.0, 4.0),
+    "p0.5 match 0.3 runs 2": Matches(Bernoulli(0.5), 0.3, 2.0),
+}
 KNOBS = tuple(k for k in POLICY_KNOBS if k != "threshold")  # the ema rule's knob: the grid runs makespan
 
 
@@ -35,6 +46,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--knob", choices=KNOBS, default="prior_weight")
     ap.add_argument("--values", default="none,0.5,1,2,4", help="comma-separated; none: the knob left out")
+    ap.add_argument("--rows", choices=["beta", "ngram"], default="beta")
     ap.add_argument("--batches", default="1,8,32,64")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--json", action="store_true")
@@ -47,10 +59,12 @@ def main() -> None:
         sys.exit(f"--values / --batches: {e}")
     if a.seeds < 1 or any(b < 1 for b in batches):
         sys.exit("--seeds and every batch must be >= 1")
-    base = dict(tokens=128, **DepthPolicy((1, 2, 3, 4)).knobs())
+    policy = DepthPolicy((1, 2, 3, 4)) if a.rows == "beta" else DepthPolicy.auto(3, always_offers=False)
+    base = dict(tokens=128, **policy.knobs())
+    models = ROWS if a.rows == "beta" else NGRAM_ROWS
     rows = []
     for cname, c in COSTS.items():
-        for rname, acc in ROWS.items():
+        for rname, acc in models.items():
             for b in batches:
                 table = CostTable.create((1, 2, 3, 4), [b], [c])
                 best = [max(r.tok_per_s for r in simulate_fixed(b, 800, acc, table, seed, **base))
@@ -72,8 +86,8 @@ def main() -> None:
                         "within_0.95": int((x >= 0.95).sum()), "cells": len(x)})
     if emit(summary + rows, a.out, a.json):
         return
-    print(f"makespan / best fixed window, {len(rows) // len(values)} cells ({len(COSTS)} cost tables x {len(ROWS)} row "
-          f"models x B in {batches}), mean of {a.seeds} seeds")
+    print(f"makespan / best fixed window, {len(rows) // len(values)} cells ({len(COSTS)} cost tables x "
+          f"{len(models)} row models ({a.rows}) x B in {batches}), mean of {a.seeds} seeds")
     for s in summary:
         print(f"{a.knob}={s[a.knob]}: mean {s['mean']:.4f}  min {s['min']:.3f}  "
               f"within 0.95x: {s['within_0.95']}/{s['cells']}")

@@ -680,10 +680,10 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_pallas_kernels.py::test_loop_body_lowers_for_gpu",),
     ),
     Mutation(
-        "auto depth: each row's own draft count ignored (every row fills the window)",
+        "auto depth, fill=False: each row's own draft count ignored (every row fills the window)",
         "specjax/engine.py",
-        "    proposed = w - u if limit is None else jnp.clip(jnp.minimum(w - u, limit), 0, None)\n",
-        "    proposed = w - u\n",
+        "proposed if eng.policy.fill else jnp.minimum(proposed, limit)",
+        "proposed",
         ("tests/test_depth_auto.py::test_each_row_drafts_its_own_count",),
     ),
     Mutation(
