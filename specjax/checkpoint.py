@@ -188,8 +188,10 @@ def _quiet_closed_loop_callbacks() -> None:
 
 
 def _drop_unretrieved_task_errors(record: logging.LogRecord) -> bool:
-    """asyncio's "Task exception was never retrieved" for reads a failed restore abandoned."""
-    return not str(record.msg).startswith("Task exception was never retrieved")
+    """asyncio's "Task exception was never retrieved" (or "Future ...", when the read was a bare
+    future) for reads a failed restore abandoned."""
+    return not str(record.msg).startswith(("Task exception was never retrieved",
+                                           "Future exception was never retrieved"))
 
 
 def _restore(directory: pathlib.Path, config: ModelConfig, dtype: str, out_dtype, mesh=None) -> Model:
