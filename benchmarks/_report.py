@@ -1,9 +1,11 @@
-"""What the benchmarks share: write their JSON result and print it if asked; the step-loop options."""
+"""What the benchmarks share: write their JSON result and print it if asked; the step-loop
+options; the knob sweeps' options."""
 
 from __future__ import annotations
 
 import json
 import pathlib
+import sys
 
 import jax
 
@@ -32,3 +34,25 @@ def loop_args(ap, *, batch: int, windows: range, window: int, steps: int, repeat
     if a.batch < 1 or a.steps < 1 or a.repeats < 1:
         ap.error(f"--batch, --steps and --repeats must be >= 1, got {a.batch}, {a.steps}, {a.repeats}")
     return a
+
+
+def knob_args(ap, knobs, *, knob: str, values: str, batches: str, extra=None):
+    """Parse the options the knob sweeps share (``--knob --values --batches --json --out``, and
+    ``extra(ap)``'s own): ``(args, values, batches)``, the lists parsed (a value ``none``: the
+    knob left out), or a one-line exit naming the bad option."""
+    ap.add_argument("--knob", choices=knobs, default=knob)
+    ap.add_argument("--values", default=values, help="comma-separated; none: the knob left out")
+    ap.add_argument("--batches", default=batches)
+    if extra is not None:
+        extra(ap)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    try:
+        vals = [None if v.strip() == "none" else float(v) for v in a.values.split(",")]
+        bs = [int(b) for b in a.batches.split(",")]
+    except ValueError as e:
+        sys.exit(f"--values / --batches: {e}")
+    if any(b < 1 for b in bs):
+        sys.exit(f"--batches: every batch must be >= 1, got {a.batches}")
+    return a, vals, bs

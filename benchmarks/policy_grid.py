@@ -23,7 +23,7 @@ from specjax.depth_policy import CostTable, DepthPolicy
 from specjax.sim import Bernoulli, BetaRows, Matches, simulate_fixed, simulate_policy
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from _report import emit  # noqa: E402
+from _report import emit, knob_args  # noqa: E402
 
 COSTS = {  # seconds per step at windows 1-4
     "cpu B=8": (3.89, 6.61, 7.54, 8.74),  # measured on the bundled model (2-core CPU)
@@ -43,22 +43,13 @@ KNOBS = tuple(k for k in POLICY_KNOBS if k != "threshold")  # the ema rule's kno
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--knob", choices=KNOBS, default="prior_weight")
-    ap.add_argument("--values", default="none,0.5,1,2,4", help="comma-separated; none: the knob left out")
-    ap.add_argument("--rows", choices=["beta", "ngram"], default="beta")
-    ap.add_argument("--batches", default="1,8,32,64")
-    ap.add_argument("--seeds", type=int, default=2)
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--out")
-    a = ap.parse_args()
-    try:
-        values = [None if v.strip() == "none" else float(v) for v in a.values.split(",")]
-        batches = [int(b) for b in a.batches.split(",")]
-    except ValueError as e:
-        sys.exit(f"--values / --batches: {e}")
-    if a.seeds < 1 or any(b < 1 for b in batches):
-        sys.exit("--seeds and every batch must be >= 1")
+    def extra(ap):
+        ap.add_argument("--rows", choices=["beta", "ngram"], default="beta")
+        ap.add_argument("--seeds", type=int, default=2)
+    a, values, batches = knob_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]), KNOBS,
+                                   knob="prior_weight", values="none,0.5,1,2,4", batches="1,8,32,64", extra=extra)
+    if a.seeds < 1:
+        sys.exit("--seeds must be >= 1")
     policy = DepthPolicy((1, 2, 3, 4)) if a.rows == "beta" else DepthPolicy.auto(3, always_offers=False)
     base = dict(tokens=128, **policy.knobs())
     models = ROWS if a.rows == "beta" else NGRAM_ROWS

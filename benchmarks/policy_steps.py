@@ -29,7 +29,7 @@ from specjax.depth_policy import KNOBS, CostTable, DepthPolicy, cost_cache_path
 from specjax.engine import generate
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from _report import emit  # noqa: E402
+from _report import emit, knob_args  # noqa: E402
 
 WINDOWS = (1, 2, 3, 4)
 NEW_TOKENS = 128
@@ -55,18 +55,14 @@ def _table(bundle, toks, drafter: str, batch: int) -> np.ndarray:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--knob", choices=KNOBS, default="relax")
-    ap.add_argument("--values", default="0.0003,0.01")
-    ap.add_argument("--drafters", default="mtp,ngram")
-    ap.add_argument("--batches", default="1,8,32,64")
-    ap.add_argument("--workloads", default="code,mixed")
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--out")
-    a = ap.parse_args()
+    def extra(ap):
+        ap.add_argument("--drafters", default="mtp,ngram")
+        ap.add_argument("--workloads", default="code,mixed")
+    a, values, batches = knob_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]), KNOBS,
+                                   knob="relax", values="0.0003,0.01", batches="1,8,32,64", extra=extra)
     try:
-        values = [float(v) for v in a.values.split(",")]
-        batches = [int(b) for b in a.batches.split(",")]
+        if None in values:
+            raise ValueError("every value must be a number")
         # each drafter's own depth="auto" policy (generate's: makespan), the knob set to each value
         policies = {d: {v: dataclasses.replace(DepthPolicy.auto(3, "makespan", always_offers=d != "ngram"),
                                                **{a.knob: v}) for v in values} for d in ("mtp", "ngram")}
@@ -74,7 +70,7 @@ def main() -> None:
             for p in by_value.values():
                 p.check(3)
     except ValueError as e:
-        sys.exit(f"--values / --batches: {e}")
+        sys.exit(f"--values: {e}")
     drafters, workloads = a.drafters.split(","), a.workloads.split(",")
     if not set(drafters) <= {"mtp", "ngram"} or not set(workloads) <= {"code", "mixed"} \
             or any(b < 1 or 64 % b for b in batches):

@@ -1232,6 +1232,27 @@ MUTATIONS: list[Mutation] = [
         "drafts = jnp.minimum(drafts, room)",
         ("tests/test_sim.py",),
     ),
+    Mutation(
+        "sim Trace.from_rows(steps=) pads rows with rejections instead of repeating their own steps",
+        "specjax/sim.py",
+        "np.resize(np.asarray(t, np.int32), steps)",
+        "np.pad(np.asarray(t, np.int32)[:steps], (0, max(steps - len(t), 0)))",
+        ("tests/test_sim.py::test_trace_from_recorded_rows",),
+    ),
+    Mutation(
+        "sim Trace refuses a deeper run's prefixes (no replay at a shallower window)",
+        "specjax/sim.py",
+        "        if (arr < 0).any():",
+        "        if (arr < 0).any() or (arr > depth).any():",
+        ("tests/test_sim.py::test_a_deeper_trace_replays_at_a_shallower_depth",),
+    ),
+    Mutation(
+        "bench recipe_pick ignores shift (the policy_traces 'recipe' set is the bench's own prompts)",
+        "specjax/bench.py",
+        "cands[int((i + shift) * step)]",
+        "cands[int(i * step)]",
+        ("tests/test_bundle.py::test_the_bench_recipe_picks_evenly_and_a_shift_picks_none_of_the_same",),
+    ),
 ]
 
 

@@ -43,6 +43,40 @@ def bench_prompts(n: int | None = None) -> list[str]:
     return prompts
 
 
+PROMPT_BYTES = 112  # a recipe prompt: up to this many bytes of whole lines, ending after a ``def ...:`` line
+
+
+def recipe_candidates() -> list[tuple[str, int, str]]:
+    """``(file, offset, text)``: every prompt the bench's recipe allows, in corpus order: a
+    snippet of a held-out stdlib file (never trained on) of up to ``PROMPT_BYTES`` bytes of
+    whole lines, ending right after a ``def ...:`` line (``scripts/make_bench_prompts.py``
+    picks the bench's 64 from these). Reads this Python's stdlib."""
+    import re
+
+    from specjax.corpus import is_held_out, stdlib_files
+
+    cands = []
+    for rel, path in stdlib_files():
+        if not is_held_out(rel):
+            continue
+        data = path.read_bytes()
+        for m in re.finditer(rb"\n( *)def [^\n]{0,80}:\n", data):
+            end = m.end()
+            start = data.find(b"\n", max(0, end - PROMPT_BYTES)) + 1
+            if 0 < start < m.start() + 1 and data[start:end].isascii():
+                cands.append((rel, start, data[start:end].decode()))
+    return cands
+
+
+def recipe_pick(cands: Sequence, n: int, shift: float = 0.0) -> list:
+    """``n`` of ``cands`` evenly spaced, the ``i``-th at ``(i + shift) * len / n``: ``shift`` 0 is
+    the bench's own pick; 0.5 the candidates half way between them (none of the bench's)."""
+    if not 0.0 <= shift < 1.0 or not 1 <= n <= len(cands):
+        raise ValueError(f"shift={shift!r} / n={n!r} are invalid: shift in [0, 1), n in [1, {len(cands)}]")
+    step = len(cands) / n
+    return [cands[int((i + shift) * step)] for i in range(n)]
+
+
 def machine() -> str:
     import jax
 

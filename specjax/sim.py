@@ -106,25 +106,32 @@ class BetaRows:
 @pytree_dataclass
 class Trace:
     """Recorded accepted-prefix lengths ``[steps, rows]`` (int): row ``r`` at step ``t``
-    would accept ``prefix[t, r]`` drafts if it proposed at least that many."""
+    would accept ``prefix[t, r]`` drafts if it proposed at least that many. A prefix longer
+    than the simulated depth accepts every draft proposed: a run recorded at depth 3 replays
+    at any window (``simulate_fixed``, ``compare_policies``)."""
 
     prefix: jax.Array
 
     @classmethod
-    def from_rows(cls, row_traces: list[list[int]]) -> Trace:
+    def from_rows(cls, row_traces: list[list[int]], steps: int | None = None) -> Trace:
         """A trace from per-row recorded counts (``GenerationResult.metrics["row_accepted_trace"]``:
-        each row's accepted drafts per step), cut to the steps every row ran."""
+        each row's accepted drafts per step). ``steps=None``: cut to the steps every row ran;
+        an int: each row's own counts repeated, in order, to ``steps`` (a run's rows recorded over
+        128 tokens replay for as many steps as a policy needs, each keeping its own rate)."""
         if not row_traces or not all(len(t) for t in row_traces):
             raise ValueError("row_traces must hold at least one step for every row")
-        steps = min(len(t) for t in row_traces)
-        return cls(np.array([t[:steps] for t in row_traces], np.int32).T)
+        if steps is None:
+            steps = min(len(t) for t in row_traces)
+        elif isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps={steps!r} is invalid: must be None or an int >= 1")
+        return cls(np.array([np.resize(np.asarray(t, np.int32), steps) for t in row_traces], np.int32).T)
 
     def check(self, depth: int) -> None:
         arr = np.asarray(self.prefix)
         if arr.ndim != 2 or not np.issubdtype(arr.dtype, np.integer):
             raise ValueError(f"Trace.prefix must be an int array [steps, rows], got {arr.dtype}{arr.shape}")
-        if (arr < 0).any() or (arr > depth).any():
-            raise ValueError(f"Trace.prefix values must lie in [0, depth={depth}]")
+        if (arr < 0).any():
+            raise ValueError("Trace.prefix values must be >= 0 (accepted drafts)")
 
 
 @pytree_dataclass

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from specjax.bench import bench, bench_prompts
+from specjax.bench import bench, bench_prompts, recipe_pick
 from specjax.checkpoint import CheckpointError, load_model, save_bundle
 from specjax.cli import main
 from specjax.engine import generate
@@ -176,6 +176,19 @@ def test_bench_rows_and_batch_invariance(tiny_bundle):
             assert r[key] == same[key], key
         assert r["tok_per_s"] == r["new_tokens"] / r["seconds"] > 0
     assert len(bench_prompts()) == 64 and all(len(p.encode()) <= 120 for p in bench_prompts())
+
+
+def test_the_bench_recipe_picks_evenly_and_a_shift_picks_none_of_the_same():
+    """``recipe_pick``: the bench's own pick (shift 0) and, at shift 0.5, the candidates half way
+    between them (``benchmarks/policy_traces.py``'s ``recipe`` set: prompts the bench never used)."""
+    cands = list(range(20))
+    assert recipe_pick(cands, 5) == [0, 4, 8, 12, 16]
+    assert recipe_pick(cands, 5, shift=0.5) == [2, 6, 10, 14, 18]
+    assert recipe_pick(list(range(562)), 64, 0.5)[-1] == 557 and not set(recipe_pick(list(range(562)), 64)) & set(
+        recipe_pick(list(range(562)), 64, 0.5))
+    for bad in (dict(shift=1.0), dict(shift=-0.1), dict(n=21), dict(n=0)):
+        with pytest.raises(ValueError, match="shift in \\[0, 1\\), n in \\[1, 20\\]"):
+            recipe_pick(cands, **{"n": 5, **bad})
 
 
 def test_cli_generate_json_and_stream(tiny, capsys):

@@ -56,6 +56,20 @@ def test_trace_from_recorded_rows():
     assert t.prefix.dtype == np.int32
     with pytest.raises(ValueError, match="at least one step for every row"):
         Trace.from_rows([[1], []])
+    # steps=: each row's own counts repeated in order, however long it ran
+    np.testing.assert_array_equal(Trace.from_rows([[1, 2, 3], [0, 3]], steps=5).prefix,
+                                  [[1, 0], [2, 3], [3, 0], [1, 3], [2, 0]])
+    with pytest.raises(ValueError, match=r"steps=0 is invalid: must be None or an int >= 1"):
+        Trace.from_rows([[1]], steps=0)
+
+
+def test_a_deeper_trace_replays_at_a_shallower_depth():
+    """A run recorded at depth 3 replays at depth 1: a row accepts every draft it proposed where
+    the recorded prefix is longer (before, the trace was refused above the simulated depth, so
+    ``compare_policies`` could not replay a recorded run at windows 1-3)."""
+    prefix = np.random.default_rng(5).integers(0, 4, size=(40, 6)).astype(np.int32)
+    shallow = simulate(6, 1, 40, Trace(prefix), "per_sequence")
+    np.testing.assert_array_equal(shallow.row_accepted, np.minimum(prefix, 1).sum(axis=0))
 
 
 def test_no_ratchet_with_control():
@@ -116,7 +130,7 @@ def test_acceptance_models():
         (dict(acceptance=1.5), r"p must lie in \[0, 1\], got 1.5"),
         (dict(acceptance=BetaRows(0.0, 1.0)), r"Beta alpha must be > 0"),
         (dict(acceptance=Trace(np.zeros((3, 4), np.int32))), r"steps=10, batch=4 need"),
-        (dict(acceptance=Trace(np.full((10, 4), 9, np.int32))), r"\[0, depth=3\]"),
+        (dict(acceptance=Trace(np.full((10, 4), -1, np.int32))), r"Trace.prefix values must be >= 0"),
         (dict(acceptance="high"), r"acceptance must be a float p"),
         (dict(acceptance=Matches(Bernoulli(0.5), 1.5)), r"Matches.rate must lie in \[0, 1\], got 1.5"),
         (dict(acceptance=Matches(Bernoulli(0.5), 0.3, 0.5)), r"Matches.burst must be >= 1"),

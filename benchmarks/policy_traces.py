@@ -1,0 +1,129 @@
+"""A depth-policy knob on real rows, in the simulator, on the bench's prompts and on others.
+
+Each prompt set is decoded once at depth 3 (MTP, greedy, 128 new tokens) and every row's
+accepted drafts per step are kept (``metrics["row_accepted_trace"]``). The simulator then
+replays those rows (``Trace.from_rows(..., steps=)``: each row's own steps repeated) in static
+batches of ``B`` under MTP's ``depth="auto"`` knobs (``DepthPolicy.auto``, the makespan rule,
+128 tokens a row), against the best fixed window on the same rows, over the cost tables of
+``policy_grid.py`` (with ``--measured``, also each batch's own: MTP's cached ``depth="auto"``
+table, as ``policy_steps.py`` finds or measures it), once per value of one knob. Prompt sets:
+
+* ``bench``: the bench's 64 prompts (``specjax/data/bench_prompts.json``);
+* ``recipe``: 64 others by the bench's own recipe (held-out stdlib snippets ending after a
+  ``def`` line), the candidates half way between the bench's picks;
+* ``slices``: 64 seeded slices of held-out stdlib files, 70-110 characters cut anywhere.
+
+Each with its ``mixed`` version (every other prompt made repetitive) unless ``--workloads``
+says otherwise. A knob tuned on the bench's prompts (``policy_steps.py``) shows here whether
+it holds on prompts it was not tuned on. The replay is the simulator's: a trace's step
+``t`` is what the row accepted at its ``t``-th depth-3 step, whatever window the policy ran
+before it (so it keeps each row's rate and its runs, not the token positions).
+
+    python benchmarks/policy_traces.py --knob shrink --values 0.5,0.75 [--sets bench,recipe,slices]
+        [--workloads code,mixed] [--batches 8,32,64] [--measured] [--json] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+
+import numpy as np
+
+import specjax
+from specjax.bench import bench_prompts, mixed_prompts, recipe_candidates, recipe_pick
+from specjax.corpus import is_held_out, stdlib_files
+from specjax.depth_policy import KNOBS as POLICY_KNOBS
+from specjax.depth_policy import CostTable, DepthPolicy
+from specjax.engine import generate
+from specjax.sim import Trace, simulate_fixed, simulate_policy
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from _report import emit, knob_args  # noqa: E402
+from policy_grid import COSTS  # noqa: E402
+from policy_steps import _table  # noqa: E402
+
+SETS = ("bench", "recipe", "slices")
+KNOBS = tuple(k for k in POLICY_KNOBS if k != "threshold")  # the ema rule's knob: this runs makespan
+N, NEW_TOKENS, STEPS = 64, 128, 400
+
+
+def slices(n: int = N, seed: int = 7) -> list[str]:
+    """``n`` slices of held-out stdlib files (of at least 2000 characters), 70-110 characters
+    each, at seeded offsets: prompts that start and end anywhere."""
+    rng = random.Random(seed)
+    texts = [t for rel, path in stdlib_files() if is_held_out(rel)
+             for t in [path.read_text(errors="replace")] if len(t) >= 2000]
+    out = []
+    for _ in range(n):
+        t = rng.choice(texts)
+        at = rng.randrange(0, len(t) - 200)
+        out.append(t[at:at + rng.randrange(70, 111)])
+    return out
+
+
+def prompt_set(name: str) -> list[str]:
+    if name == "bench":
+        return bench_prompts()
+    if name == "recipe":
+        return [text for _, _, text in recipe_pick(recipe_candidates(), N, shift=0.5)]
+    return slices()
+
+
+def main() -> None:
+    def extra(ap):
+        ap.add_argument("--sets", default=",".join(SETS))
+        ap.add_argument("--workloads", default="code,mixed")
+        ap.add_argument("--measured", action="store_true", help="add each batch's cached (or measured) MTP table")
+    a, values, batches = knob_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]), KNOBS,
+                                   knob="shrink", values="0.5,0.75", batches="8,32,64", extra=extra)
+    sets, workloads = a.sets.split(","), a.workloads.split(",")
+    if not set(sets) <= set(SETS) or not set(workloads) <= {"code", "mixed"} or any(b < 1 or N % b for b in batches):
+        sys.exit(f"--sets: {', '.join(SETS)}; --workloads: code, mixed; --batches: divisors of {N}")
+    bundle = specjax.load_model()
+    kw = bundle.generate_kwargs({"drafter": "mtp"})
+    base = dict(tokens=NEW_TOKENS, **DepthPolicy.auto(3, "makespan", always_offers=True).knobs())
+    rows = []
+    for name in sets:
+        src = prompt_set(name)
+        for wl in workloads:
+            prompts = src if wl == "code" else mixed_prompts(src)
+            toks = [bundle.encode_prompts([p], bos=False)[0] for p in prompts]
+            run = generate(bundle.model, toks, max_new_tokens=NEW_TOKENS, depth=3, **kw)
+            traces = run.metrics["row_accepted_trace"]
+            for b in batches:
+                costs = dict(COSTS, **({"measured": _table(bundle, toks, "mtp", b)} if a.measured else {}))
+                for cname, c in costs.items():
+                    table = CostTable.create((1, 2, 3, 4), [b], [list(c)])
+                    for g in range(0, N, b):
+                        acc = Trace.from_rows(traces[g:g + b], steps=STEPS)
+                        best = max(r.tok_per_s for r in simulate_fixed(b, STEPS, acc, table, **base))
+                        for v in values:
+                            knobs = dict(base) if v is None else dict(base, **{a.knob: v})
+                            if v is None:
+                                knobs.pop(a.knob)
+                            got = simulate_policy(b, STEPS, acc, table, "makespan", **knobs)
+                            rows.append({"set": name, "workload": wl, "cost": cname, "batch": b, "group": g // b,
+                                         a.knob: v, "vs_best_fixed": got.tok_per_s / best})
+            print(".", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    summary = []
+    for name in sets:
+        for v in values:
+            x = np.array([r["vs_best_fixed"] for r in rows if r["set"] == name and r[a.knob] == v])
+            summary.append({"set": name, a.knob: v, "mean": float(x.mean()), "min": float(x.min()),
+                            "within_0.95": int((x >= 0.95).sum()), "cells": len(x)})
+    if emit(summary + rows, a.out, a.json):
+        return
+    tables = len(COSTS) + a.measured
+    print(f"makespan / best fixed window on replayed MTP rows ({', '.join(workloads)}; {tables} cost tables; "
+          f"B in {batches}, every group of each)")
+    print(f"{'set':8} {a.knob:>12} {'mean':>7} {'min':>6} {'>=0.95x':>9}")
+    for s in summary:
+        print(f"{s['set']:8} {str(s[a.knob]):>12} {s['mean']:>7.4f} {s['min']:>6.3f} "
+              f"{s['within_0.95']:>4}/{s['cells']:<4}")
+
+
+if __name__ == "__main__":
+    main()
