@@ -1,10 +1,11 @@
 """What the benchmarks share: write their JSON result and print it if asked; the step-loop
-options; the knob sweeps' options."""
+options; the knob sweeps' options and prompt sets."""
 
 from __future__ import annotations
 
 import json
 import pathlib
+import random
 import sys
 
 import jax
@@ -56,3 +57,33 @@ def knob_args(ap, knobs, *, knob: str, values: str, batches: str, extra=None):
     if any(b < 1 for b in bs):
         sys.exit(f"--batches: every batch must be >= 1, got {a.batches}")
     return a, vals, bs
+
+
+PROMPT_SETS = ("bench", "recipe", "slices")
+
+
+def prompt_set(name: str, n: int = 64, seed: int = 7) -> list[str]:
+    """The knob sweeps' prompt sets: ``bench`` (the bench's prompts,
+    ``specjax/data/bench_prompts.json``), ``recipe`` (``n`` others by the bench's own recipe:
+    held-out stdlib snippets ending after a ``def`` line, the candidates half way between the
+    bench's picks, so none of them) and ``slices`` (``n`` seeded slices of held-out stdlib files
+    of at least 2000 characters, 70-110 characters each, cut anywhere). The last two read this
+    Python's stdlib."""
+    from specjax.bench import bench_prompts, recipe_candidates, recipe_pick
+    from specjax.corpus import is_held_out, stdlib_files
+
+    if name == "bench":
+        return bench_prompts()
+    if name == "recipe":
+        return [text for _, _, text in recipe_pick(recipe_candidates(), n, shift=0.5)]
+    if name != "slices":
+        raise ValueError(f"prompt set {name!r} is invalid: one of {', '.join(PROMPT_SETS)}")
+    rng = random.Random(seed)
+    texts = [t for rel, path in stdlib_files() if is_held_out(rel)
+             for t in [path.read_text(errors="replace")] if len(t) >= 2000]
+    out = []
+    for _ in range(n):
+        t = rng.choice(texts)
+        at = rng.randrange(0, len(t) - 200)
+        out.append(t[at:at + rng.randrange(70, 111)])
+    return out

@@ -8,7 +8,10 @@ a shared machine's timing noise; what they leave out is how far the table is fro
 step costs (and a static batch's finished rows cost their slots in both).
 
     python benchmarks/policy_steps.py --knob relax --values 0.0003,0.01 [--drafters mtp,ngram]
-        [--batches 1,8,32,64] [--workloads code,mixed] [--json] [--out FILE]
+        [--batches 1,8,32,64] [--workloads code,mixed] [--prompts bench] [--json] [--out FILE]
+
+``--prompts recipe`` or ``slices`` prices prompts the bench does not use (``_report.prompt_set``):
+what was tuned on the bench's prompts, checked on others.
 
 Tables come from ``$SPECJAX_CACHE_DIR/costs.json`` (``specjax bench`` leaves them there; a
 missing one is measured first, as ``depth="auto"`` does).
@@ -24,12 +27,12 @@ import sys
 import numpy as np
 
 import specjax
-from specjax.bench import bench_prompts, mixed_prompts
+from specjax.bench import mixed_prompts
 from specjax.depth_policy import KNOBS, CostTable, DepthPolicy, cost_cache_path
 from specjax.engine import generate
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from _report import emit, knob_args  # noqa: E402
+from _report import PROMPT_SETS, emit, knob_args, prompt_set  # noqa: E402
 
 WINDOWS = (1, 2, 3, 4)
 NEW_TOKENS = 128
@@ -58,6 +61,7 @@ def main() -> None:
     def extra(ap):
         ap.add_argument("--drafters", default="mtp,ngram")
         ap.add_argument("--workloads", default="code,mixed")
+        ap.add_argument("--prompts", choices=PROMPT_SETS, default="bench")
     a, values, batches = knob_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]), KNOBS,
                                    knob="relax", values="0.0003,0.01", batches="1,8,32,64", extra=extra)
     try:
@@ -78,7 +82,8 @@ def main() -> None:
     bundle = specjax.load_model()
     rows = []
     for wl in workloads:
-        prompts = bench_prompts() if wl == "code" else mixed_prompts(bench_prompts())
+        src = prompt_set(a.prompts)
+        prompts = src if wl == "code" else mixed_prompts(src)
         toks = [bundle.encode_prompts([p], bos=False)[0] for p in prompts]
         plain_kw = bundle.generate_kwargs({"drafter": None})
         for d in drafters:

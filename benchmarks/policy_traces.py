@@ -8,10 +8,8 @@ batches of ``B`` under MTP's ``depth="auto"`` knobs (``DepthPolicy.auto``, the m
 ``policy_grid.py`` (with ``--measured``, also each batch's own: MTP's cached ``depth="auto"``
 table, as ``policy_steps.py`` finds or measures it), once per value of one knob. Prompt sets:
 
-* ``bench``: the bench's 64 prompts (``specjax/data/bench_prompts.json``);
-* ``recipe``: 64 others by the bench's own recipe (held-out stdlib snippets ending after a
-  ``def`` line), the candidates half way between the bench's picks;
-* ``slices``: 64 seeded slices of held-out stdlib files, 70-110 characters cut anywhere.
+``bench``, ``recipe`` and ``slices`` (``_report.prompt_set``: the bench's 64 prompts, 64 others
+by its recipe, 64 held-out slices cut anywhere).
 
 Each with its ``mixed`` version (every other prompt made repetitive) unless ``--workloads``
 says otherwise. A knob tuned on the bench's prompts (``policy_steps.py``) shows here whether
@@ -26,49 +24,25 @@ before it (so it keeps each row's rate and its runs, not the token positions).
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 
 import numpy as np
 
 import specjax
-from specjax.bench import bench_prompts, mixed_prompts, recipe_candidates, recipe_pick
-from specjax.corpus import is_held_out, stdlib_files
+from specjax.bench import mixed_prompts
 from specjax.depth_policy import KNOBS as POLICY_KNOBS
 from specjax.depth_policy import CostTable, DepthPolicy
 from specjax.engine import generate
 from specjax.sim import Trace, simulate_fixed, simulate_policy
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from _report import emit, knob_args  # noqa: E402
+from _report import PROMPT_SETS, emit, knob_args, prompt_set  # noqa: E402
 from policy_grid import COSTS  # noqa: E402
 from policy_steps import _table  # noqa: E402
 
-SETS = ("bench", "recipe", "slices")
+SETS = PROMPT_SETS
 KNOBS = tuple(k for k in POLICY_KNOBS if k != "threshold")  # the ema rule's knob: this runs makespan
 N, NEW_TOKENS, STEPS = 64, 128, 400
-
-
-def slices(n: int = N, seed: int = 7) -> list[str]:
-    """``n`` slices of held-out stdlib files (of at least 2000 characters), 70-110 characters
-    each, at seeded offsets: prompts that start and end anywhere."""
-    rng = random.Random(seed)
-    texts = [t for rel, path in stdlib_files() if is_held_out(rel)
-             for t in [path.read_text(errors="replace")] if len(t) >= 2000]
-    out = []
-    for _ in range(n):
-        t = rng.choice(texts)
-        at = rng.randrange(0, len(t) - 200)
-        out.append(t[at:at + rng.randrange(70, 111)])
-    return out
-
-
-def prompt_set(name: str) -> list[str]:
-    if name == "bench":
-        return bench_prompts()
-    if name == "recipe":
-        return [text for _, _, text in recipe_pick(recipe_candidates(), N, shift=0.5)]
-    return slices()
 
 
 def main() -> None:
