@@ -81,8 +81,8 @@ def main() -> None:
         sys.exit("--drafters: mtp, ngram; --workloads: code, mixed; --batches: divisors of 64")
     bundle = specjax.load_model()
     rows = []
+    src = prompt_set(a.prompts)
     for wl in workloads:
-        src = prompt_set(a.prompts)
         prompts = src if wl == "code" else mixed_prompts(src)
         toks = [bundle.encode_prompts([p], bos=False)[0] for p in prompts]
         plain_kw = bundle.generate_kwargs({"drafter": None})

@@ -40,21 +40,21 @@ from _report import PROMPT_SETS, emit, knob_args, prompt_set  # noqa: E402
 from policy_grid import COSTS  # noqa: E402
 from policy_steps import _table  # noqa: E402
 
-SETS = PROMPT_SETS
 KNOBS = tuple(k for k in POLICY_KNOBS if k != "threshold")  # the ema rule's knob: this runs makespan
 N, NEW_TOKENS, STEPS = 64, 128, 400
 
 
 def main() -> None:
     def extra(ap):
-        ap.add_argument("--sets", default=",".join(SETS))
+        ap.add_argument("--sets", default=",".join(PROMPT_SETS))
         ap.add_argument("--workloads", default="code,mixed")
         ap.add_argument("--measured", action="store_true", help="add each batch's cached (or measured) MTP table")
     a, values, batches = knob_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]), KNOBS,
                                    knob="shrink", values="0.5,0.75", batches="8,32,64", extra=extra)
     sets, workloads = a.sets.split(","), a.workloads.split(",")
-    if not set(sets) <= set(SETS) or not set(workloads) <= {"code", "mixed"} or any(b < 1 or N % b for b in batches):
-        sys.exit(f"--sets: {', '.join(SETS)}; --workloads: code, mixed; --batches: divisors of {N}")
+    if not set(sets) <= set(PROMPT_SETS) or not set(workloads) <= {"code", "mixed"} \
+            or any(b < 1 or N % b for b in batches):
+        sys.exit(f"--sets: {', '.join(PROMPT_SETS)}; --workloads: code, mixed; --batches: divisors of {N}")
     bundle = specjax.load_model()
     kw = bundle.generate_kwargs({"drafter": "mtp"})
     base = dict(tokens=NEW_TOKENS, **DepthPolicy.auto(3, "makespan", always_offers=True).knobs())
@@ -74,9 +74,7 @@ def main() -> None:
                         acc = Trace.from_rows(traces[g:g + b], steps=STEPS)
                         best = max(r.tok_per_s for r in simulate_fixed(b, STEPS, acc, table, **base))
                         for v in values:
-                            knobs = dict(base) if v is None else dict(base, **{a.knob: v})
-                            if v is None:
-                                knobs.pop(a.knob)
+                            knobs = {k: x for k, x in base.items() if k != a.knob} if v is None else {**base, a.knob: v}
                             got = simulate_policy(b, STEPS, acc, table, "makespan", **knobs)
                             rows.append({"set": name, "workload": wl, "cost": cname, "batch": b, "group": g // b,
                                          a.knob: v, "vs_best_fixed": got.tok_per_s / best})

@@ -18,6 +18,7 @@ import json
 import os
 import pathlib
 import platform
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -51,8 +52,6 @@ def recipe_candidates() -> list[tuple[str, int, str]]:
     snippet of a held-out stdlib file (never trained on) of up to ``PROMPT_BYTES`` bytes of
     whole lines, ending right after a ``def ...:`` line (``scripts/make_bench_prompts.py``
     picks the bench's 64 from these). Reads this Python's stdlib."""
-    import re
-
     from specjax.corpus import is_held_out, stdlib_files
 
     cands = []

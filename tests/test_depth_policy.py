@@ -23,7 +23,7 @@ from specjax.depth_policy import (
     update_estimates,
     yield_variance,
 )
-from specjax.sim import BetaRows, Matches, Trace, compare_policies, simulate_policy
+from specjax.sim import BetaRows, Matches, Trace, compare_policies, simulate_fixed, simulate_policy
 
 WINDOWS = (1, 2, 4)
 ROOFLINE = CostTable.roofline(1.0, 0.02, WINDOWS)  # memory-bound until rows * window passes 50
@@ -311,8 +311,7 @@ def test_a_row_whose_first_drafts_fail_drafts_again_when_its_drafter_offers_ever
     table = CostTable.create((1, 2, 3, 4), [1], [cpu_b1])
     prefix = np.full((400, 1), 3, np.int32)
     prefix[:2] = 0
-    widest = simulate_policy(1, 400, Trace(prefix), CostTable.create((1, 4), [1], [[cpu_b1[0], cpu_b1[3]]]),
-                             "fixed", tokens=128).tok_per_s
+    widest = simulate_fixed(1, 400, Trace(prefix), table, tokens=128)[-1].tok_per_s  # window 4 alone
 
     def auto(always_offers: bool) -> float:
         knobs = DepthPolicy.auto(3, "makespan", always_offers=always_offers).knobs()
