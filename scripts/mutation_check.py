@@ -1253,6 +1253,41 @@ MUTATIONS: list[Mutation] = [
         "cands[int(i * step)]",
         ("tests/test_bundle.py::test_the_bench_recipe_picks_evenly_and_a_shift_picks_none_of_the_same",),
     ),
+    Mutation(
+        "an n-gram batch drafts from its prior on its first step instead of looking at window 1 (free verdicts)",
+        "specjax/engine.py",
+        "        idx = jnp.where(fresh, narrowest, idx).astype(jnp.int32)",
+        "        idx = idx.astype(jnp.int32)",
+        ("tests/test_depth_auto.py::test_an_ngram_batch_looks_before_drafting",),
+    ),
+    Mutation(
+        "sim: an n-gram batch drafts from its prior on its first step (the engine looks at window 1 first)",
+        "specjax/sim.py",
+        "            idx = jnp.where(fresh, jnp.argmax(windows >= jnp.max(jnp.where(live, u, 1))), idx)",
+        "            idx = jnp.where(False, jnp.argmax(windows >= jnp.max(jnp.where(live, u, 1))), idx)",
+        ("tests/test_depth_policy.py::test_the_simulated_ngram_batch_looks_before_drafting",),
+    ),
+    Mutation(
+        "depth='auto' ignores the table's acceptance (every position starts at DepthPolicy.prior)",
+        "specjax/depth_policy.py",
+        "self.acceptance if self.acceptance is not None else [default] * d",
+        "[default] * d",
+        ("tests/test_depth_auto.py::test_a_tables_acceptance_is_where_the_estimates_start_and_drift_back_to",),
+    ),
+    Mutation(
+        "depth='auto' estimates drift back to DepthPolicy.prior, not the table's acceptance",
+        "specjax/engine.py",
+        "update_estimates(est, told, told_a, pol.rate, st.auto.prior, pol.relax,",
+        "update_estimates(est, told, told_a, pol.rate, pol.prior, pol.relax,",
+        ("tests/test_depth_auto.py::test_a_tables_acceptance_is_where_the_estimates_start_and_drift_back_to",),
+    ),
+    Mutation(
+        "a refilled row keeps DepthPolicy.prior, not the table's acceptance",
+        "specjax/batch.py",
+        "        sub = sub.replace(est=jnp.broadcast_to(st.auto.prior, sub.est.shape))",
+        "        pass",
+        ("tests/test_batch.py::test_a_refilled_row_starts_at_the_tables_acceptance",),
+    ),
 ]
 
 

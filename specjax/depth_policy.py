@@ -42,7 +42,7 @@ from specjax._pytree import pytree_dataclass, static_field
 __all__ = [
     "EARLY_VERDICTS", "POLICIES", "RELAX_EARLY", "AutoState", "CostTable", "DepthPolicy", "choose", "cost_cache_path",
     "expected_max_normal", "expected_tokens", "init_estimates", "load_cached_cost", "max_normal_table", "optimistic",
-    "revealed", "store_cached_cost", "update_estimates", "yield_variance",
+    "pooled_acceptance", "revealed", "store_cached_cost", "update_estimates", "yield_variance",
 ]
 
 POLICIES = ("fixed", "ema", "goodput", "makespan")
@@ -68,9 +68,15 @@ class CostTable:
     batches: jax.Array  # float32 [NB] (host arrays from ``create``; device arrays inside a state)
     seconds: jax.Array  # float32 [NB, NW]
     windows: tuple[int, ...] = static_field()
+    # a prior per draft position (``max(windows) - 1`` of them): the conditional acceptance a
+    # run saw (``pooled_acceptance`` of its ``metrics["accepted_per_position_count"]`` and
+    # ``["verdicts_per_position_count"]``). The rows' estimates start from it and drift back to
+    # it (``engine.auto_state``) in place of ``DepthPolicy.prior``. Given, never measured: as a
+    # default it was a trade between prompt sets (README, "A measured prior")
+    acceptance: tuple[float, ...] | None = static_field(default=None)
 
     @classmethod
-    def create(cls, windows, batches, seconds) -> CostTable:
+    def create(cls, windows, batches, seconds, acceptance=None) -> CostTable:
         """Validated table (``ValueError`` naming the field)."""
         w = tuple(int(x) for x in windows)
         b = np.asarray(batches, np.float32)
@@ -82,7 +88,13 @@ class CostTable:
         if s.shape != (len(b), len(w)) or not (s > 0).all():
             raise ValueError(f"seconds must be positive with shape [batches={len(b)}, windows={len(w)}], "
                              f"got shape {s.shape}")
-        return cls(b, s, w)  # host arrays: placed with the state they join (``engine.auto_state``), no dispatch
+        if acceptance is not None:
+            a = np.asarray(acceptance, np.float64)
+            if a.shape != (max(w) - 1,) or not ((a >= 0) & (a <= 1)).all():
+                raise ValueError(f"acceptance must be {max(w) - 1} numbers in [0, 1] (one per draft position of "
+                                 f"the widest window), got {list(acceptance)}")
+            acceptance = tuple(float(x) for x in a)
+        return cls(b, s, w, acceptance)  # host arrays: placed with the state they join (``engine.auto_state``)
 
     @classmethod
     def roofline(cls, floor: float, per_token: float, windows=(1, 2, 4), max_batch: int = 256) -> CostTable:
@@ -96,10 +108,11 @@ class CostTable:
 
     @classmethod
     def load(cls, path: str | Path) -> CostTable:
-        """A JSON file ``{"windows": [...], "batches": [...], "seconds": [[...], ...]}``."""
+        """A JSON file ``{"windows": [...], "batches": [...], "seconds": [[...], ...]}`` and,
+        optionally, ``"acceptance": [...]`` (one per draft position)."""
         try:
             raw = json.loads(Path(path).read_text())
-            return cls.create(raw["windows"], raw["batches"], raw["seconds"])
+            return cls.create(raw["windows"], raw["batches"], raw["seconds"], raw.get("acceptance"))
         except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
             raise ValueError(f"cost table {path}: {e}") from None
 
@@ -108,6 +121,12 @@ class CostTable:
             return f"CostTable(windows={self.windows}, batches={np.asarray(self.batches).tolist()})"
         except Exception:  # traced inside jit
             return f"CostTable(windows={self.windows})"
+
+    def prior(self, default: float) -> np.ndarray:
+        """``float32 [max(windows) - 1]``: the estimates' prior per draft position, ``acceptance``
+        where measured, else ``default`` at every position."""
+        d = max(self.windows) - 1
+        return np.asarray(self.acceptance if self.acceptance is not None else [default] * d, np.float32)
 
     def row(self, active: int) -> np.ndarray:
         """``at`` on the host for a known load: ``float32 [NW]`` (no device work)."""
@@ -227,11 +246,25 @@ class AutoState:
     # int32 [B]: each row's first draft for the next step where the drafter knows it before the
     # target runs (n-gram), else -1: a window-1 step then reveals that draft's verdict for free
     first: jax.Array
+    # float32 [D]: each draft position's prior (``CostTable.prior``): new rows' estimates start
+    # here and unrevealed positions drift back to it. Data: another table's prior never recompiles
+    prior: jax.Array
 
 
-def init_estimates(batch: int, depth: int, prior: float = 0.5) -> jax.Array:
-    """Every row starts at ``prior`` at every draft position: ``float32 [B, depth]``."""
-    return jnp.full((batch, depth), prior, jnp.float32)
+def init_estimates(batch: int, depth: int, prior: float | jax.Array = 0.5) -> jax.Array:
+    """Every row starts at ``prior`` (one number, or one per draft position ``[depth]``):
+    ``float32 [B, depth]``."""
+    return jnp.broadcast_to(jnp.asarray(prior, jnp.float32), (batch, depth))
+
+
+def pooled_acceptance(accepted: np.ndarray, verdicts: np.ndarray, prior: float, weight: float = 1.0
+                      ) -> tuple[float, ...]:
+    """Each draft position's acceptance over many rows and steps: ``accepted [D]`` drafts
+    accepted at each position over ``verdicts [D]`` verdicts there (accepted, or the first
+    rejected; ``seen_pos`` summed), with ``prior`` counted as ``weight`` verdicts (a position
+    no row reached keeps the prior)."""
+    a, n = np.asarray(accepted, np.float64), np.asarray(verdicts, np.float64)
+    return tuple(float(x) for x in (a + weight * prior) / (n + weight))
 
 
 def revealed(proposed: jax.Array, accepted: jax.Array, depth: int) -> jax.Array:
@@ -242,13 +275,15 @@ def revealed(proposed: jax.Array, accepted: jax.Array, depth: int) -> jax.Array:
     return j < jnp.minimum(accepted + 1, proposed)[:, None]
 
 
-def update_estimates(est: jax.Array, proposed: jax.Array, accepted: jax.Array, rate: float, prior: float = 0.5,
+def update_estimates(est: jax.Array, proposed: jax.Array, accepted: jax.Array, rate: float,
+                     prior: float | jax.Array = 0.5,
                      relax: float = 0.0, seen: jax.Array | None = None, prior_weight: float = 0.0,
                      relax_early: float = 0.0) -> jax.Array:
     """EMA update from one step: row ``i`` proposed ``proposed[i]`` drafts and the target
     accepted its first ``accepted[i]``. Positions ``j < accepted`` were accepted, position
     ``accepted`` (if proposed) was rejected; later ones revealed nothing and drift back to
-    ``prior`` by ``relax`` (so a row that stopped drafting tries again some steps later).
+    ``prior`` by ``relax`` (so a row that stopped drafting tries again some steps later;
+    ``prior``: one number, or one per draft position ``[D]``).
 
     ``seen [B, D]`` (int): verdicts each position had before this step. With it, the prior
     counts as ``prior_weight`` verdicts: the ``n``-th verdict moves the estimate by
@@ -260,6 +295,7 @@ def update_estimates(est: jax.Array, proposed: jax.Array, accepted: jax.Array, r
     an estimate resting on a few verdicts is forgotten sooner (a window-1 step reveals nothing,
     so a row whose first drafts failed would otherwise keep its low estimate)."""
     hit = (jnp.arange(est.shape[1])[None] < accepted[:, None]).astype(jnp.float32)
+    prior = jnp.asarray(prior, jnp.float32)
     r, drift = rate, relax
     if seen is not None:
         n = seen.astype(jnp.float32)

@@ -226,6 +226,13 @@ def _choice(eng: EngineConfig, st: EngineState) -> tuple[jax.Array, jax.Array, j
         holds = jnp.minimum(jnp.max(jnp.where(active, st.u + offered, 1)), windows[idx])
         idx = jnp.minimum(idx, jnp.argmax(windows >= holds)).astype(jnp.int32)  # the same drafts, a cheaper window
     narrowest = jnp.argmax(windows >= need).astype(jnp.int32)
+    if hasattr(eng.drafter, "offer"):
+        # no verdict yet in the whole batch (a run's first step): look before drafting. A window-1
+        # step judges every row's first draft for free (``first``), so it learns what a drafting
+        # step would, at plain decoding's price; from the prior alone a batch of 32-64 n-gram rows
+        # drafted the widest window once, where plain decoding was best (0.99x plain by steps)
+        fresh = jnp.sum(jnp.where(active, st.seen_pos[:, 0], 0)) == 0
+        idx = jnp.where(fresh, narrowest, idx).astype(jnp.int32)
     forced = st.auto.force >= 0  # cost measurement: this window, every row drafting (the widest before force_from)
     at = jnp.where(st.i < st.auto.force_from, len(pol.windows) - 1, st.auto.force)
     return jnp.where(forced, jnp.maximum(at, narrowest), idx), jnp.where(forced, eng.depth, drafts), first
@@ -380,7 +387,7 @@ def _step_window(eng: EngineConfig, params: dict, st: EngineState, w: int, limit
         told, told_a = jnp.ones_like(a), hit.astype(jnp.int32)
     if eng.policy is not None:
         pol = eng.policy
-        est = jnp.where(active[:, None], update_estimates(est, told, told_a, pol.rate, pol.prior, pol.relax,
+        est = jnp.where(active[:, None], update_estimates(est, told, told_a, pol.rate, st.auto.prior, pol.relax,
                                                           st.seen_pos, pol.prior_weight, pol.relax_early), est)
     out = st.replace(
         dstate=dstate,
@@ -423,8 +430,8 @@ def _generate_loop(eng: EngineConfig, params: dict, prompts, prompt_len, max_len
               auto: AutoState | None, stop_i: jax.Array) -> EngineState:
     """Prefill, then steps until every row is done (or ``stop_i`` steps: cost measurement)."""
     _TRACES["generate"] += 1
-    st = constrain(_fresh_prefill(eng, params, prompts, prompt_len, max_len, eos, seeds, sampling).replace(auto=auto),
-                   eng.mesh)
+    st = _fresh_prefill(eng, params, prompts, prompt_len, max_len, eos, seeds, sampling)
+    st = constrain(st if auto is None else with_auto(st, auto), eng.mesh)
     return run_steps(eng, params, st, lambda st: jnp.any(~st.done) & (st.i < jnp.minimum(eng.max_steps, stop_i)))
 
 
@@ -654,13 +661,20 @@ def check_cost(cost: object, policy: DepthPolicy | None) -> None:
 def auto_state(eng: EngineConfig, table: CostTable, batch: int) -> AutoState:
     """The depth policy's data for a ``batch``-slot engine: ``table`` read at ``batch`` (every
     slot computes, so that is the only load the step sees; one shape for any table: no
-    recompile), no window forced, no steps counted. Built on the host and placed in one
+    recompile), its prior (the table's ``acceptance`` where given, else ``DepthPolicy.prior``),
+    no window forced, no steps counted. Built on the host and placed in one
     transfer (a dozen small device ops and a read-back cost ~1 ms of host time a call)."""
     at = CostTable(np.asarray([batch], np.float32), table.row(batch)[None], table.windows)
     i32 = np.int32
     host = AutoState(at, i32(-1), i32(0), np.zeros((len(eng.windows),), i32), i32(0), np.zeros((batch,), i32),
-                     np.full((batch,), -1, i32))
+                     np.full((batch,), -1, i32), table.prior(eng.policy.prior))
     return jax.device_put(host)
+
+
+def with_auto(st: EngineState, auto: AutoState) -> EngineState:
+    """A fresh state (every row just prefilled) under ``auto``: its rows' estimates start at the
+    table's prior (``AutoState.prior``)."""
+    return st.replace(auto=auto, est=jnp.broadcast_to(auto.prior, st.est.shape))
 
 
 def placeholder_cost(eng: EngineConfig, batch: int) -> CostTable:

@@ -31,11 +31,15 @@ class GenerationResult:
       ``row_accepted_trace`` (accepted drafts per step per row): the verifier's decisions,
       before any EOS/budget cut (what a drafter's quality is judged by);
       ``conditional_acceptance_per_position``: accepted / verdicts at ``k``, the chance draft
-      ``k`` passes once every draft before it did (what ``depth="auto"`` estimates per row).
+      ``k`` passes once every draft before it did (what ``depth="auto"`` estimates per row), from
+      ``accepted_per_position_count`` and ``verdicts_per_position_count``.
     * ``proposed_drafts``: drafts the rows offered; ``mean_proposed_drafts`` per row-step.
     * ``depth="auto"`` adds ``max_depth``, ``windows`` and ``window_share`` (the share of steps
       taken at each window), ``depth_rule`` (``"makespan"`` for a static batch, or the given
-      ``DepthPolicy``'s rule) and ``cost_source`` (``"given"``, ``"cached"``, ``"measured"``).
+      ``DepthPolicy``'s rule), ``cost_source`` (``"given"``, ``"cached"``, ``"measured"``),
+      ``cost_seconds`` (the table's seconds a step per window at this batch) and
+      ``acceptance_prior`` (each draft position's prior: the acceptance measured with the table,
+      else ``DepthPolicy.prior``).
     * ``compiles``: traces of the generate loop in this call (0 when the shapes were seen);
       ``seconds_compile`` (0.0 when cached), ``seconds_run`` (prefill + decode + reading the
       result back) and ``tok_per_s`` = new tokens (the first included) / ``seconds_run``.
@@ -68,6 +72,7 @@ def metrics(st, eng: Any, compiles: int) -> dict:
         "conditional_acceptance_per_position": [
             float(x) for x in acc_pos.sum(axis=0) / np.maximum(np.asarray(st.seen_pos).sum(axis=0), 1)],
         "accepted_per_position_count": [int(x) for x in acc_pos.sum(axis=0)],
+        "verdicts_per_position_count": [int(x) for x in np.asarray(st.seen_pos).sum(axis=0)],
         "proposed_per_position_count": [int(x) for x in pp],
         "accepted_drafts": int(acc.sum()),
         "proposed_drafts": proposed,
@@ -89,5 +94,7 @@ def metrics(st, eng: Any, compiles: int) -> dict:
         out.update(depth="auto", max_depth=eng.depth, windows=list(eng.policy.windows),
                    window_share=[float(x) for x in ws / max(int(ws.sum()), 1)], depth_rule=eng.policy.rule,
                    # what the policy decided by: seconds of one step per window at this batch
-                   cost_seconds=[float(x) for x in np.asarray(st.auto.cost.seconds)[0]])
+                   cost_seconds=[float(x) for x in np.asarray(st.auto.cost.seconds)[0]],
+                   # where each row's estimates started (the table's measured acceptance, or the policy's prior)
+                   acceptance_prior=[float(x) for x in np.asarray(st.auto.prior)])
     return out

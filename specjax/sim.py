@@ -10,6 +10,7 @@ it by the drafts the row actually proposed, and commits through
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -397,7 +398,7 @@ class PolicyResult:
 
 def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: CostTable, budget: jax.Array, *,
                 policy: str, steps: int, rule: KvAdvance, rate: float, threshold: float, min_gain: float,
-                prior: float, relax: float, shrink: float, spread: float = 0.0,
+                prior: float | tuple[float, ...], relax: float, shrink: float, spread: float = 0.0,
                 explore: float = 0.0, prior_weight: float | None = None, pool: float = 0.0,
                 relax_early: float = 0.0, fill: bool = False) -> dict[str, jax.Array]:
     """The plan steps of ``_run`` with the window and each row's drafts chosen per step by
@@ -425,6 +426,9 @@ def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: Cos
         if offers:  # as ``engine._choice``: the narrowest window that holds the drafts offered
             holds = jnp.minimum(jnp.max(jnp.where(live, u + jnp.minimum(drafts, can), 1)), windows[idx])
             idx = jnp.minimum(idx, jnp.argmax(windows >= holds)).astype(jnp.int32)
+            # ... and, before any verdict, window 1 (its first-draft verdicts are free)
+            fresh = jnp.sum(jnp.where(live, seen[:, 0], 0)) == 0
+            idx = jnp.where(fresh, jnp.argmax(windows >= jnp.max(jnp.where(live, u, 1))), idx).astype(jnp.int32)
         room = windows[idx] - u  # left after the re-fed tokens
         drafts = room if fill else jnp.minimum(drafts, room)  # what each row is asked for
         offered = jnp.minimum(drafts, can)
@@ -439,7 +443,8 @@ def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: Cos
             told = jnp.where(one, 1, drafts)
             told_a = jnp.where(one, (m & (prefix >= 1)).astype(jnp.int32), a)
         counts = None if prior_weight is None else seen
-        est = update_estimates(est, told, told_a, rate, prior, relax, counts, prior_weight or 0.0, relax_early)
+        est = update_estimates(est, told, told_a, rate, jnp.asarray(prior, jnp.float32), relax, counts,
+                               prior_weight or 0.0, relax_early)
         emitted = jnp.where(live, jnp.minimum(plan.emitted, left), 0)
         running = jnp.any(live)
         out = {"emitted": emitted, "drafts": jnp.where(live, offered, 0),
@@ -450,7 +455,8 @@ def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: Cos
 
     b = row_ids.shape[0]
     zeros = jnp.zeros((b, depth), jnp.int32)
-    init = (jnp.ones((b,), jnp.int32), init_estimates(b, depth, prior), budget, zeros, jnp.ones((b,), bool))
+    est = init_estimates(b, depth, jnp.asarray(prior, jnp.float32))
+    init = (jnp.ones((b,), jnp.int32), est, budget, zeros, jnp.ones((b,), bool))
     _, outs = jax.lax.scan(body, init, jnp.arange(steps, dtype=jnp.int32))
     return outs
 
@@ -472,7 +478,7 @@ def simulate_policy(
     rate: float = 0.1,
     threshold: float = 0.5,
     min_gain: float = 0.05,
-    prior: float = 0.5,
+    prior: float | Sequence[float] = 0.5,
     relax: float = 0.01,
     tokens: int | None = None,
     shrink: float = 0.5,
@@ -486,9 +492,11 @@ def simulate_policy(
     """Simulate ``steps`` steps of ``batch`` rows whose window (one of ``cost.windows``) and
     per-row draft counts ``policy`` picks each step (``specjax.depth_policy``), each step
     costing ``cost`` seconds at ``batch`` rows. The same row draws as ``simulate``.
-    Estimates start at ``prior``, move by ``rate`` on every revealed position and drift back
-    to ``prior`` by ``relax`` on the others, by ``relax_early`` more while a position has had few
-    verdicts (``update_estimates``; needs ``prior_weight``, the verdict counts).
+    Estimates start at ``prior`` (one number, or one per draft position: a measured table's
+    ``CostTable.acceptance``, as the engine takes it), move by ``rate`` on every revealed
+    position and drift back to ``prior`` by ``relax`` on the others, by ``relax_early`` more
+    while a position has had few verdicts (``update_estimates``; needs ``prior_weight``, the
+    verdict counts).
 
     ``tokens``: a static batch (``generate``): every row emits ``tokens`` tokens and the run
     lasts until the slowest row is done (every step until then costs the whole batch;
@@ -509,13 +517,18 @@ def simulate_policy(
     if not isinstance(cost, CostTable):
         raise ValueError(f"cost must be a CostTable, got {type(cost).__name__}")
     for name, v, lo, hi in (("rate", rate, 0.0, 1.0), ("threshold", threshold, 0.0, 1.0),
-                            ("min_gain", min_gain, 0.0, 1.0), ("prior", prior, 0.0, 1.0), ("relax", relax, 0.0, 1.0),
+                            ("min_gain", min_gain, 0.0, 1.0), ("relax", relax, 0.0, 1.0),
                             ("relax_early", relax_early, 0.0, 1.0), ("shrink", shrink, 0.0, 1.0),
                             ("spread", spread, 0.0, 1.0), ("explore", explore, 0.0, 1.0), ("pool", pool, 0.0, 1000.0)):
         if not lo <= float(v) <= hi:
             raise ValueError(f"{name} must lie in [{lo}, {hi}], got {v!r}")
     if fill not in (True, False):  # 0.0 / 1.0 pass: ``DepthPolicy.knobs`` gives floats
         raise ValueError(f"fill must be True or False, got {fill!r}")
+    depth = max(max(cost.windows) - 1, 1)
+    priors = np.atleast_1d(np.asarray(prior, np.float64))
+    if priors.ndim != 1 or len(priors) not in (1, depth) or not ((priors >= 0) & (priors <= 1)).all():
+        raise ValueError(f"prior must be a number in [0, 1] or {depth} of them (one per draft position), got {prior!r}")
+    prior = float(priors[0]) if np.ndim(prior) == 0 else tuple(float(x) for x in priors)
     if prior_weight is not None and not float(prior_weight) >= 0:
         raise ValueError(f"prior_weight must be >= 0 or None, got {prior_weight!r}")
     if relax_early and prior_weight is None:
@@ -526,7 +539,7 @@ def simulate_policy(
     budget = jnp.full((b,), 2**30 if tokens is None else tokens, jnp.int32)
     o = jax.device_get(_run_policy_jit(acc, jnp.uint32(seed), jnp.arange(b, dtype=jnp.int32), cost, budget,
                                        policy=policy, steps=s, rule=r, rate=float(rate), threshold=float(threshold),
-                                       min_gain=float(min_gain), prior=float(prior), relax=float(relax),
+                                       min_gain=float(min_gain), prior=prior, relax=float(relax),
                                        shrink=float(shrink), spread=float(spread), explore=float(explore),
                                        pool=float(pool), relax_early=float(relax_early), fill=bool(fill),
                                        prior_weight=None if prior_weight is None else float(prior_weight)))
@@ -547,6 +560,7 @@ def simulate_policy(
 def simulate_fixed(batch: int, steps: int, acceptance: Acceptance | float, cost: CostTable, seed: int = 0,
                    **kwargs: Any) -> list[PolicyResult]:
     """``simulate_policy`` at each window of ``cost`` alone (window 1: plain decoding), same rows."""
+    kwargs.pop("prior", None)  # the fixed rule reads no estimate (and a prior per position fits only the widest)
     return [simulate_policy(batch, steps, acceptance, CostTable(cost.batches, cost.seconds[:, i : i + 1], (w,)),
                             "fixed", seed=seed, **kwargs) for i, w in enumerate(cost.windows)]
 

@@ -29,6 +29,7 @@ from specjax.engine import (
     placeholder_cost,
     prefill,
     warm_steps,
+    with_auto,
 )
 from specjax.metrics import GenerationResult, metrics, tokens
 from specjax.protocols import DecoderModel
@@ -66,7 +67,7 @@ def stream(model: DecoderModel, prompts: list[list[int]], **kwargs: Any) -> Iter
     with mesh_context(eng):  # under a mesh: traced with attention per shard
         st = prefill(eng, params, *args)
         if eng.policy is not None:
-            st = st.replace(auto=_auto_for_stream(eng, params, args, bound.arguments["cost"]))
+            st = with_auto(st, _auto_for_stream(eng, params, args, bound.arguments["cost"]))
     # the first token comes from prefill; afterwards each step reads back only [B, w] tokens (this process's rows)
     first, done, i = jax.tree.map(local_rows, (st.seq[jnp.arange(st.seq.shape[0]), args[1]], st.done, st.i))
     new = [[int(t)] for t in first]

@@ -155,6 +155,25 @@ def test_a_refilled_slot_holds_exactly_a_fresh_prefill_of_its_request():
     assert int(st.known[0]) == before[1]
 
 
+def test_a_refilled_row_starts_at_the_tables_acceptance():
+    """Under depth="auto" a refilled row's estimates start at the table's acceptance (a prior
+    per draft position), not at DepthPolicy.prior; the neighbour's are untouched."""
+    from specjax.advance import KvAdvance
+    from specjax.depth_policy import CostTable, DepthPolicy
+    from specjax.engine import auto_state, make_engine
+
+    policy = DepthPolicy((1, 2, 3, 4), prior=0.7)
+    eng = make_engine(MODEL, drafter="mtp", draft_model=None, depth=3, kv_advance_rule=KvAdvance.PER_SEQUENCE,
+                      cache="dense", capacity=128, policy=policy)
+    params = {"target": MODEL.params}
+    table = CostTable.create((1, 2, 3, 4), [2], [[1.0, 2.0, 3.0, 4.0]], acceptance=(0.8, 0.9, 0.6))
+    st = batch_mod._empty_state(eng, 2, 8)
+    st = st.replace(auto=auto_state(eng, table, 2), est=st.est.at[0].set(0.1))
+    row = batch_mod._Row("a", [3, 1, 4], 12, 0.0, None, None, 0, (), 1)
+    st = batch_mod._admit(eng, params, st, np.array([False, True]), *batch_mod._admit_inputs([[(1, row)]], 2, 2))
+    np.testing.assert_allclose(np.asarray(st.est), [[0.1] * 3, [0.8, 0.9, 0.6]], rtol=1e-6)
+
+
 def test_a_request_that_can_never_get_its_pages_is_refused_before_compile():
     with pytest.raises(ValueError, match=r"requests\[0\] \(id 0\)='3 \+ 40 tokens' is invalid: needs 4 pages"):
         batch_generate(MODEL, [Request([1, 2, 3], max_new_tokens=40)], cache="paged", pages=3)

@@ -201,11 +201,12 @@ _NGRAM_ENG = make_engine(TARGET, drafter="ngram", draft_model=None, depth=2,
                          policy=DepthPolicy(WINDOWS), greedy=True)
 
 
-def _ngram_rows(rows: list[int]):
+def _ngram_rows(rows: list[int], fresh: bool = False):
     """An n-gram engine under depth="auto" and prefilled rows, each row's known tokens (8: the
     prompt and the first token g) rewritten to: 0, a match 5 back (2 drafts to offer, the first
     19); 1, none; 2, a match 1 back (1 draft, g); 3, a match 5 back (2, the first 12). The
-    lookup reads only these tokens."""
+    lookup reads only these tokens. Unless ``fresh``, every row has had one verdict at draft
+    position 0 (past a run's first step, which looks before drafting)."""
     eng, params, b = _NGRAM_ENG, {"target": TARGET.params}, len(rows)
     prompts = np.asarray([[5, 6, 7, 8, 9, 10, 11]] * b, np.int32)
     st = prefill(eng, params, prompts, np.full(b, 7, np.int32), np.full(b, 40, np.int32),
@@ -217,7 +218,8 @@ def _ngram_rows(rows: list[int]):
              3: [3, 4, -1, 0, 0, 3, 4, -1]}
     for i, r in enumerate(rows):
         seq[i, :8] = [g[i] if t == -1 else 12 + t for t in known[r]]  # (vocab 31)
-    return eng, params, st.replace(seq=jnp.asarray(seq), auto=auto_state(eng, FREE, b))
+    seen = st.seen_pos if fresh else st.seen_pos.at[:, 0].set(1)
+    return eng, params, st.replace(seq=jnp.asarray(seq), seen_pos=seen, auto=auto_state(eng, FREE, b))
 
 
 def test_ngram_rows_without_a_match_offer_no_drafts():
@@ -231,12 +233,25 @@ def test_ngram_rows_without_a_match_offer_no_drafts():
     assert np.asarray(st.auto.window_steps).tolist() == [0, 0, 1]
     assert np.asarray(st.proposed).tolist() == [2, 0, 1, 2]
     assert np.asarray(st.prop_pos)[1].tolist() == [1, 1]  # the policy's two drafts, unoffered: judged rejected
-    assert np.asarray(st.seen_pos)[1].tolist() == [1, 0] and float(np.asarray(st.est)[1, 0]) < 0.5
+    assert np.asarray(st.seen_pos)[1].tolist() == [2, 0] and float(np.asarray(st.est)[1, 0]) < 0.5  # one more
     alone = step(eng, params, start([1]))
     assert np.asarray(alone.auto.window_steps).tolist() == [1, 0, 0] and int(alone.proposed[0]) == 0
     pair = step(eng, params, start([1, 2]))  # window 2 holds row 2's one draft; row 1 still offers none
     assert np.asarray(pair.auto.window_steps).tolist() == [0, 1, 0]
     assert np.asarray(pair.proposed).tolist() == [0, 1]
+
+
+def test_an_ngram_batch_looks_before_drafting():
+    """Before any verdict the step runs at window 1, where every n-gram row's first draft is
+    judged for free, even with drafting free (the same rows with one verdict each draft the
+    widest window: ``test_ngram_rows_without_a_match_offer_no_drafts``). MTP, whose window-1
+    steps judge nothing, drafts from its first step."""
+    eng, params, st = _ngram_rows([0, 1, 2, 3], fresh=True)
+    st = step(eng, params, st)
+    assert np.asarray(st.auto.window_steps).tolist() == [1, 0, 0] and int(np.asarray(st.proposed).sum()) == 0
+    assert (np.asarray(st.seen_pos)[:, 0] == 1).all()
+    r = generate(TARGET, PROMPTS, max_new_tokens=2, drafter="mtp", depth="auto", max_depth=2, cost=FREE)
+    assert r.metrics["window_share"][0] == 0.0
 
 
 def test_a_window_1_step_judges_an_ngram_rows_first_draft_for_free():
@@ -245,7 +260,7 @@ def test_a_window_1_step_judges_an_ngram_rows_first_draft_for_free():
     draft. A row whose draft was the token rises, one whose draft was not falls, and so does a
     row without a match (its unoffered draft counts as rejected, as in a drafting window: the
     estimates stay long-run rates); later positions and the draft counts stay untouched."""
-    eng, params, st = _ngram_rows([0, 1, 2, 3])
+    eng, params, st = _ngram_rows([0, 1, 2, 3], fresh=True)  # no verdict yet
     g = int(np.asarray(st.seq)[2, 7])
     assert np.asarray(engine_mod._pick(eng, st).auto.first).tolist() == [19, -1, g, 12]  # offer's, kept
 
@@ -350,6 +365,26 @@ def test_the_measured_table_is_kept_on_disk_and_reused(tmp_path, monkeypatch):
     path.write_text(json.dumps({"windows": [1, 2, 3], "batches": [1], "seconds": [[1, 9, 9]]}))
     given = generate(TARGET, PROMPTS[:3], cost=str(path), **kw)
     assert given.metrics["cost_source"] == "given" and given.metrics["window_share"] == [1.0, 0.0, 0.0]
+    np.testing.assert_allclose(given.metrics["acceptance_prior"], [0.7, 0.7])  # none given: DepthPolicy.prior
+
+
+def test_a_tables_acceptance_is_where_the_estimates_start_and_drift_back_to():
+    """A table's acceptance, not DepthPolicy.prior, starts every row's estimates and is what an
+    unrevealed position drifts back to; it steers the first step (data: no recompile)."""
+    table = CostTable.create(WINDOWS, [1, 64], [[1.0, 3.0, 5.0]] * 2, acceptance=(0.9, 0.3))
+    policy = DepthPolicy(WINDOWS, prior=0.7, relax=1.0)  # relax 1: an unrevealed position jumps to its prior
+    eng, params, st = _stepper(DRAFT, policy, cost=table)
+    st = engine_mod.with_auto(st, st.auto)
+    np.testing.assert_allclose(np.asarray(st.est), [[0.9, 0.3]] * 4)
+    st = step(eng, params, st.replace(est=jnp.zeros_like(st.est)))  # drafting a loss: window 1, nothing revealed
+    assert np.asarray(st.auto.window_steps).tolist() == [1, 0, 0]
+    np.testing.assert_allclose(np.asarray(st.est), [[0.9, 0.3]] * 4, rtol=1e-6)
+    kw = dict(max_new_tokens=2, drafter="draft_model", draft_model=DRAFT, depth="auto", max_depth=2)
+    cheap = [[1.0, 1.6, 2.2]] * 2  # drafting pays only where drafts pass often
+    high = generate(TARGET, PROMPTS, cost=CostTable.create(WINDOWS, [1, 64], cheap, (0.95, 0.95)), **kw).metrics
+    low = generate(TARGET, PROMPTS, cost=CostTable.create(WINDOWS, [1, 64], cheap, (0.05, 0.05)), **kw).metrics
+    assert high["window_share"][0] == 0.0 and low["window_share"] == [1.0, 0.0, 0.0]
+    assert low["compiles"] == 0
 
 
 def test_the_cost_measurement_interleaves_windows_and_keeps_each_ones_fastest():

@@ -20,10 +20,11 @@ from specjax.depth_policy import (
     expected_tokens,
     max_normal_table,
     optimistic,
+    pooled_acceptance,
     update_estimates,
     yield_variance,
 )
-from specjax.sim import BetaRows, Matches, Trace, compare_policies, simulate_fixed, simulate_policy
+from specjax.sim import Bernoulli, BetaRows, Matches, Trace, compare_policies, simulate_fixed, simulate_policy
 
 WINDOWS = (1, 2, 4)
 ROOFLINE = CostTable.roofline(1.0, 0.02, WINDOWS)  # memory-bound until rows * window passes 50
@@ -95,6 +96,22 @@ def test_cost_table_interpolates_and_validates(tmp_path):
         CostTable.create((1, 4), [1, 3], [[1.0, 2.0]])
     with pytest.raises(ValueError, match=r"cost table .*nope.json"):
         CostTable.load(tmp_path / "nope.json")
+
+
+def test_a_tables_acceptance_is_validated_loaded_and_read_as_the_prior(tmp_path):
+    plain = CostTable.create((1, 2, 4), [1], [[1.0, 2.0, 3.0]])
+    assert plain.acceptance is None and plain.prior(0.7).tolist() == pytest.approx([0.7] * 3)
+    t = CostTable.create((1, 2, 4), [1], [[1.0, 2.0, 3.0]], acceptance=[0.8, 0.9, 0.5])
+    assert t.acceptance == (0.8, 0.9, 0.5) and t.prior(0.7).tolist() == pytest.approx([0.8, 0.9, 0.5])
+    for bad in ([0.8, 0.9], [0.8, 0.9, 1.5], [0.8, -0.1, 0.5]):
+        with pytest.raises(ValueError, match=r"acceptance must be 3 numbers in \[0, 1\]"):
+            CostTable.create((1, 2, 4), [1], [[1.0, 2.0, 3.0]], acceptance=bad)
+    path = tmp_path / "cost.json"
+    path.write_text(json.dumps({"windows": [1, 2, 4], "batches": [1], "seconds": [[1, 2, 3]],
+                                "acceptance": [0.8, 0.9, 0.5]}))
+    assert CostTable.load(path).acceptance == (0.8, 0.9, 0.5)
+    # pooled over rows: accepted / verdicts per position, the prior counted as one verdict
+    assert pooled_acceptance([9, 0, 3], [10, 0, 4], 0.7) == pytest.approx(((9.7) / 11, 0.7, 3.7 / 5))
 
 
 def test_goodput_picks_plain_when_drafting_is_a_loss_and_the_widest_when_it_is_free():
@@ -348,6 +365,22 @@ def test_simulate_policy_validates():
         simulate_policy(4, 10, 0.5, ROOFLINE, relax_early=0.02)
     with pytest.raises(ValueError, match=r"relax_early must lie in \[0.0, 1.0\], got 2"):
         simulate_policy(4, 10, 0.5, ROOFLINE, relax_early=2, prior_weight=1.0)
+    with pytest.raises(ValueError, match=r"prior must be a number in \[0, 1\] or 3 of them"):
+        simulate_policy(4, 10, 0.5, ROOFLINE, prior=(0.5, 0.5))
+
+
+def test_the_simulator_takes_a_prior_per_draft_position():
+    """One prior per position (a measured table's acceptance) as the engine takes it: the same
+    figures as one number where they are all equal; a batch of rows that pass the deeper drafts
+    drafts sooner where those positions start high."""
+    cost = CostTable.create((1, 2, 3, 4), [8], [[1.0, 2.0, 2.2, 2.4]])
+    kw = dict(policy="makespan", tokens=64, **DepthPolicy.auto(3, always_offers=True).knobs())
+    kw.pop("prior")
+    one = simulate_policy(8, 200, BetaRows(8.0, 2.0), cost, prior=0.6, **kw)
+    same = simulate_policy(8, 200, BetaRows(8.0, 2.0), cost, prior=(0.6, 0.6, 0.6), **kw)
+    assert one == same
+    deep = simulate_policy(8, 200, BetaRows(8.0, 2.0), cost, prior=(0.6, 0.95, 0.95), **kw)
+    assert deep.window_share[-1] > one.window_share[-1] and deep.tok_per_s > one.tok_per_s
 
 
 def test_cli_simulate_policies(capsys):
@@ -387,6 +420,16 @@ def test_cli_simulate_auto_models_the_engine(capsys):
     assert out["rows"][0]["tok_per_s"] == pytest.approx(simulator.tok_per_s, rel=1e-6)
 
 
+def test_the_simulated_ngram_batch_looks_before_drafting():
+    """As the engine: n-gram rows (which offer their drafts before the choice) take their first
+    step at window 1, whose first-draft verdicts are free, even where drafting is free; then draft."""
+    free = CostTable.create((1, 2, 3, 4), [64], [[1.0] * 4])
+    rows, knobs = Matches(Bernoulli(0.9), 0.9, 12.0), DepthPolicy.auto(3, always_offers=False).knobs()
+    assert simulate_policy(64, 1, rows, free, "goodput", **knobs).window_share == (1.0, 0.0, 0.0, 0.0)
+    assert simulate_policy(64, 2, rows, free, "goodput", **knobs).window_share == (0.5, 0.0, 0.0, 0.5)
+    assert simulate_policy(64, 1, BetaRows(9.0, 1.0), free, "goodput", **knobs).window_share[0] == 0.0  # no offers
+
+
 def test_cli_simulate_auto_models_an_ngram_run_with_match(capsys):
     """``--match RATE`` simulates n-gram rows (``specjax.sim.Matches``), and ``--policy auto``
     then takes the engine's knobs for a drafter that offers only where it matches (spread on)."""
@@ -402,3 +445,27 @@ def test_cli_simulate_auto_models_an_ngram_run_with_match(capsys):
                                                         .tok_per_s, rel=1e-6)
     assert cli.main(["simulate", "--steps", "5", "--burst", "3"]) == 2
     assert "pass --match" in capsys.readouterr().err
+
+
+def test_the_knob_sweeps_hold_other_knobs_with_with(monkeypatch):
+    """``--with k=v,...`` (benchmarks/_report.knob_args): other knobs held; the swept knob or an
+    unknown one is a one-line exit."""
+    import argparse
+    import sys
+    from pathlib import Path
+
+    from specjax.depth_policy import KNOBS
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
+    import _report
+
+    def parse(*argv):
+        monkeypatch.setattr(sys, "argv", ["sweep", *argv])
+        return _report.knob_args(argparse.ArgumentParser(), KNOBS, knob="rate", values="0.1", batches="8")
+
+    a, values, batches = parse("--values", "0.1,none", "--with", "shrink=0.75, spread=1")
+    assert a.fixed == {"shrink": 0.75, "spread": 1.0} and values == [0.1, None] and batches == [8]
+    assert parse()[0].fixed == {}
+    for bad in ("rate=0.2", "nope=1", "shrink"):
+        with pytest.raises(SystemExit, match="--with"):
+            parse("--with", bad)
