@@ -38,11 +38,13 @@ def loop_args(ap, *, batch: int, windows: range, window: int, steps: int, repeat
 
 
 def knob_args(ap, knobs, *, knob: str, values: str, batches: str, extra=None):
-    """Parse the options the knob sweeps share (``--knob --values --batches --json --out``, and
-    ``extra(ap)``'s own): ``(args, values, batches)``, the lists parsed (a value ``none``: the
-    knob left out), or a one-line exit naming the bad option."""
+    """Parse the options the knob sweeps share (``--knob --values --with --batches --json --out``,
+    and ``extra(ap)``'s own): ``(args, values, batches)``, the lists parsed (a value ``none``: the
+    knob left out; ``args.fixed``: ``--with``'s other knobs as a dict), or a one-line exit naming
+    the bad option."""
     ap.add_argument("--knob", choices=knobs, default=knob)
     ap.add_argument("--values", default=values, help="comma-separated; none: the knob left out")
+    ap.add_argument("--with", dest="fixed", default="", help="other knobs held at these values: k=v,...")
     ap.add_argument("--batches", default=batches)
     if extra is not None:
         extra(ap)
@@ -52,8 +54,12 @@ def knob_args(ap, knobs, *, knob: str, values: str, batches: str, extra=None):
     try:
         vals = [None if v.strip() == "none" else float(v) for v in a.values.split(",")]
         bs = [int(b) for b in a.batches.split(",")]
+        pairs = [kv.split("=") for kv in a.fixed.split(",") if kv.strip()]
+        a.fixed = {k.strip(): float(v) for k, v in pairs}
     except ValueError as e:
-        sys.exit(f"--values / --batches: {e}")
+        sys.exit(f"--values / --batches / --with: {e}")
+    if set(a.fixed) - set(knobs) or a.knob in a.fixed:
+        sys.exit(f"--with: knobs other than --knob, from {', '.join(knobs)}; got {', '.join(a.fixed)}")
     if any(b < 1 for b in bs):
         sys.exit(f"--batches: every batch must be >= 1, got {a.batches}")
     return a, vals, bs

@@ -51,7 +51,7 @@ def main() -> None:
     if a.seeds < 1:
         sys.exit("--seeds must be >= 1")
     policy = DepthPolicy((1, 2, 3, 4)) if a.rows == "beta" else DepthPolicy.auto(3, always_offers=False)
-    base = dict(tokens=128, **policy.knobs())
+    base = dict(tokens=128, **{**policy.knobs(), **a.fixed})
     models = ROWS if a.rows == "beta" else NGRAM_ROWS
     rows = []
     for cname, c in COSTS.items():

@@ -11,7 +11,10 @@ step costs (and a static batch's finished rows cost their slots in both).
         [--batches 1,8,32,64] [--workloads code,mixed] [--prompts bench] [--json] [--out FILE]
 
 ``--prompts recipe`` or ``slices`` prices prompts the bench does not use (``_report.prompt_set``):
-what was tuned on the bench's prompts, checked on others.
+what was tuned on the bench's prompts, checked on others. ``--priors fixed,measured`` runs auto
+also with a prior per draft position (``CostTable.acceptance``: the first group's depth-3
+verdicts pooled, as a warm-up at the widest window would see them); ``--with k=v`` holds other
+knobs.
 
 Tables come from ``$SPECJAX_CACHE_DIR/costs.json`` (``specjax bench`` leaves them there; a
 missing one is measured first, as ``depth="auto"`` does).
@@ -28,7 +31,7 @@ import numpy as np
 
 import specjax
 from specjax.bench import mixed_prompts
-from specjax.depth_policy import KNOBS, CostTable, DepthPolicy, cost_cache_path
+from specjax.depth_policy import KNOBS, CostTable, DepthPolicy, cost_cache_path, pooled_acceptance
 from specjax.engine import generate
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
@@ -62,6 +65,10 @@ def main() -> None:
         ap.add_argument("--drafters", default="mtp,ngram")
         ap.add_argument("--workloads", default="code,mixed")
         ap.add_argument("--prompts", choices=PROMPT_SETS, default="bench")
+        ap.add_argument("--priors", default="fixed",
+                        help="comma-separated: fixed (DepthPolicy.prior at every position, the default), "
+                             "measured (the table given an acceptance: the first group's depth-3 verdicts "
+                             "pooled, what a warm-up at the widest window would see)")
     a, values, batches = knob_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]), KNOBS,
                                    knob="relax", values="0.0003,0.01", batches="1,8,32,64", extra=extra)
     try:
@@ -69,16 +76,17 @@ def main() -> None:
             raise ValueError("every value must be a number")
         # each drafter's own depth="auto" policy (generate's: makespan), the knob set to each value
         policies = {d: {v: dataclasses.replace(DepthPolicy.auto(3, "makespan", always_offers=d != "ngram"),
-                                               **{a.knob: v}) for v in values} for d in ("mtp", "ngram")}
+                                               **a.fixed, **{a.knob: v}) for v in values} for d in ("mtp", "ngram")}
         for by_value in policies.values():
             for p in by_value.values():
                 p.check(3)
     except ValueError as e:
         sys.exit(f"--values: {e}")
-    drafters, workloads = a.drafters.split(","), a.workloads.split(",")
+    drafters, workloads, priors = a.drafters.split(","), a.workloads.split(","), a.priors.split(",")
     if not set(drafters) <= {"mtp", "ngram"} or not set(workloads) <= {"code", "mixed"} \
-            or any(b < 1 or 64 % b for b in batches):
-        sys.exit("--drafters: mtp, ngram; --workloads: code, mixed; --batches: divisors of 64")
+            or any(b < 1 or 64 % b for b in batches) or not set(priors) <= {"measured", "fixed"}:
+        sys.exit("--drafters: mtp, ngram; --workloads: code, mixed; --batches: divisors of 64; "
+                 "--priors: measured, fixed")
     bundle = specjax.load_model()
     rows = []
     src = prompt_set(a.prompts)
@@ -90,42 +98,52 @@ def main() -> None:
             kw = bundle.generate_kwargs({"drafter": d})
             for b in batches:
                 c = _table(bundle, toks, d, b)
-                cost = CostTable.create(WINDOWS, [b], [c.tolist()])
                 groups = [toks[i:i + b] for i in range(0, len(toks), b)]
                 # plain's steps counted too (the prefill emits the first token: 127 steps for 128 tokens)
                 secs = {"plain": c[0] * sum(generate(bundle.model, g, max_new_tokens=NEW_TOKENS, **plain_kw)
                                             .metrics["steps"] for g in groups)}
                 for k in (1, 2, 3):
-                    secs[f"depth {k}"] = c[k] * sum(generate(bundle.model, g, max_new_tokens=NEW_TOKENS, depth=k,
-                                                             **kw).metrics["steps"] for g in groups)
+                    runs = [generate(bundle.model, g, max_new_tokens=NEW_TOKENS, depth=k, **kw).metrics
+                            for g in groups]
+                    secs[f"depth {k}"] = c[k] * sum(m["steps"] for m in runs)
                 best = min(secs, key=secs.get)
-                for v, pol in policies[d].items():
-                    steps = np.zeros(len(WINDOWS))
-                    for g in groups:
-                        m = generate(bundle.model, g, max_new_tokens=NEW_TOKENS, depth=pol, max_depth=3,
-                                     cost=cost, **kw).metrics
-                        steps += np.asarray(m["window_share"]) * m["steps"]
-                    t = float(steps @ c)
-                    rows.append({"workload": wl, "drafter": d, "batch": b, a.knob: v, "best_fixed": best,
-                                 "vs_best_fixed": secs[best] / t, "vs_plain": secs["plain"] / t,
-                                 "window_share": (steps / steps.sum()).round(3).tolist(),
-                                 "fixed_vs_plain": {k: secs["plain"] / s for k, s in secs.items()}})
-                    print(".", end="", file=sys.stderr, flush=True)
+                # a warm-up at the widest window on the first group would see its depth-3 verdicts
+                first = runs[0]
+                measured = pooled_acceptance(first["accepted_per_position_count"],
+                                             first["verdicts_per_position_count"], DepthPolicy.auto(3).prior)
+                for prior in priors:
+                    cost = CostTable.create(WINDOWS, [b], [c.tolist()], measured if prior == "measured" else None)
+                    for v, pol in policies[d].items():
+                        steps = np.zeros(len(WINDOWS))
+                        for g in groups:
+                            m = generate(bundle.model, g, max_new_tokens=NEW_TOKENS, depth=pol, max_depth=3,
+                                         cost=cost, **kw).metrics
+                            steps += np.asarray(m["window_share"]) * m["steps"]
+                        t = float(steps @ c)
+                        rows.append({"workload": wl, "drafter": d, "batch": b, "prior": prior, a.knob: v,
+                                     "acceptance_prior": m["acceptance_prior"], "best_fixed": best,
+                                     "vs_best_fixed": secs[best] / t, "vs_plain": secs["plain"] / t,
+                                     "window_share": (steps / steps.sum()).round(3).tolist(),
+                                     "fixed_vs_plain": {k: secs["plain"] / s for k, s in secs.items()}})
+                        print(".", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     if emit(rows, a.out, a.json):
         return
+    cols = [(p, v) for p in priors for v in values]
     print(f"auto priced by its steps x the cached cost table, vs the best of plain and depths 1-3 (same pricing); "
-          f"{a.knob} = {values}")
-    print(f"{'workload':8} {'drafter':7} {'B':>3} {'best fixed':>10}  " + "  ".join(f"{v:>16g}" for v in values))
-    for i in range(0, len(rows), len(values)):
+          f"{a.knob} = {values}, priors {priors}")
+    print(f"{'workload':8} {'drafter':7} {'B':>3} {'best fixed':>10}  "
+          + "  ".join(f"{p} {v:g}".rjust(16) for p, v in cols))
+    for i in range(0, len(rows), len(cols)):
         r = rows[i]
-        cells = "  ".join(f"{x['vs_best_fixed']:.3f} / {x['vs_plain']:.3f}".rjust(16) for x in rows[i:i + len(values)])
+        cells = "  ".join(f"{x['vs_best_fixed']:.3f} / {x['vs_plain']:.3f}".rjust(16) for x in rows[i:i + len(cols)])
         print(f"{r['workload']:8} {r['drafter']:7} {r['batch']:>3} {r['best_fixed']:>10}  {cells}")
-    for v in values:
-        x = [r for r in rows if r[a.knob] == v]
-        print(f"{a.knob}={v:g}: within 0.95x of the best fixed at {sum(r['vs_best_fixed'] >= 0.95 for r in x)}"
-              f"/{len(x)}, at or above plain at {sum(r['vs_plain'] >= 1.0 for r in x)}/{len(x)}, "
-              f"mean {np.mean([r['vs_best_fixed'] for r in x]):.3f} of the best fixed")
+    for p, v in cols:
+        x = [r for r in rows if r[a.knob] == v and r["prior"] == p]
+        print(f"{p} prior, {a.knob}={v:g}: within 0.95x of the best fixed at "
+              f"{sum(r['vs_best_fixed'] >= 0.95 for r in x)}/{len(x)}, at or above plain at "
+              f"{sum(r['vs_plain'] >= 1.0 for r in x)}/{len(x)}, mean {np.mean([r['vs_best_fixed'] for r in x]):.3f} "
+              "of the best fixed")
 
 
 if __name__ == "__main__":

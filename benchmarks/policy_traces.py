@@ -31,7 +31,7 @@ import numpy as np
 import specjax
 from specjax.bench import mixed_prompts
 from specjax.depth_policy import KNOBS as POLICY_KNOBS
-from specjax.depth_policy import CostTable, DepthPolicy
+from specjax.depth_policy import CostTable, DepthPolicy, pooled_acceptance
 from specjax.engine import generate
 from specjax.sim import Trace, simulate_fixed, simulate_policy
 
@@ -44,20 +44,36 @@ KNOBS = tuple(k for k in POLICY_KNOBS if k != "threshold")  # the ema rule's kno
 N, NEW_TOKENS, STEPS = 64, 128, 400
 
 
+def trace_acceptance(rows: list[list[int]], depth: int, prior: float) -> tuple[float, ...]:
+    """``pooled_acceptance`` of rows decoded at ``depth`` (every step proposing ``depth``
+    drafts; a step's entry is its accepted count): what a warm-up at the widest window over
+    these rows would see, as a prior per draft position (``CostTable.acceptance``)."""
+    a = np.concatenate([np.asarray(r, np.int64) for r in rows])
+    j = np.arange(depth)[:, None]
+    return pooled_acceptance((a[None] > j).sum(1), (a[None] >= j).sum(1), prior)
+
+
 def main() -> None:
     def extra(ap):
         ap.add_argument("--sets", default=",".join(PROMPT_SETS))
         ap.add_argument("--workloads", default="code,mixed")
         ap.add_argument("--measured", action="store_true", help="add each batch's cached (or measured) MTP table")
+        ap.add_argument("--priors", default="fixed",
+                        help="comma-separated: fixed (DepthPolicy.prior at every position, the default), "
+                             "measured (the first group's verdicts pooled, one prior per draft position: what a "
+                             "warm-up at the widest window would see)")
     a, values, batches = knob_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]), KNOBS,
                                    knob="shrink", values="0.5,0.75", batches="8,32,64", extra=extra)
     sets, workloads = a.sets.split(","), a.workloads.split(",")
     if not set(sets) <= set(PROMPT_SETS) or not set(workloads) <= {"code", "mixed"} \
             or any(b < 1 or N % b for b in batches):
         sys.exit(f"--sets: {', '.join(PROMPT_SETS)}; --workloads: code, mixed; --batches: divisors of {N}")
+    priors = a.priors.split(",")
+    if not set(priors) <= {"measured", "fixed"}:
+        sys.exit("--priors: measured, fixed")
     bundle = specjax.load_model()
     kw = bundle.generate_kwargs({"drafter": "mtp"})
-    base = dict(tokens=NEW_TOKENS, **DepthPolicy.auto(3, "makespan", always_offers=True).knobs())
+    base = dict(tokens=NEW_TOKENS, **{**DepthPolicy.auto(3, "makespan", always_offers=True).knobs(), **a.fixed})
     rows = []
     for name in sets:
         src = prompt_set(name)
@@ -70,30 +86,34 @@ def main() -> None:
                 costs = dict(COSTS, **({"measured": _table(bundle, toks, "mtp", b)} if a.measured else {}))
                 for cname, c in costs.items():
                     table = CostTable.create((1, 2, 3, 4), [b], [list(c)])
+                    measured = trace_acceptance(traces[:b], 3, base["prior"])  # the first group's: the warm-up's
                     for g in range(0, N, b):
                         acc = Trace.from_rows(traces[g:g + b], steps=STEPS)
                         best = max(r.tok_per_s for r in simulate_fixed(b, STEPS, acc, table, **base))
-                        for v in values:
+                        for prior, v in [(p, v) for p in priors for v in values]:
                             knobs = {k: x for k, x in base.items() if k != a.knob} if v is None else {**base, a.knob: v}
+                            if prior == "measured":
+                                knobs["prior"] = measured
                             got = simulate_policy(b, STEPS, acc, table, "makespan", **knobs)
                             rows.append({"set": name, "workload": wl, "cost": cname, "batch": b, "group": g // b,
-                                         a.knob: v, "vs_best_fixed": got.tok_per_s / best})
+                                         "prior": prior, a.knob: v, "vs_best_fixed": got.tok_per_s / best})
             print(".", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     summary = []
     for name in sets:
-        for v in values:
-            x = np.array([r["vs_best_fixed"] for r in rows if r["set"] == name and r[a.knob] == v])
-            summary.append({"set": name, a.knob: v, "mean": float(x.mean()), "min": float(x.min()),
+        for prior, v in [(p, v) for p in priors for v in values]:
+            x = np.array([r["vs_best_fixed"] for r in rows
+                          if r["set"] == name and r[a.knob] == v and r["prior"] == prior])
+            summary.append({"set": name, "prior": prior, a.knob: v, "mean": float(x.mean()), "min": float(x.min()),
                             "within_0.95": int((x >= 0.95).sum()), "cells": len(x)})
     if emit(summary + rows, a.out, a.json):
         return
     tables = len(COSTS) + a.measured
     print(f"makespan / best fixed window on replayed MTP rows ({', '.join(workloads)}; {tables} cost tables; "
           f"B in {batches}, every group of each)")
-    print(f"{'set':8} {a.knob:>12} {'mean':>7} {'min':>6} {'>=0.95x':>9}")
+    print(f"{'set':8} {'prior':>8} {a.knob:>12} {'mean':>7} {'min':>6} {'>=0.95x':>9}")
     for s in summary:
-        print(f"{s['set']:8} {str(s[a.knob]):>12} {s['mean']:>7.4f} {s['min']:>6.3f} "
+        print(f"{s['set']:8} {s['prior']:>8} {str(s[a.knob]):>12} {s['mean']:>7.4f} {s['min']:>6.3f} "
               f"{s['within_0.95']:>4}/{s['cells']:<4}")
 
 
