@@ -122,7 +122,7 @@ def _simulate_policies(args: argparse.Namespace, acc) -> int:
                 # rows that offer every draft asked: an MTP or draft-model run's knobs; rows that
                 # draft only where they match (--match): an n-gram run's
                 knobs = DepthPolicy.auto(table.windows[-1] - 1, policy, always_offers=args.match is None).knobs()
-                if table.acceptance is not None:  # a measured table: its acceptance is the prior, as in the engine
+                if table.acceptance is not None:  # a table with a prior per position: as in the engine
                     knobs["prior"] = table.acceptance
             rows = [simulate_policy(args.batch, args.steps, acc, table, policy, seed=args.seed,
                                     tokens=args.tokens, **knobs).to_dict()]

@@ -72,7 +72,7 @@ class CostTable:
     # run saw (``pooled_acceptance`` of its ``metrics["accepted_per_position_count"]`` and
     # ``["verdicts_per_position_count"]``). The rows' estimates start from it and drift back to
     # it (``engine.auto_state``) in place of ``DepthPolicy.prior``. Given, never measured: as a
-    # default it was a trade between prompt sets (README, "A measured prior")
+    # default it was a trade between prompt sets (README, "Two changes, one adopted")
     acceptance: tuple[float, ...] | None = static_field(default=None)
 
     @classmethod
@@ -113,7 +113,7 @@ class CostTable:
         try:
             raw = json.loads(Path(path).read_text())
             return cls.create(raw["windows"], raw["batches"], raw["seconds"], raw.get("acceptance"))
-        except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+        except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:  # named with its file
             raise ValueError(f"cost table {path}: {e}") from None
 
     def __repr__(self) -> str:  # one line, for error messages
@@ -124,7 +124,7 @@ class CostTable:
 
     def prior(self, default: float) -> np.ndarray:
         """``float32 [max(windows) - 1]``: the estimates' prior per draft position, ``acceptance``
-        where measured, else ``default`` at every position."""
+        where given, else ``default`` at every position."""
         d = max(self.windows) - 1
         return np.asarray(self.acceptance if self.acceptance is not None else [default] * d, np.float32)
 

@@ -38,7 +38,7 @@ class GenerationResult:
       taken at each window), ``depth_rule`` (``"makespan"`` for a static batch, or the given
       ``DepthPolicy``'s rule), ``cost_source`` (``"given"``, ``"cached"``, ``"measured"``),
       ``cost_seconds`` (the table's seconds a step per window at this batch) and
-      ``acceptance_prior`` (each draft position's prior: the acceptance measured with the table,
+      ``acceptance_prior`` (each draft position's prior: the table's ``acceptance`` where given,
       else ``DepthPolicy.prior``).
     * ``compiles``: traces of the generate loop in this call (0 when the shapes were seen);
       ``seconds_compile`` (0.0 when cached), ``seconds_run`` (prefill + decode + reading the
@@ -95,6 +95,6 @@ def metrics(st, eng: Any, compiles: int) -> dict:
                    window_share=[float(x) for x in ws / max(int(ws.sum()), 1)], depth_rule=eng.policy.rule,
                    # what the policy decided by: seconds of one step per window at this batch
                    cost_seconds=[float(x) for x in np.asarray(st.auto.cost.seconds)[0]],
-                   # where each row's estimates started (the table's measured acceptance, or the policy's prior)
+                   # where each row's estimates started (the table's acceptance, or the policy's prior)
                    acceptance_prior=[float(x) for x in np.asarray(st.auto.prior)])
     return out

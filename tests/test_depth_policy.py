@@ -110,6 +110,9 @@ def test_a_tables_acceptance_is_validated_loaded_and_read_as_the_prior(tmp_path)
     path.write_text(json.dumps({"windows": [1, 2, 4], "batches": [1], "seconds": [[1, 2, 3]],
                                 "acceptance": [0.8, 0.9, 0.5]}))
     assert CostTable.load(path).acceptance == (0.8, 0.9, 0.5)
+    path.write_text(json.dumps({"windows": [1, 2, 4], "batches": [1], "seconds": [[1, 2, 3]], "acceptance": [2]}))
+    with pytest.raises(ValueError, match=r"cost table .*cost.json: acceptance must be 3 numbers"):
+        CostTable.load(path)
     # pooled over rows: accepted / verdicts per position, the prior counted as one verdict
     assert pooled_acceptance([9, 0, 3], [10, 0, 4], 0.7) == pytest.approx(((9.7) / 11, 0.7, 3.7 / 5))
 
