@@ -65,6 +65,25 @@ def knob_args(ap, knobs, *, knob: str, values: str, batches: str, extra=None):
     return a, vals, bs
 
 
+PRIORS = ("fixed", "measured")
+
+
+def add_priors(ap) -> None:
+    """``--priors``: the estimates' priors to run auto with (``parse_priors`` parses it)."""
+    ap.add_argument("--priors", default="fixed",
+                    help="comma-separated: fixed (DepthPolicy.prior at every position, the default), measured "
+                         "(one prior per draft position, CostTable.acceptance: the first group's depth-3 verdicts "
+                         "pooled, what a warm-up at the widest window would see)")
+
+
+def parse_priors(a) -> list[str]:
+    """``--priors`` as a list, or a one-line exit naming what is allowed."""
+    out = a.priors.split(",")
+    if not set(out) <= set(PRIORS):
+        sys.exit(f"--priors: {', '.join(PRIORS)}; got {a.priors}")
+    return out
+
+
 PROMPT_SETS = ("bench", "recipe", "slices")
 
 

@@ -36,7 +36,7 @@ from specjax.engine import generate
 from specjax.sim import Trace, simulate_fixed, simulate_policy
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from _report import PROMPT_SETS, emit, knob_args, prompt_set  # noqa: E402
+from _report import PROMPT_SETS, add_priors, emit, knob_args, parse_priors, prompt_set  # noqa: E402
 from policy_grid import COSTS  # noqa: E402
 from policy_steps import _table  # noqa: E402
 
@@ -58,19 +58,14 @@ def main() -> None:
         ap.add_argument("--sets", default=",".join(PROMPT_SETS))
         ap.add_argument("--workloads", default="code,mixed")
         ap.add_argument("--measured", action="store_true", help="add each batch's cached (or measured) MTP table")
-        ap.add_argument("--priors", default="fixed",
-                        help="comma-separated: fixed (DepthPolicy.prior at every position, the default), "
-                             "measured (the first group's verdicts pooled, one prior per draft position: what a "
-                             "warm-up at the widest window would see)")
+        add_priors(ap)
     a, values, batches = knob_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]), KNOBS,
                                    knob="shrink", values="0.5,0.75", batches="8,32,64", extra=extra)
     sets, workloads = a.sets.split(","), a.workloads.split(",")
     if not set(sets) <= set(PROMPT_SETS) or not set(workloads) <= {"code", "mixed"} \
             or any(b < 1 or N % b for b in batches):
         sys.exit(f"--sets: {', '.join(PROMPT_SETS)}; --workloads: code, mixed; --batches: divisors of {N}")
-    priors = a.priors.split(",")
-    if not set(priors) <= {"measured", "fixed"}:
-        sys.exit("--priors: measured, fixed")
+    priors = parse_priors(a)
     bundle = specjax.load_model()
     kw = bundle.generate_kwargs({"drafter": "mtp"})
     base = dict(tokens=NEW_TOKENS, **{**DepthPolicy.auto(3, "makespan", always_offers=True).knobs(), **a.fixed})
@@ -84,9 +79,9 @@ def main() -> None:
             traces = run.metrics["row_accepted_trace"]
             for b in batches:
                 costs = dict(COSTS, **({"measured": _table(bundle, toks, "mtp", b)} if a.measured else {}))
+                measured = trace_acceptance(traces[:b], 3, base["prior"])  # the first group's: the warm-up's
                 for cname, c in costs.items():
                     table = CostTable.create((1, 2, 3, 4), [b], [list(c)])
-                    measured = trace_acceptance(traces[:b], 3, base["prior"])  # the first group's: the warm-up's
                     for g in range(0, N, b):
                         acc = Trace.from_rows(traces[g:g + b], steps=STEPS)
                         best = max(r.tok_per_s for r in simulate_fixed(b, STEPS, acc, table, **base))

@@ -1263,8 +1263,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "sim: an n-gram batch drafts from its prior on its first step (the engine looks at window 1 first)",
         "specjax/sim.py",
-        "            idx = jnp.where(fresh, jnp.argmax(windows >= jnp.max(jnp.where(live, u, 1))), idx)",
-        "            idx = jnp.where(False, jnp.argmax(windows >= jnp.max(jnp.where(live, u, 1))), idx)",
+        "            idx = jnp.where(fresh, jnp.argmax(windows >= need), idx)",
+        "            idx = jnp.where(False, jnp.argmax(windows >= need), idx)",
         ("tests/test_depth_policy.py::test_the_simulated_ngram_batch_looks_before_drafting",),
     ),
     Mutation(
@@ -1284,7 +1284,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "a refilled row keeps DepthPolicy.prior, not the table's acceptance",
         "specjax/batch.py",
-        "        sub = sub.replace(est=jnp.broadcast_to(st.auto.prior, sub.est.shape))",
+        "        sub = with_auto(sub, st.auto)",
         "        pass",
         ("tests/test_batch.py::test_a_refilled_row_starts_at_the_tables_acceptance",),
     ),

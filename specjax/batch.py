@@ -66,6 +66,7 @@ from specjax.engine import (
     row_status,
     run_steps,
     warm_steps,
+    with_auto,
 )
 from specjax.protocols import DecoderModel, check_model
 from specjax.sampling import RowSampling, derive_seed
@@ -148,8 +149,8 @@ def _admit(eng: EngineConfig, params: dict, st: EngineState, idle: jax.Array, ro
     p = prompts.shape[1]
     sub = _prefill(eng, params, prompts, prompt_len, max_len, eos, seeds, sampling, st.cache.rows_view(rows, p),
                    eng.drafter.rows_view(eng, st.dstate, rows, p), live)
-    if st.auto is not None:  # new rows start at the table's prior
-        sub = sub.replace(est=jnp.broadcast_to(st.auto.prior, sub.est.shape))
+    if st.auto is not None:  # new rows start at the table's prior (only the rows' fields are put)
+        sub = with_auto(sub, st.auto)
     return constrain(_put_rows(eng, st, rows, sub), eng.mesh)
 
 

@@ -219,14 +219,13 @@ def _choice(eng: EngineConfig, st: EngineState) -> tuple[jax.Array, jax.Array, j
                          remaining=st.max_len - st.known, shrink=pol.shrink, spread=pol.spread,
                          seen=st.seen_pos, pool=pol.pool, upper=upper)
     windows = jnp.asarray(pol.windows)
+    narrowest = jnp.argmax(windows >= need).astype(jnp.int32)
     first = jnp.full(st.known.shape, -1, jnp.int32)
     if hasattr(eng.drafter, "offer"):  # rows that can offer fewer drafts now (n-gram: none without a match)
         can, first = eng.drafter.offer(eng, st)
         offered = jnp.minimum(drafts, can)
         holds = jnp.minimum(jnp.max(jnp.where(active, st.u + offered, 1)), windows[idx])
         idx = jnp.minimum(idx, jnp.argmax(windows >= holds)).astype(jnp.int32)  # the same drafts, a cheaper window
-    narrowest = jnp.argmax(windows >= need).astype(jnp.int32)
-    if hasattr(eng.drafter, "offer"):
         # no verdict yet in the whole batch (a run's first step): look before drafting. A window-1
         # step judges every row's first draft for free (``first``), so it learns what a drafting
         # step would, at plain decoding's price; from the prior alone a batch of 32-64 n-gram rows

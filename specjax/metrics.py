@@ -60,7 +60,7 @@ def metrics(st, eng: Any, compiles: int) -> dict:
     acc = np.asarray(st.accepted)
     total_steps = int(steps.sum())
     prop_pos, acc_pos = np.asarray(st.prop_pos), np.asarray(st.acc_pos)
-    pp = prop_pos.sum(axis=0)
+    pp, verdicts = prop_pos.sum(axis=0), np.asarray(st.seen_pos).sum(axis=0)
     proposed = int(np.asarray(st.proposed).sum())
     out = {
         "tok_per_step": float(emitted.sum() / total_steps) if total_steps else 0.0,
@@ -70,9 +70,9 @@ def metrics(st, eng: Any, compiles: int) -> dict:
         "acceptance_per_position": [float(x) for x in acc_pos.sum(axis=0) / np.maximum(pp, 1)],
         # P(draft k accepted | drafts < k were): accepted at k over verdicts at k
         "conditional_acceptance_per_position": [
-            float(x) for x in acc_pos.sum(axis=0) / np.maximum(np.asarray(st.seen_pos).sum(axis=0), 1)],
+            float(x) for x in acc_pos.sum(axis=0) / np.maximum(verdicts, 1)],
         "accepted_per_position_count": [int(x) for x in acc_pos.sum(axis=0)],
-        "verdicts_per_position_count": [int(x) for x in np.asarray(st.seen_pos).sum(axis=0)],
+        "verdicts_per_position_count": [int(x) for x in verdicts],
         "proposed_per_position_count": [int(x) for x in pp],
         "accepted_drafts": int(acc.sum()),
         "proposed_drafts": proposed,

@@ -417,8 +417,8 @@ def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: Cos
         u, est, left, seen, m = carry
         live = left > 0
         m = matched(m, step)
-        idx, drafts = choose(est, live, table, policy,
-                             min_window=jnp.max(jnp.where(live, u, 1)),
+        need = jnp.max(jnp.where(live, u, 1))  # the window must hold every row's re-fed tokens
+        idx, drafts = choose(est, live, table, policy, min_window=need,
                              threshold=threshold, min_gain=min_gain, load=row_ids.shape[0], remaining=left,
                              shrink=shrink, spread=spread, seen=seen, pool=pool,
                              upper=optimistic(est, seen, explore))
@@ -428,7 +428,7 @@ def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: Cos
             idx = jnp.minimum(idx, jnp.argmax(windows >= holds)).astype(jnp.int32)
             # ... and, before any verdict, window 1 (its first-draft verdicts are free)
             fresh = jnp.sum(jnp.where(live, seen[:, 0], 0)) == 0
-            idx = jnp.where(fresh, jnp.argmax(windows >= jnp.max(jnp.where(live, u, 1))), idx).astype(jnp.int32)
+            idx = jnp.where(fresh, jnp.argmax(windows >= need), idx).astype(jnp.int32)
         room = windows[idx] - u  # left after the re-fed tokens
         drafts = room if fill else jnp.minimum(drafts, room)  # what each row is asked for
         offered = jnp.minimum(drafts, can)
@@ -443,8 +443,7 @@ def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: Cos
             told = jnp.where(one, 1, drafts)
             told_a = jnp.where(one, (m & (prefix >= 1)).astype(jnp.int32), a)
         counts = None if prior_weight is None else seen
-        est = update_estimates(est, told, told_a, rate, jnp.asarray(prior, jnp.float32), relax, counts,
-                               prior_weight or 0.0, relax_early)
+        est = update_estimates(est, told, told_a, rate, prior, relax, counts, prior_weight or 0.0, relax_early)
         emitted = jnp.where(live, jnp.minimum(plan.emitted, left), 0)
         running = jnp.any(live)
         out = {"emitted": emitted, "drafts": jnp.where(live, offered, 0),
@@ -455,8 +454,7 @@ def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: Cos
 
     b = row_ids.shape[0]
     zeros = jnp.zeros((b, depth), jnp.int32)
-    est = init_estimates(b, depth, jnp.asarray(prior, jnp.float32))
-    init = (jnp.ones((b,), jnp.int32), est, budget, zeros, jnp.ones((b,), bool))
+    init = (jnp.ones((b,), jnp.int32), init_estimates(b, depth, prior), budget, zeros, jnp.ones((b,), bool))
     _, outs = jax.lax.scan(body, init, jnp.arange(steps, dtype=jnp.int32))
     return outs
 
