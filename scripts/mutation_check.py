@@ -1247,6 +1247,13 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_sim.py::test_a_deeper_trace_replays_at_a_shallower_depth",),
     ),
     Mutation(
+        "bench keeps each row's last pass, not its fastest",
+        "specjax/bench.py",
+        "    fastest = {c: min(per_round[c]) for c in configs}",
+        "    fastest = {c: per_round[c][-1] for c in configs}",
+        ("tests/test_bundle.py::test_bench_rows_and_batch_invariance",),
+    ),
+    Mutation(
         "bench recipe_pick ignores shift (the policy_traces 'recipe' set is the bench's own prompts)",
         "specjax/bench.py",
         "cands[int((i + shift) * step)]",

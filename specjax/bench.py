@@ -138,7 +138,7 @@ def _cell(bundle, toks, t, wl, b, configs, depth, max_new_tokens, rounds, bar) -
     shares = {c: np.zeros(depth + 1) for c in configs}
     acc_pos = {c: np.zeros(depth, np.int64) for c in configs}
     prop_pos = {c: np.zeros(depth, np.int64) for c in configs}
-    fastest = dict.fromkeys(configs, float("inf"))
+    per_round = {c: [] for c in configs}  # each pass's seconds (the row keeps the fastest)
     for rnd in range(rounds):
         wall = dict.fromkeys(configs, 0.0)
         for i, g in enumerate(groups):
@@ -161,7 +161,9 @@ def _cell(bundle, toks, t, wl, b, configs, depth, max_new_tokens, rounds, bar) -
                     positions = depth if k == "auto" else k  # draft positions this row's runs report
                     acc_pos[c][:positions] += m["accepted_per_position_count"]
                     prop_pos[c][:positions] += m["proposed_per_position_count"]
-        fastest = {c: min(fastest[c], wall[c]) for c in configs}
+        for c in configs:
+            per_round[c].append(wall[c])
+    fastest = {c: min(per_round[c]) for c in configs}
     rows = []
     for c in configs:
         d, r, k = c
@@ -175,6 +177,7 @@ def _cell(bundle, toks, t, wl, b, configs, depth, max_new_tokens, rounds, bar) -
             "acceptance_per_position": ((acc_pos[c] / np.maximum(prop_pos[c], 1))[:positions].tolist()
                                         if d != "none" else []),
             "tok_per_s": n["new"] / fastest[c], "new_tokens": n["new"], "seconds": fastest[c],
+            "seconds_per_round": per_round[c],
             "compiles_in_timed_pass": n["compiles"],
             "warm_compiles": warm[c].metrics["compiles"],
         })
@@ -202,7 +205,8 @@ def bench(
     The rows of one (temperature, workload, batch) are timed side by side: each batch of
     prompts runs under every configuration in turn (the order rotating from batch to batch),
     so a slow spell of a shared machine falls on all of them, not on whichever row it met;
-    with ``rounds`` > 1 the pass repeats and each row keeps its fastest."""
+    with ``rounds`` > 1 the pass repeats and each row keeps its fastest (``seconds_per_round``
+    and ``speedup_vs_plain_per_round`` keep every pass: the spread one run shows)."""
     from tqdm import tqdm
 
     from specjax.drafter import DRAFTERS
@@ -246,6 +250,9 @@ def bench(
         plain = next(x for x in rows if x["batch"] == row["batch"] and x["drafter"] == "none"
                      and x["temperature"] == row["temperature"] and x["workload"] == row["workload"])
         row["speedup_vs_plain"] = row["tok_per_s"] / plain["tok_per_s"]
+        # each pass's side-by-side ratio: how far one pass of the same work moves on this machine
+        row["speedup_vs_plain_per_round"] = [p / s for p, s in zip(plain["seconds_per_round"],
+                                                                   row["seconds_per_round"], strict=True)]
     for row in rows:
         if row["depth"] == "auto":  # auto vs the best of plain and every fixed depth of its drafter
             peers = [x for x in rows if x["batch"] == row["batch"] and x["temperature"] == row["temperature"]

@@ -175,6 +175,9 @@ def test_bench_rows_and_batch_invariance(tiny_bundle):
         for key in ("new_tokens", "tok_per_step", "mean_proposed_drafts", "compiles_in_timed_pass"):
             assert r[key] == same[key], key
         assert r["tok_per_s"] == r["new_tokens"] / r["seconds"] > 0
+        assert len(r["seconds_per_round"]) == 2 and min(r["seconds_per_round"]) == r["seconds"]
+        plain = twice["rows"][0]["seconds_per_round"]
+        assert r["speedup_vs_plain_per_round"] == [p / s for p, s in zip(plain, r["seconds_per_round"], strict=True)]
     assert len(bench_prompts()) == 64 and all(len(p.encode()) <= 120 for p in bench_prompts())
 
 
