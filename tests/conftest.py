@@ -1,4 +1,6 @@
+import atexit
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -6,6 +8,8 @@ import pytest
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # depth="auto" keeps measured step costs on disk: never in the user's ~/.cache from tests
 os.environ["SPECJAX_CACHE_DIR"] = tempfile.mkdtemp(prefix="specjax-test-cache-")
+# removed when the process ends (each xdist worker and each mutation-check run made one: thousands piled up in /tmp)
+atexit.register(shutil.rmtree, os.environ["SPECJAX_CACHE_DIR"], ignore_errors=True)
 
 # XLA's persistent compilation cache, shared by the test workers, their subprocesses and the
 # mutation check's runs (whose unchanged programs are then not compiled again): keyed by the
