@@ -1251,7 +1251,7 @@ MUTATIONS: list[Mutation] = [
         "specjax/bench.py",
         "    fastest = {c: min(per_round[c]) for c in configs}",
         "    fastest = {c: per_round[c][-1] for c in configs}",
-        ("tests/test_bundle.py::test_bench_rows_and_batch_invariance",),
+        ("tests/test_bundle.py::test_the_bench_keeps_each_rows_fastest_pass",),
     ),
     Mutation(
         "bench recipe_pick ignores shift (the policy_traces 'recipe' set is the bench's own prompts)",

@@ -181,6 +181,31 @@ def test_bench_rows_and_batch_invariance(tiny_bundle):
     assert len(bench_prompts()) == 64 and all(len(p.encode()) <= 120 for p in bench_prompts())
 
 
+def test_the_bench_keeps_each_rows_fastest_pass(tiny_bundle, monkeypatch):
+    """A row's ``seconds`` is its fastest pass, whichever pass that was: on a clock where every
+    call takes longer than the one before, the first pass (not the last) for every row."""
+    import types
+
+    import specjax.bench as bench_mod
+
+    clock = [0.0]
+    calls = [0]
+    real = bench_mod._run
+
+    def slower_each_call(*a, **k):
+        calls[0] += 1
+        clock[0] += calls[0]
+        return real(*a, **k)
+
+    monkeypatch.setattr(bench_mod, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(bench_mod, "_run", slower_each_call)
+    out = bench(tiny_bundle, batches=(2,), drafters=("ngram",), max_new_tokens=4, n_prompts=2, progress=False,
+                workloads=("code",), temperatures=(0.0,), depth=1, rounds=3)
+    for r in out["rows"]:
+        first, *later = r["seconds_per_round"]
+        assert r["seconds"] == first < min(later), r["seconds_per_round"]
+
+
 def test_the_bench_recipe_picks_evenly_and_a_shift_picks_none_of_the_same():
     """``recipe_pick``: the bench's own pick (shift 0) and, at shift 0.5, the candidates half way
     between them (``benchmarks/policy_traces.py``'s ``recipe`` set: prompts the bench never used)."""
