@@ -19,6 +19,16 @@ Sections (each reports its own error instead of stopping the run):
    ``benchmarks/window_one.py`` at B=64: auto's window-1 steps against plain decoding's.
 4. ``engine``: ``specjax bench`` on the bundled model (``attention_impl="auto"``: Pallas on
    TPU, XLA on GPU), B in {1, 8, 32, 64}, mtp and ngram, both rules.
+5. ``scale``: the at-scale bench (``specjax.scale.bench_shape``, ``specjax bench --shape``):
+   random weights in llama3.2-1b's and llama3.1-8b's shapes, bfloat16, the layer scan (compile
+   time flat in depth), prompt 512, 64 new tokens, the bundled MTP head's acceptance; plain,
+   MTP depth 1-3, MTP depth 3 over a 32k draft vocabulary and the draft model (Llama-3.2-1B's
+   shape for the 8B) at B 1/8/32/64 (the 8B at B 1 and 32), each with the target's own w-token
+   forwards; at B=1 the roofline from this device's own compile beside the measured step.
+
+    # the at-scale bench only, one shape a call (each estimated within the 10-minute limit: not yet run)
+    PYTHONPATH=. python benchmarks/gpu_check.py --skip kernels bandwidth loop engine --scale-shapes llama3.2-1b
+    PYTHONPATH=. python benchmarks/gpu_check.py --skip kernels bandwidth loop engine --scale-shapes llama3.1-8b
 
     PYTHONPATH=. python benchmarks/gpu_check.py --skip kernels bandwidth engine   # the loop section only (~3 min)
 """
@@ -185,15 +195,53 @@ def engine(smoke: bool) -> dict:
     return bench(bundle, progress=False, **kw)
 
 
+# (shape, batches) of the scale section; --smoke runs a tiny config instead
+SCALE_RUNS = (("llama3.2-1b", (1, 8, 32, 64)), ("llama3.1-8b", (1, 32)))
+
+
+SCALE_SHAPES: list[str] = [name for name, _ in SCALE_RUNS]  # --scale-shapes narrows it (one call per shape)
+
+
+def scale(smoke: bool) -> dict:
+    from specjax.model import ModelConfig, with_layer_loop
+    from specjax.scale import bench_shape, random_models
+
+    rows = (("none", 0), ("mtp", 1), ("mtp", 2), ("mtp", 3), ("mtp:dv", 3), ("draft_model", 3))
+    out = {}
+    runs = [(name, b) for name, b in SCALE_RUNS if name in SCALE_SHAPES]
+    if smoke:
+        cfg = ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, max_seq_len=256,
+                          mtp_depth=3)
+        runs = ((cfg, (1, 2)),)
+    for name, batches in runs:
+        key = name if isinstance(name, str) else "smoke"
+        try:
+            target, draft = random_models(name, "bfloat16")
+            models = (with_layer_loop(target, "scan"), with_layer_loop(draft, "scan"))
+            # the roofline (a second compile per row) at B=1 only; a 32k draft vocabulary beside MTP's full one
+            out[key] = bench_shape(name, dtype="bfloat16", batches=batches, prompt_len=32 if smoke else 512,
+                                   max_new_tokens=16 if smoke else 64, rows=rows, rounds=2, progress=True,
+                                   models=models, roofline=(1,), draft_vocab=64 if smoke else 32768,
+                                   acceptance="iid:0.8" if smoke else "bundled")
+        except Exception:
+            out[key] = {"error": traceback.format_exc()[-2000:]}
+        print(f"gpu_check: scale {key} done", file=sys.stderr, flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU: interpret mode)")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["kernels", "bandwidth", "loop", "engine"])
+    ap.add_argument("--skip", nargs="*", default=[], choices=["kernels", "bandwidth", "loop", "engine", "scale"])
+    ap.add_argument("--scale-shapes", nargs="*", default=list(SCALE_SHAPES), choices=SCALE_SHAPES,
+                    help="the scale section's shapes (one call each: each should fit the 10-minute limit)")
     args = ap.parse_args()
+    SCALE_SHAPES[:] = args.scale_shapes
     result = {"backend": jax.default_backend(), "devices": [str(x) for x in jax.devices()], "jax": jax.__version__,
               # jax's own default for Pallas on GPU (the loop body names Triton whatever this says)
               "pallas_gpu_default": "mosaic" if getattr(jax.config, "jax_pallas_use_mosaic_gpu", False) else "triton"}
-    for name, fn in (("kernels", kernels), ("bandwidth", bandwidth), ("loop", loop), ("engine", engine)):
+    for name, fn in (("kernels", kernels), ("bandwidth", bandwidth), ("loop", loop), ("engine", engine),
+                     ("scale", scale)):
         if name in args.skip:
             continue
         t0 = time.perf_counter()

@@ -100,7 +100,14 @@ class Bundle:
 
 
 def _cast(tree, dtype):
-    return jax.tree.map(lambda x: np.asarray(jnp.asarray(x, dtype)), tree)
+    """Floating leaves to ``dtype`` (integer leaves, a draft vocabulary's ids, stay as they are)."""
+    return jax.tree.map(lambda x: np.asarray(jnp.asarray(x, dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x),
+                        tree)
+
+
+def _cast_floats(tree, dtype):
+    """On device: floating leaves to ``dtype``, integer leaves as they are."""
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
 
 def _checkpointer():
@@ -226,7 +233,7 @@ def _restore(directory: pathlib.Path, config: ModelConfig, dtype: str, out_dtype
     groups = mesh.shape[MODEL]
 
     def layout(p):
-        return sharded_layout(fuse_params(jax.tree.map(lambda x: x.astype(out_dtype), p)), config, groups)[0]
+        return sharded_layout(fuse_params(_cast_floats(p, out_dtype)), config, groups)[0]
     fn = jax.jit(layout, out_shardings=shardings(param_specs(jax.eval_shape(layout, params), mesh), mesh))
     return Model(fn(params), sharded_config(config, groups))
 

@@ -411,18 +411,60 @@ def cmd_batch(args: argparse.Namespace) -> int:
         return 2
 
 
+def _int_list(arg: str, text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        raise ValueError(f"{arg} {text!r} is invalid: a comma-separated list of ints >= 1")
+    return out
+
+
+def cmd_bench_shape(args: argparse.Namespace) -> int:
+    """``specjax bench --shape NAME --random``: the at-scale bench (``specjax.scale``)."""
+    from specjax.scale import bench_shape, table
+
+    try:
+        if not args.random:
+            raise ValueError(f"--shape {args.shape}: only random weights in that shape are benchmarked: add --random")
+        drafters = [x.strip() for x in (args.drafters or "mtp,ngram,draft_model").split(",") if x.strip()]
+        for d in drafters:
+            if d not in ("mtp", "ngram", "draft_model"):
+                raise ValueError(f"--drafters {args.drafters!r} is invalid: each must be mtp, ngram or draft_model")
+        if not 1 <= args.depth <= 7:
+            raise ValueError(f"--depth {args.depth} is invalid: must lie in [1, 7]")
+        if args.draft_vocab < 0:
+            raise ValueError(f"--draft-vocab {args.draft_vocab} is invalid: must be >= 0")
+        if args.draft_vocab and "mtp" in drafters:  # MTP over the draft vocabulary beside the full one
+            drafters.insert(drafters.index("mtp") + 1, "mtp:dv")
+        rows = [("none", 0)] + [(d, k) for d in drafters
+                                for k in (range(1, args.depth + 1) if d.startswith("mtp") else [args.depth])]
+        result = bench_shape(args.shape, dtype=args.dtype, batches=_int_list("--batches", args.batches or "1,4"),
+                             prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens or 64, rows=rows,
+                             acceptance=args.acceptance, rounds=args.rounds or 2, seed=args.seed,
+                             roofline=not args.no_roofline, progress=not args.json, draft_vocab=args.draft_vocab)
+    except ValueError as e:
+        print(f"specjax bench: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(result) if args.json else table(result))
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from specjax.bench import bench, plot, plot_depth, table
     from specjax.checkpoint import CheckpointError, load_model
 
+    if args.shape is not None:
+        return cmd_bench_shape(args)
     try:
-        batches = [int(x) for x in args.batches.split(",") if x.strip()]
-        drafters = [x.strip() for x in args.drafters.split(",") if x.strip()]
+        batches = _int_list("--batches", args.batches or "1,8,32,64")
+        drafters = [x.strip() for x in (args.drafters or "mtp,draft_model,ngram").split(",") if x.strip()]
         bundle = load_model(args.model)
         result = bench(bundle, batches=batches, drafters=drafters, depth=args.depth,
-                       max_new_tokens=args.max_new_tokens, n_prompts=args.prompts, progress=not args.json,
+                       max_new_tokens=args.max_new_tokens or 128, n_prompts=args.prompts, progress=not args.json,
                        temperatures=[float(x) for x in args.temperatures.split(",") if x.strip()],
-                       workloads=[x.strip() for x in args.workloads.split(",") if x.strip()], rounds=args.rounds)
+                       workloads=[x.strip() for x in args.workloads.split(",") if x.strip()], rounds=args.rounds or 1)
     except (ValueError, CheckpointError) as e:
         print(f"specjax bench: error: {e}", file=sys.stderr)
         return 2
@@ -513,7 +555,8 @@ def cmd_train_mtp(args: argparse.Namespace) -> int:
             raise ValueError(f"--seq-len={seq_len} must exceed --chain={args.chain}")
         corpus = text_corpus(args.data, encode, eos_id=eos, min_tokens=seq_len + 1)
         _, summary = train_mtp(model, corpus, args.out, sc, chain=args.chain, resume=args.resume,
-                               progress=not args.json, bytes_only=bytes_only, info={"base_model": str(args.model)})
+                               progress=not args.json, bytes_only=bytes_only, info={"base_model": str(args.model)},
+                               draft_vocab=args.draft_vocab)
     except (ValueError, FileNotFoundError) as e:
         print(f"specjax train-mtp: error: {e}", file=sys.stderr)
         return 2
@@ -658,7 +701,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     mem = sub.add_parser("memory", help="per-device bytes of a generation on a device mesh, before running it")
     mem.add_argument("--config", default="llama3-8b",
-                     help="a preset (llama3-8b, llama3-70b), a specjax bundle or a Hugging Face checkpoint directory")
+                     help="a named shape (specjax.model.shapes: qwen3-0.6b, llama3.2-1b, gemma3-1b, llama3.1-8b, "
+                          "llama3-8b, llama3-70b), a specjax bundle or a Hugging Face checkpoint directory")
     mem.add_argument("--mesh", type=_mesh_arg, default=(1, 1), metavar="DATAxMODEL")
     mem.add_argument("--batch", type=int, default=64, help="rows decoded together (all data shards)")
     mem.add_argument("--context", type=int, default=8192, help="tokens per row: prompt plus new tokens")
@@ -688,15 +732,29 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--json", action="store_true", help="no progress bar; print the summary as JSON")
     j.set_defaults(func=cmd_batch)
 
-    b = sub.add_parser("bench", help="plain vs cohort vs per_sequence on the bundled model, all drafters")
+    b = sub.add_parser("bench", help="plain vs cohort vs per_sequence on the bundled model, all drafters; "
+                                     "--shape NAME --random: at a real model's shape")
     b.add_argument("--model", default=None, help="specjax bundle (default: checkpoints/default)")
-    b.add_argument("--batches", default="1,8,32,64")
-    b.add_argument("--drafters", default="mtp,draft_model,ngram")
+    b.add_argument("--batches", default=None, help="default 1,8,32,64 (--shape: 1,4)")
+    b.add_argument("--drafters", default=None, help="default mtp,draft_model,ngram")
     b.add_argument("--depth", type=int, default=3)
-    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--max-new-tokens", type=int, default=None, help="default 128 (--shape: 64)")
     b.add_argument("--prompts", type=int, default=None, help="use the first N of the 64 fixed prompts")
-    b.add_argument("--rounds", type=int, default=1,
-                   help="timed passes (interleaved, each row keeps its fastest); default 1")
+    b.add_argument("--rounds", type=int, default=None,
+                   help="timed passes (interleaved, each row keeps its fastest); default 1 (--shape: 2)")
+    b.add_argument("--shape", default=None, metavar="NAME",
+                   help="bench at a named shape (specjax.model.shapes: qwen3-0.6b, llama3.2-1b, gemma3-1b, "
+                        "llama3.1-8b, ...) with random weights and controlled acceptance (needs --random)")
+    b.add_argument("--random", action="store_true", help="--shape: random weights (what is measured is cost)")
+    b.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="--shape: weight dtype")
+    b.add_argument("--prompt-len", type=int, default=512, help="--shape: prompt tokens per row")
+    b.add_argument("--acceptance", default="bundled",
+                   help="--shape: bundled (the bundled MTP head's per-position rates), bundled-traces, iid:P, "
+                        "rates:P1,P2,...")
+    b.add_argument("--seed", type=int, default=0, help="--shape: weights and prompts")
+    b.add_argument("--no-roofline", action="store_true", help="--shape: skip the compiled steps' cost analysis")
+    b.add_argument("--draft-vocab", type=int, default=0, metavar="N",
+                   help="--shape: also MTP rows over an N-token draft vocabulary (mtp:dv); 0: none")
     b.add_argument("--temperatures", default="0,0.8",
                    help="0 = greedy; a sampled row uses top-p 0.95 and per-prompt seeds")
     b.add_argument("--workloads", default="code,mixed",
@@ -735,6 +793,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--lr", type=float, default=2e-3)
     m.add_argument("--warmup", type=int, default=None, help="default: steps // 6")
     m.add_argument("--chain", type=int, default=3, help="chained MTP passes trained (the drafter's depth)")
+    m.add_argument("--draft-vocab", type=int, default=0, metavar="N",
+                   help="draft over the N most frequent tokens of --data (EAGLE-3's draft vocabulary: the head "
+                        "costs N / vocab of the target's); 0: the whole vocabulary")
     m.add_argument("--eval-every", type=int, default=100)
     m.add_argument("--ckpt-every", type=int, default=100)
     m.add_argument("--seed", type=int, default=0)

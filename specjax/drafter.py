@@ -48,6 +48,23 @@ def pick(logits: jax.Array, eng: Any, st: Any, positions: jax.Array):
     return draft_token(logits, eng.greedy, st.seeds, st.sampling, positions)
 
 
+def pick_mtp(eng: Any, params: dict, st: Any, h: jax.Array, positions: jax.Array):
+    """The MTP module's draft from its hidden ``h [B, d]`` for ``positions [B]``: over its draft
+    vocabulary when it has one (the draft index mapped to the target's token; under sampling the
+    distribution scattered into the full vocabulary, zero outside: lossless verification), else
+    over the target's head."""
+    dec = eng.target
+    if not hasattr(dec, "mtp_head"):  # a model with only the protocol's head
+        return pick(dec.head(params["target"], h), eng, st, positions)
+    logits, ids = dec.mtp_head(params["target"], h)
+    tok, p = pick(logits, eng, st, positions)
+    if ids is None:
+        return tok, p
+    if p is not None:
+        p = jnp.zeros((p.shape[0], dec.vocab_size), p.dtype).at[:, ids].set(p)
+    return ids[tok], p
+
+
 def _stack_probs(probs_all: list, greedy: bool):
     return None if greedy else jnp.stack(probs_all, axis=1)
 
@@ -241,7 +258,7 @@ class MtpDrafter:
                                             attention_impl=eng.attention_impl)
             h = jnp.take_along_axis(mtp_out, last[:, None, None], axis=1)[:, 0]
         # logits only for the one position a draft is taken from (not all t)
-        tok, probs_k = pick(dec.head(params["target"], h), eng, st, lengths + count + 1)
+        tok, probs_k = pick_mtp(eng, params, st, h, lengths + count + 1)
         return cache, h, tok, probs_k
 
     def empty(self, eng, batch, width, capacity=None):
@@ -287,7 +304,7 @@ class MtpDrafter:
             mtp_out, cache = dec.mtp_hidden(params["target"], h[:, None], tok[:, None], at[:, None],
                                             cache.replace(lengths=at), attention_impl=eng.attention_impl)
             h = mtp_out[:, 0]
-            tok, probs_k = pick(dec.head(params["target"], h), eng, st, at + 2)
+            tok, probs_k = pick_mtp(eng, params, st, h, at + 2)
             drafts.append(tok)
             probs_all.append(probs_k)
         cache = cache.replace(lengths=s.cache.lengths)
@@ -389,6 +406,10 @@ def resolve_drafter(drafter: object, ngram_n: int = 3) -> Any:
         return NgramDrafter(ngram_n) if drafter == "ngram" else BUILTIN[drafter]()
     if isinstance(drafter, NoDrafter | NgramDrafter | DraftModelDrafter | MtpDrafter | PluggedDrafter):
         return drafter
+    from specjax.controlled import Controlled
+
+    if isinstance(drafter, Controlled):
+        return dataclasses.replace(drafter, inner=resolve_drafter(drafter.inner, ngram_n))
     check_drafter("drafter", drafter)
     return PluggedDrafter(drafter)
 
@@ -400,6 +421,10 @@ def drafter_kind(drafter: object) -> str | None:
         return None
     if isinstance(drafter, str):
         return drafter
+    from specjax.controlled import Controlled
+
+    if isinstance(drafter, Controlled):  # what its inner drafter needs (an MTP module, a draft model)
+        return drafter_kind(drafter.inner)
     for name, cls in BUILTIN.items():
         if isinstance(drafter, cls):
             return name

@@ -524,6 +524,8 @@ def _setup(model, prompts, max_new_tokens, drafter, draft_model, depth, kv_advan
     params = {"target": model.params}
     if eng.draft is not None:
         params["draft"] = draft_model.params
+    if getattr(eng.drafter, "data", None) is not None:  # a drafter's data (``specjax.controlled``): not static
+        params["drafter"] = eng.drafter.data
     args = (toks, plen, plen + np.array(news, np.int32), eos_table([stops] * b), np.array(seeds, np.uint32),
             RowSampling.rows([temperature] * b, [top_k] * b, [top_p] * b, host=True))
     if mesh is None:

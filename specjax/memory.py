@@ -27,17 +27,12 @@ import numpy as np
 
 from specjax.cache.base import XLA_SINGLE_PASS, key_block
 from specjax.model import Model, ModelConfig, init_model
+from specjax.model.shapes import SHAPES
 from specjax.sharding import DATA, MODEL, param_specs, placed_shapes, sharded_config, sharded_layout, state_specs
 
 __all__ = ["PRESETS", "MemoryPlan", "check_compiled", "memory_plan", "resolve_config"]
 
-# shapes of public checkpoints (sizing only: no weights)
-PRESETS = {
-    "llama3-8b": ModelConfig(vocab_size=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, d_ff=14336,
-                             max_seq_len=8192, mtp_depth=0, tie_embeddings=False, rope_theta=500000.0),
-    "llama3-70b": ModelConfig(vocab_size=128256, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, d_ff=28672,
-                              max_seq_len=8192, mtp_depth=0, tie_embeddings=False, rope_theta=500000.0),
-}
+PRESETS = SHAPES  # named shapes of public checkpoints (specjax.model.shapes: sizing and the at-scale bench)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +104,8 @@ def _abstract_state(cfg: ModelConfig, data: int, model: int, batch: int, prompt:
     from specjax.engine import _fresh_prefill, make_engine, request_capacity
     from specjax.sampling import RowSampling
 
+    if drafter != "mtp" and cfg.mtp_depth:  # an MTP module only weighs where it drafts
+        cfg = dataclasses.replace(cfg, mtp_depth=0)
     laid = jax.eval_shape(lambda: sharded_layout(init_model(cfg, dtype=dtype).params, cfg, model)[0])
     cfg2 = sharded_config(cfg, model)
     capacity = request_capacity(prompt, new, depth)

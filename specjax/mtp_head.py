@@ -23,26 +23,45 @@ import numpy as np
 
 from specjax.corpus import Corpus
 from specjax.model import Model, ModelConfig
-from specjax.model.llama import init_mtp_params
+from specjax.model.llama import init_mtp_params, with_draft_vocab
 
-__all__ = ["MTP_CONFIG", "MTP_WEIGHTS", "attach_mtp", "load_mtp", "save_mtp", "text_corpus", "train_mtp"]
+__all__ = ["MTP_CONFIG", "MTP_WEIGHTS", "attach_mtp", "draft_vocab_ids", "load_mtp", "save_mtp", "text_corpus",
+           "train_mtp"]
 
 MTP_WEIGHTS, MTP_CONFIG = "mtp.safetensors", "mtp_config.json"
 FORMAT = "specjax-mtp-1"
 
 
-def attach_mtp(model: Model, seed: int = 0, dtype=jnp.float32) -> Model:
-    """``model`` with a fresh MTP module (``mtp_depth=1``; the drafter chains it)."""
-    cfg = dataclasses.replace(model.config, mtp_depth=1)
+def attach_mtp(model: Model, seed: int = 0, dtype=jnp.float32, draft_ids=None) -> Model:
+    """``model`` with a fresh MTP module (``mtp_depth=1``; the drafter chains it); ``draft_ids``:
+    the target tokens it drafts over (a draft vocabulary, ``with_draft_vocab``), or all."""
+    cfg = dataclasses.replace(model.config, mtp_depth=1, mtp_draft_vocab=0)
     mtp = init_mtp_params(jax.random.key(seed), cfg, dtype)
-    return Model({**model.params, "mtp": mtp}, cfg)
+    out = Model({**model.params, "mtp": mtp}, cfg)
+    return out if draft_ids is None else with_draft_vocab(out, draft_ids)
+
+
+def draft_vocab_ids(stream: np.ndarray, n: int, vocab_size: int) -> np.ndarray:
+    """The ``n`` most frequent token ids of ``stream`` (ties to the lower id), sorted: a draft
+    vocabulary (EAGLE-3 picks its 32k the same way). Ids the stream never holds fill up from 0."""
+    if not isinstance(n, int) or not 1 <= n < vocab_size:
+        raise ValueError(f"--draft-vocab {n!r} is invalid: must lie in [1, vocab_size={vocab_size})")
+    counts = np.bincount(np.asarray(stream, np.int64).reshape(-1), minlength=vocab_size)[:vocab_size]
+    order = np.lexsort((np.arange(vocab_size), -counts))  # by count, descending; then by id
+    return np.sort(order[:n]).astype(np.int32)
 
 
 def _base(config: ModelConfig) -> dict:
     """The architecture an MTP module is trained for (not the sharded layout: ``shard_groups``)."""
-    out = dataclasses.replace(config, mtp_depth=0).to_dict()
+    out = dataclasses.replace(config, mtp_depth=0, mtp_draft_vocab=0).to_dict()
     out.pop("shard_groups")
+    out.pop("mtp_draft_vocab")
     return out
+
+
+def _is_ids(path) -> bool:
+    """Is this the draft vocabulary's int32 ids (never cast to the weights' dtype)?"""
+    return str(path[-1].key) == "draft_ids"
 
 
 def _name(path) -> str:
@@ -59,10 +78,11 @@ def save_mtp(model: Model, out: str | pathlib.Path, info: dict | None = None) ->
         raise ValueError("the model has no MTP module to save (attach_mtp / train_mtp first)")
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    flat = {_name(p): np.ascontiguousarray(np.asarray(x, np.float32))
+    flat = {_name(p): np.ascontiguousarray(np.asarray(x, np.int32 if _is_ids(p) else np.float32))
             for p, x in jax.tree_util.tree_flatten_with_path(model.params["mtp"])[0]}
     save_file(flat, str(out / MTP_WEIGHTS), metadata={"format": FORMAT})
-    meta = {"format": FORMAT, "base_config": _base(model.config), **(info or {})}
+    meta = {"format": FORMAT, "base_config": _base(model.config), "draft_vocab": model.config.mtp_draft_vocab,
+            **(info or {})}
     (out / MTP_CONFIG).write_text(json.dumps(meta, indent=2) + "\n")
     return out
 
@@ -85,7 +105,10 @@ def load_mtp(model: Model, directory: str | pathlib.Path) -> Model:
         k = differ[0]
         raise ValueError(f"{cfg_path}: this MTP module was trained for another model ({k}={want.get(k)!r}, this "
                          f"model has {have.get(k)!r})")
-    cfg = dataclasses.replace(model.config, mtp_depth=1)
+    n = meta.get("draft_vocab", 0)
+    if not isinstance(n, int) or not 0 <= n < model.config.vocab_size:
+        raise ValueError(f"{cfg_path}: draft_vocab={n!r} is invalid: an int in [0, {model.config.vocab_size})")
+    cfg = dataclasses.replace(model.config, mtp_depth=1, mtp_draft_vocab=n)
     like = jax.eval_shape(lambda: init_mtp_params(jax.random.key(0), cfg))  # names and shapes only
     want = {_name(p): s.shape for p, s in jax.tree_util.tree_flatten_with_path(like)[0]}
     dtype = model.params["embed"].dtype
@@ -99,7 +122,9 @@ def load_mtp(model: Model, directory: str | pathlib.Path) -> Model:
             x = f.get_tensor(name)
             if x.shape != shape:
                 raise ValueError(f"{w_path}: tensor {name!r} has shape {x.shape}, expected {shape}")
-            loaded[name] = x.astype(dtype) if isinstance(model.params["embed"], np.ndarray) else jnp.asarray(x, dtype)
+            want_dtype = np.int32 if name.endswith("draft_ids") else dtype
+            loaded[name] = (x.astype(want_dtype) if isinstance(model.params["embed"], np.ndarray)
+                            else jnp.asarray(x, want_dtype))
     mtp = jax.tree_util.tree_map_with_path(lambda p, _: loaded[_name(p)], like)
     return Model({**model.params, "mtp": mtp}, cfg)
 
@@ -130,22 +155,26 @@ def text_corpus(files: Sequence[str | pathlib.Path], encode: Callable[[str], lis
 
 def train_mtp(model: Model, corpus: Corpus, out: str | pathlib.Path, sc, *, chain: int = 3, resume: bool = False,
               progress: bool = True, stop_at: int | None = None, bytes_only: bool = False,
-              info: dict | None = None) -> tuple[Model, dict]:
+              info: dict | None = None, draft_vocab: int = 0) -> tuple[Model, dict]:
     """Train a fresh MTP module for the frozen ``model`` (``sc``: a ``StageConfig``) on
     ``corpus``; checkpoints under ``out/train`` (``resume`` continues them), the module
-    saved into ``out`` when the run completes. Returns the model with it and a summary."""
+    saved into ``out`` when the run completes. Returns the model with it and a summary.
+    ``draft_vocab = N``: the module drafts over the corpus's ``N`` most frequent tokens
+    (``draft_vocab_ids``; its head starts as the target head's columns there)."""
     from specjax.train import run_stage, write_json_line
 
     out = pathlib.Path(out)
     target = Model({k: v for k, v in model.params.items() if k != "mtp"}, dataclasses.replace(model.config,
                                                                                               mtp_depth=0))
-    fresh = attach_mtp(target, seed=sc.seed)
+    ids = draft_vocab_ids(corpus.train, draft_vocab, target.config.vocab_size) if draft_vocab else None
+    fresh = attach_mtp(target, seed=sc.seed, draft_ids=ids)
     log = out / "train" / "log.jsonl"
     log.parent.mkdir(parents=True, exist_ok=True)
     trained, summary = run_stage("mtp", fresh, corpus, sc, out / "train", resume=resume, mtp_depth=chain,
                                  progress=progress, log=lambda r: write_json_line(log, r), stop_at=stop_at,
                                  bytes_only=bytes_only)
     summary["corpus"] = corpus.describe()
+    summary["draft_vocab"] = draft_vocab
     if summary["step"] >= sc.steps:
         save_mtp(trained, out, {"chain": chain, "summary": summary, **(info or {})})
         summary["out"] = str(out)

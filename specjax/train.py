@@ -26,7 +26,7 @@ import optax
 from specjax.attention import attend_visible
 from specjax.corpus import Corpus
 from specjax.model import Model, ModelConfig, init_model, logits
-from specjax.model.llama import _finish_block, _qkv, head, hidden_states, mtp_input
+from specjax.model.llama import _finish_block, _qkv, hidden_states, mtp_input, mtp_logits
 
 __all__ = [
     "STAGES",
@@ -38,6 +38,7 @@ __all__ = [
 ]
 
 STAGES = ("target", "mtp", "draft")
+FROZEN_IDS = "mtp_draft_ids"  # where split_params keeps a draft vocabulary's ids among the frozen params
 LN2 = math.log(2.0)
 
 
@@ -106,14 +107,20 @@ def eval_windows(stream: np.ndarray, seq_len: int, count: int | None) -> np.ndar
 # ----------------------------------------------------------------------------- losses
 
 
-def _ce(logits: jax.Array, labels: jax.Array, bytes_only: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _ce(logits: jax.Array, labels: jax.Array, bytes_only: bool, valid: jax.Array | None = None,
+        count_labels: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Summed cross-entropy (nats), correct count and count over the labels that count: byte
-    labels (``< 256``, not BOS/EOS) for the byte-level bundle, every label for token models."""
-    mask = labels < 256 if bytes_only else labels >= 0
+    labels (``< 256``, not BOS/EOS) for the byte-level bundle, every label for token models.
+    ``valid``: labels that can be hit at all (a draft vocabulary's; the others count as misses
+    and stay out of the loss); ``count_labels``: the labels the count is taken over (default
+    ``labels``)."""
+    over = labels if count_labels is None else count_labels
+    mask = over < 256 if bytes_only else over >= 0
     lp = jax.nn.log_softmax(logits, axis=-1)
     nll = -jnp.take_along_axis(lp, labels[..., None], axis=-1)[..., 0]
     hit = jnp.argmax(logits, axis=-1) == labels
-    return jnp.sum(nll * mask), jnp.sum(hit & mask), jnp.sum(mask)
+    can = mask if valid is None else mask & valid
+    return jnp.sum(nll * can), jnp.sum(hit & can), jnp.sum(mask)
 
 
 def _chain_attention(q, k1, v1, extra_k: list, extra_v: list) -> jax.Array:
@@ -152,8 +159,15 @@ def mtp_chain_logits(params: dict, config: ModelConfig, hidden: jax.Array, token
             vs.append(vv)
             attn = _chain_attention(q, k1, v1, ks, vs)
         h = _finish_block(m["block"], x, attn, config)
-        out.append(head(params, config, h))
+        out.append(mtp_logits(params, config, h))  # over the draft vocabulary, if the module has one
     return out
+
+
+def _draft_labels(params: dict, config: ModelConfig, labels: jax.Array) -> jax.Array:
+    """Target-token ``labels`` as indices into the MTP module's draft vocabulary (-1 outside it)."""
+    ids = params["mtp"]["draft_ids"]
+    index = jnp.full((config.vocab_size,), -1, jnp.int32).at[ids].set(jnp.arange(ids.shape[0], dtype=jnp.int32))
+    return jnp.where(labels >= 0, index[jnp.clip(labels, 0, config.vocab_size - 1)], -1)
 
 
 def make_loss(stage: str, config: ModelConfig, mtp_depth: int, bytes_only: bool = True) -> Callable:
@@ -176,7 +190,12 @@ def make_loss(stage: str, config: ModelConfig, mtp_depth: int, bytes_only: bool 
         lgs = mtp_chain_logits(params, config, hidden, windows, mtp_depth)
         total, stats = 0.0, []
         for k, lg in enumerate(lgs, start=1):
-            nll, hit, cnt = _ce(lg, windows[:, k + 1 : k + 1 + t], bytes_only)
+            labels = windows[:, k + 1 : k + 1 + t]
+            if config.mtp_draft_vocab:  # a label outside the draft vocabulary is a miss, out of the loss
+                drafted = _draft_labels(params, config, labels)
+                nll, hit, cnt = _ce(lg, jnp.maximum(drafted, 0), bytes_only, drafted >= 0, count_labels=labels)
+            else:
+                nll, hit, cnt = _ce(lg, labels, bytes_only)
             total = total + nll / jnp.maximum(cnt, 1)
             stats.append((nll, hit, cnt))
         nll, hit, cnt = (jnp.stack(s) for s in zip(*stats, strict=True))
@@ -199,8 +218,12 @@ def make_optimizer(sc: StageConfig) -> optax.GradientTransformation:
 
 def split_params(stage: str, params: dict) -> tuple[dict, dict]:
     """(trainable, frozen) of a stage: the MTP stage trains only ``params['mtp']``."""
-    if stage == "mtp":
-        return params["mtp"], {k: v for k, v in params.items() if k != "mtp"}
+    if stage == "mtp":  # a draft vocabulary's ids are data, not weights: they stay frozen
+        mtp = params["mtp"]
+        frozen = {k: v for k, v in params.items() if k != "mtp"}
+        if "draft_ids" in mtp:
+            frozen[FROZEN_IDS] = mtp["draft_ids"]
+        return {k: v for k, v in mtp.items() if k != "draft_ids"}, frozen
     return {k: v for k, v in params.items() if k != "mtp"}, {k: v for k, v in params.items() if k == "mtp"}
 
 
@@ -368,7 +391,10 @@ def _bpb(ev: dict) -> str:
 
 
 def _merge(stage: str, trainable: dict, frozen: dict) -> dict:
-    return dict(frozen, mtp=trainable) if stage == "mtp" else dict(trainable, **frozen)
+    if stage != "mtp":
+        return dict(trainable, **frozen)
+    rest = {k: v for k, v in frozen.items() if k != FROZEN_IDS}
+    return dict(rest, mtp=dict(trainable, draft_ids=frozen[FROZEN_IDS]) if FROZEN_IDS in frozen else trainable)
 
 
 def write_json_line(path: pathlib.Path, rec: dict) -> None:

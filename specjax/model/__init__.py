@@ -17,7 +17,9 @@ from specjax.model.llama import (
     logits,
     mtp_forward,
     mtp_hidden,
+    mtp_logits,
     unfuse_params,
+    with_draft_vocab,
     with_layer_loop,
 )
 from specjax.model.rope import RopeScaling
@@ -40,6 +42,8 @@ __all__ = [
     "logits",
     "mtp_forward",
     "mtp_hidden",
+    "mtp_logits",
     "unfuse_params",
+    "with_draft_vocab",
     "with_layer_loop",
 ]

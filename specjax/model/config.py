@@ -18,6 +18,11 @@ class ModelConfig:
     ``sliding_window``: if set, layers are local (sliding window) except, with
     ``global_every = k > 0``, every k-th layer (``i % k == k - 1``), which is global.
     ``mtp_depth``: how many tokens the MTP module may draft per step (chained).
+    ``mtp_draft_vocab = N > 0``: the MTP module drafts over ``N`` of the target's tokens (EAGLE-3's
+    draft vocabulary): its own head ``mtp.draft_head [d, N]`` after the target's final norm, and
+    ``mtp.draft_ids [N]`` (int32) mapping each draft index to its target token. A token outside
+    is never drafted (its draft probability is 0: verification stays lossless); the head costs
+    ``N / vocab_size`` of the target's. 0: the target's own head over the whole vocabulary.
     ``compressed_layers``: layers with compressed memory (``specjax.cache.compressed``): each
     attends to the raw K/V of its last ``compress_window`` tokens (back to the start of the
     oldest block not yet compressed) and to one mean-pooled K/V slot per full block of
@@ -48,6 +53,7 @@ class ModelConfig:
     sliding_window: int | None = None
     global_every: int = 0
     mtp_depth: int = 1
+    mtp_draft_vocab: int = 0
     head_dim: int | None = None  # None: d_model // n_heads (always an int after construction)
     tie_embeddings: bool = True
     qkv_bias: bool = False
@@ -84,6 +90,9 @@ class ModelConfig:
             raise ValueError(f"global_every must be >= 0, got {self.global_every}")
         if self.mtp_depth < 0:
             raise ValueError(f"mtp_depth must be >= 0, got {self.mtp_depth}")
+        if not isinstance(self.mtp_draft_vocab, int) or not 0 <= self.mtp_draft_vocab < self.vocab_size:
+            raise ValueError(f"mtp_draft_vocab={self.mtp_draft_vocab!r} is invalid: an int in [0, vocab_size="
+                             f"{self.vocab_size}) (0: the whole vocabulary)")
         layers = tuple(int(i) for i in self.compressed_layers)  # a JSON list becomes a (hashable) tuple
         object.__setattr__(self, "compressed_layers", layers)
         if layers:

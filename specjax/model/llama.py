@@ -39,7 +39,7 @@ from specjax.sharding import per_shard
 __all__ = [
     "LAYER_LOOPS", "LlamaDecoder", "Model", "ModelCache", "embed", "forward", "forward_hidden", "fuse_params", "head",
     "init_cache", "init_model", "init_mtp_params", "layer_loop", "layer_params", "logits", "mtp_forward", "mtp_hidden",
-    "mtp_input", "rms_norm", "unfuse_params", "with_layer_loop",
+    "mtp_input", "mtp_logits", "rms_norm", "unfuse_params", "with_draft_vocab", "with_layer_loop",
 ]
 
 
@@ -188,14 +188,47 @@ def init_model(config: ModelConfig, seed: int = 0, dtype=jnp.float32) -> Model:
 def init_mtp_params(key: jax.Array, config: ModelConfig, dtype=jnp.float32) -> dict:
     """A random-initialised MTP module (``params["mtp"]``): two norms, the ``[2d, d]``
     projection and one block shaped like the model's."""
-    k_proj, k_block = jax.random.split(key)
+    k_proj, k_block, k_head = jax.random.split(key, 3)
     d = config.d_model
-    return {
+    out = {
         "norm_h": jnp.full((d,), 1.0 - config.norm_offset, dtype),
         "norm_e": jnp.full((d,), 1.0 - config.norm_offset, dtype),
         "proj": (jax.random.normal(k_proj, (2 * d, d)) * 0.02).astype(dtype),
         "block": _block_params(k_block, config, dtype),
     }
+    if config.mtp_draft_vocab:  # a draft vocabulary: the first N ids until ``with_draft_vocab`` picks them
+        n = config.mtp_draft_vocab
+        out["draft_ids"] = jnp.arange(n, dtype=jnp.int32)
+        out["draft_head"] = (jax.random.normal(k_head, (d, n)) * 0.02).astype(dtype)
+    return out
+
+
+def with_draft_vocab(model: Model, ids) -> Model:
+    """``model`` whose MTP module drafts over the target tokens ``ids [N]`` (distinct, in range):
+    ``mtp.draft_ids`` and a ``draft_head`` of the target head's columns at ``ids`` (a start a
+    ``train-mtp --draft-vocab`` run trains further). The model must have an MTP module."""
+    cfg = model.config
+    if "mtp" not in model.params:
+        raise ValueError("the model has no MTP module (attach_mtp / load_mtp first)")
+    ids = np.asarray(ids, np.int64).reshape(-1)
+    if ids.size == 0 or ids.size >= cfg.vocab_size or len(np.unique(ids)) != ids.size or ids.min() < 0 \
+            or ids.max() >= cfg.vocab_size:
+        raise ValueError(f"draft vocabulary of {ids.size} ids is invalid: distinct ids in [0, {cfg.vocab_size}), "
+                         f"fewer than the vocabulary")
+    p = model.params
+    w = p["embed"].T if cfg.tie_embeddings else p["lm_head"]  # [d, V]
+    mtp = {k: v for k, v in p["mtp"].items() if k not in ("draft_ids", "draft_head")}
+    mtp.update(draft_ids=jnp.asarray(ids, jnp.int32), draft_head=jnp.asarray(w)[:, jnp.asarray(ids)])
+    return Model({**p, "mtp": mtp}, dataclasses.replace(cfg, mtp_draft_vocab=int(ids.size)))
+
+
+def mtp_logits(params: dict, cfg: ModelConfig, x: jax.Array) -> jax.Array:
+    """The MTP module's draft logits from its pre-norm hidden ``[..., d]``: float32 ``[..., N]``
+    over its draft vocabulary (``mtp_draft_vocab``), else the target's head ``[..., V]``."""
+    if not cfg.mtp_draft_vocab:
+        return head(params, cfg, x)
+    h = _norm(x, params["final_norm"], cfg)
+    return (h @ params["mtp"]["draft_head"]).astype(jnp.float32)
 
 
 # ----------------------------------------------------------------------------- pieces
@@ -560,6 +593,12 @@ class LlamaDecoder:
 
     def head(self, params, hidden):
         return head(params, self.config, hidden)
+
+    def mtp_head(self, params, hidden):
+        """The MTP module's draft logits ``[..., N]`` and the int32 ``[N]`` target ids they cover,
+        or the target's own logits ``[..., V]`` and ``None`` (no draft vocabulary)."""
+        ids = params["mtp"]["draft_ids"] if self.config.mtp_draft_vocab else None
+        return mtp_logits(params, self.config, hidden), ids
 
     def init_mtp_cache(self, batch: int, capacity: int) -> DenseKVCache:
         """The MTP block's own per-row cache (one layer)."""

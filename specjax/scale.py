@@ -1,0 +1,458 @@
+"""Speed at real model shapes: random weights in a named shape, acceptance under control.
+
+``specjax bench --shape qwen3-0.6b --random`` (``bench_shape``): for each batch size, plain
+decoding and every drafter configuration run the same prompts through the engine's own
+jitted prefill and decode loop. Drafts come from ``specjax.controlled``: the real drafter
+runs (its cost is paid) and its proposals are replaced by the target's own greedy
+continuation, corrupted to follow an acceptance profile, so tok/step is known and the wall
+time is what the engine costs at that acceptance. **It measures cost, not draft quality.**
+
+Per batch it reports, side by side in one run (interleaved rounds, each configuration's
+fastest decode kept; prefill excluded):
+
+* ``ms_per_step``, ``tok_per_step``, ``speedup`` (tok/s over plain decoding's) and whether
+  the tokens equal plain decoding's;
+* ``forward_ms[w]``: the target's own ``w``-token forward (every layer, the LM head over the
+  ``w`` positions, argmax, the cache write) in a loop of its own, and ``head_ms`` (the LM head
+  over one position per row): what a step of window ``w`` needs at the least;
+* ``step_over_forward`` = ``ms_per_step / forward_ms[w]``: what drafting, verification and
+  bookkeeping add (1.0: nothing);
+* ``efficiency`` = ``speedup / (tok_per_step * plain_ms / forward_ms[w])``: the measured
+  speedup over the one the window's forward allows (1.0: drafting and bookkeeping free);
+* plain decoding's weight-read rate against the machine's read bandwidth (measured at start);
+* a roofline per configuration: the compiled step's bytes and flops (XLA's cost analysis)
+  and op count, turned into a predicted step time on H100, H200, TPU v5e and v6e.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.controlled import Controlled, control_data, expected_tokens_per_step, oracle_rows
+from specjax.model import Model, ModelConfig, init_model
+from specjax.model.shapes import draft_shape, shape
+
+__all__ = ["DEVICES", "ROWS", "acceptance_profile", "bench_shape", "predict", "random_models", "read_bandwidth",
+           "table"]
+
+# (drafter, depth): the configurations a shape is benchmarked in (plain first: every ratio's base)
+ROWS: tuple[tuple[str, int], ...] = (("none", 0), ("mtp", 1), ("mtp", 2), ("mtp", 3), ("ngram", 3),
+                                     ("draft_model", 3))
+
+# datasheet figures: HBM bytes/s, dense peak flop/s (bfloat16; float32 matmuls at XLA's default precision run
+# as TF32 on H100/H200 (half the bf16 rate) and as bf16 passes on TPU), and the launch cost assumed per compiled op
+DEVICES: dict[str, dict[str, float]] = {
+    "H100 SXM": {"bytes_per_s": 3.35e12, "bf16_flops": 989e12, "f32_flops": 494e12, "launch_s": 4e-6},
+    "H200": {"bytes_per_s": 4.8e12, "bf16_flops": 989e12, "f32_flops": 494e12, "launch_s": 4e-6},
+    "TPU v5e": {"bytes_per_s": 8.19e11, "bf16_flops": 197e12, "f32_flops": 197e12 / 3, "launch_s": 1e-6},
+    "TPU v6e": {"bytes_per_s": 1.64e12, "bf16_flops": 918e12, "f32_flops": 918e12 / 3, "launch_s": 1e-6},
+}
+
+
+# ----------------------------------------------------------------------------- acceptance
+
+
+@functools.lru_cache(maxsize=2)
+def _bundled_run(depth: int, n_prompts: int, max_new_tokens: int) -> tuple[tuple[float, ...], tuple]:
+    """The bundled model's MTP head at ``depth``, greedy, on the bench's held-out prompts:
+    (conditional acceptance per draft position, each row's accepted count per step)."""
+    from specjax.bench import bench_prompts
+    from specjax.checkpoint import load_model
+    from specjax.engine import generate
+
+    bundle = load_model()
+    toks = bundle.encode_prompts(bench_prompts(n_prompts), bos=False)
+    verdicts, accepted, traces = np.zeros(depth), np.zeros(depth), []
+    for i in range(0, len(toks), 8):
+        m = generate(bundle.model, toks[i : i + 8], max_new_tokens=max_new_tokens, drafter="mtp", depth=depth,
+                     temperature=0.0, eos_id=bundle.tokenizer.eos_id).metrics
+        verdicts += m["verdicts_per_position_count"]
+        accepted += m["accepted_per_position_count"]
+        traces += m["row_accepted_trace"]
+    return tuple(float(x) for x in accepted / np.maximum(verdicts, 1)), tuple(tuple(t) for t in traces)
+
+
+def acceptance_profile(spec: str, depth: int = 3) -> dict:
+    """``spec`` -> ``{"spec", "rates" [depth], "trace" ([rows][steps] or None)}``:
+
+    * ``bundled``: the bundled model's MTP head's conditional acceptance per position (measured
+      now: its depth-``depth`` greedy run on the bench's 64 held-out prompts, 128 tokens each);
+    * ``bundled-traces``: the same run's per-row accepted counts replayed step by step (row ``i``
+      of a batch replays run row ``i mod 64``; past a trace's end, ``rates``);
+    * ``iid:P``: every draft right with probability ``P``;
+    * ``rates:P1,P2,...``: conditional acceptance per position (the last repeats)."""
+    kind, _, arg = spec.partition(":")
+    if kind in ("bundled", "bundled-traces") and not arg:
+        rates, traces = _bundled_run(depth, 64, 128)
+        return {"spec": spec, "rates": list(rates), "trace": [list(t) for t in traces] if kind != "bundled" else None}
+    try:
+        if kind == "iid" and arg:
+            rates = [float(arg)] * depth
+        elif kind == "rates" and arg:
+            given = [float(x) for x in arg.split(",")]
+            rates = (given + [given[-1]] * depth)[:depth]
+        else:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"acceptance={spec!r} is invalid: must be bundled, bundled-traces, iid:P or "
+                         "rates:P1,P2,...") from None
+    if not all(0.0 <= r <= 1.0 for r in rates):
+        raise ValueError(f"acceptance={spec!r} is invalid: each rate must lie in [0, 1]")
+    return {"spec": spec, "rates": rates, "trace": None}
+
+
+def _trace_rows(trace: list[list[int]] | None, batch: int) -> np.ndarray | None:
+    if not trace:
+        return None
+    rows = [trace[i % len(trace)] for i in range(batch)]
+    out = np.full((batch, max(len(r) for r in rows) or 1), -1, np.int32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+# ----------------------------------------------------------------------------- machine and models
+
+
+def read_bandwidth(n_bytes: int = 1 << 30, repeat: int = 5) -> dict:
+    """This backend's measured memory bandwidth: a sum over ``n_bytes`` of float32 (reads) and
+    ``x + 1`` (a read and a write per element), fastest of ``repeat``; bytes/s."""
+    x = jnp.ones((n_bytes // 4,), jnp.float32)
+    read, copy = jax.jit(jnp.sum), jax.jit(lambda a: a + 1.0)
+    out = {}
+    for name, fn, moved in (("read", read, n_bytes), ("copy", copy, 2 * n_bytes)):
+        jax.block_until_ready(fn(x))
+        best = np.inf
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(x))
+            best = min(best, time.perf_counter() - t0)
+        out[f"{name}_bytes_per_s"] = moved / best
+    del x
+    return out
+
+
+def random_models(name_or_config: str | ModelConfig, dtype: str = "float32", seed: int = 0,
+                  draft: bool = True) -> tuple[Model, Model | None]:
+    """Random-weight target (with its MTP module) and draft model in a named shape
+    (``specjax.model.shapes``) or a given config (its draft: half the width, 4 layers)."""
+    if isinstance(name_or_config, str):
+        cfg, dcfg = shape(name_or_config), draft_shape(name_or_config)
+    else:
+        cfg = name_or_config
+        dcfg = dataclasses.replace(cfg, mtp_depth=0, n_layers=min(cfg.n_layers, 2))
+    dt = jnp.dtype(dtype)
+    target = init_model(cfg, seed=seed, dtype=dt)
+    return target, (init_model(dcfg, seed=seed + 1, dtype=dt) if draft else None)
+
+
+def _param_bytes(tree) -> int:
+    return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
+
+
+# ----------------------------------------------------------------------------- timed pieces
+
+
+def _decode_loop(eng, params, st):
+    from specjax.engine import run_steps
+
+    return run_steps(eng, params, st, lambda s: jnp.any(~s.done) & (s.i < eng.max_steps))
+
+
+_decode = jax.jit(_decode_loop, static_argnums=0, donate_argnums=2)
+
+
+def _forward_loop(dec, impl: str, w: int, n: int, params, cache, tok):
+    """``n`` forwards of a ``w``-token window per row (every layer, the LM head over all ``w``
+    positions, argmax), each writing its K/V and advancing one slot; the argmax feeds the next."""
+    b = tok.shape[0]
+    live = jnp.ones((b,), bool)
+
+    def body(_, carry):
+        cache, tok = carry
+        pos = cache.lengths[:, None] + jnp.arange(w, dtype=jnp.int32)[None]
+        hidden, cache = dec.forward_hidden(params, jnp.broadcast_to(tok[:, None], (b, w)), pos,
+                                           cache.reserve(w, live), attention_impl=impl)
+        nxt = jnp.argmax(dec.head(params, hidden), axis=-1).astype(jnp.int32)  # [B, w]
+        return cache.advance(jnp.ones((b,), jnp.int32)), nxt[:, -1]
+    return jax.lax.fori_loop(0, n, body, (cache, tok))
+
+
+_forward = jax.jit(_forward_loop, static_argnums=(0, 1, 2, 3), donate_argnums=5)
+
+
+def _head_loop(dec, n: int, params, x):
+    def body(_, x):
+        return x + (1e-6 * jnp.max(dec.head(params, x), axis=-1, keepdims=True)).astype(x.dtype)
+    return jax.lax.fori_loop(0, n, body, x)
+
+
+_head = jax.jit(_head_loop, static_argnums=(0, 1))
+
+
+def _copy(tree):
+    return jax.tree.map(lambda a: a.copy() if isinstance(a, jax.Array) else a, tree)
+
+
+def _time_on_copy(fn: Callable[[Any], Any], arg) -> float:
+    """Seconds of ``fn`` on a fresh copy of ``arg`` (which it may donate), the copy made first."""
+    arg = jax.block_until_ready(_copy(arg))
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(arg))
+    return time.perf_counter() - t0
+
+
+def _roofline(compiled, dtype) -> dict:
+    """Bytes, flops and op count of one compiled call, and the step time they predict per device."""
+    from specjax.hlo_ops import count_ops
+
+    ca = compiled.cost_analysis()
+    ca = ca[0] if isinstance(ca, list | tuple) else ca
+    nbytes, flops = float(ca.get("bytes accessed", 0.0)), float(ca.get("flops", 0.0))
+    ops = sum(count_ops(compiled.as_text()).values())
+    return {"bytes": nbytes, "flops": flops, "ops": ops, "predicted_ms": predict(nbytes, flops, ops, dtype)}
+
+
+def predict(nbytes: float, flops: float, ops: int, dtype) -> dict[str, dict[str, float]]:
+    """Predicted ms of a call per device in ``DEVICES``: ``bound_ms``, the slower of reading
+    ``nbytes`` at HBM bandwidth and ``flops`` at peak, and ``launch_ms``, ``ops`` launches at the
+    stated cost; ``ms`` their sum. An estimate, not a simulation: every op is assumed to stream
+    at full bandwidth, and the op count is XLA:CPU's (a GPU or TPU compile fuses more: the launch
+    term is an upper bound there, and CUDA graphs cut it further)."""
+    key = "bf16_flops" if jnp.dtype(dtype).itemsize == 2 else "f32_flops"
+    out = {}
+    for name, d in DEVICES.items():
+        bound, launch = 1e3 * max(nbytes / d["bytes_per_s"], flops / d[key]), 1e3 * ops * d["launch_s"]
+        out[name] = {"ms": bound + launch, "bound_ms": bound, "launch_ms": launch}
+    return out
+
+
+# ----------------------------------------------------------------------------- the bench
+
+
+def _engine(target, draft, drafter: str, depth: int, capacity: int, data):
+    from specjax.advance import KvAdvance
+    from specjax.engine import make_engine
+
+    inner = None if drafter == "none" else drafter.split(":")[0]  # "mtp:dv": MTP over the draft vocabulary
+    spec = None if inner is None else Controlled(inner, data)
+    eng = make_engine(target, drafter=spec, draft_model=draft if inner == "draft_model" else None,
+                      depth=max(depth, 1), kv_advance_rule=KvAdvance.PER_SEQUENCE, cache="dense", greedy=True,
+                      capacity=capacity, attention_impl="auto")
+    params = {"target": target.params}
+    if eng.draft is not None:
+        params["draft"] = draft.params
+    if spec is not None:
+        params["drafter"] = data
+    return eng, params
+
+
+def bench_shape(name_or_config: str | ModelConfig, *, dtype: str = "float32", batches: Sequence[int] = (1, 4),
+                prompt_len: int = 512, max_new_tokens: int = 64, rows: Sequence[tuple[str, int]] = ROWS,
+                acceptance: str = "bundled", rounds: int = 2, seed: int = 0,
+                roofline: bool | Sequence[int] = True, bandwidth: bool = True, progress: bool = True,
+                models: tuple | None = None, draft_vocab: int = 0) -> dict:
+    """The at-scale bench (module docstring). ``models``: ``(target, draft)`` already built
+    (default: ``random_models``). ``draft_vocab = N``: rows ``("mtp:dv", d)`` run the MTP module
+    over an ``N``-token draft vocabulary (``ModelConfig.mtp_draft_vocab``; the first ``N`` ids: the
+    cost is what is measured). ``roofline``: compile each row's single step for its cost analysis
+    (a second compile per row), at every batch size or at those listed. Returns ``{"settings",
+    "machine", "bandwidth", "weight_bytes", "batches": [...]}``."""
+    from specjax.bench import machine
+    from specjax.engine import prefill, prompt_bucket, request_capacity
+    from specjax.metrics import metrics, tokens
+
+    for b in batches:
+        if not isinstance(b, int) or b < 1:
+            raise ValueError(f"batches={list(batches)} is invalid: each must be an int >= 1")
+    if prompt_len < 1 or max_new_tokens < 1:
+        raise ValueError(f"prompt_len={prompt_len} / max_new_tokens={max_new_tokens} are invalid: must be >= 1")
+    if not rows or rows[0] != ("none", 0):
+        rows = (("none", 0), *[r for r in rows if r != ("none", 0)])
+    for drafter, depth in rows:
+        if drafter not in ("none", "mtp", "mtp:dv", "ngram", "draft_model") or not 0 <= depth <= 7:
+            raise ValueError(f"row ({drafter!r}, {depth}) is invalid: drafter none|mtp|mtp:dv|ngram|draft_model, "
+                             "depth 0-7")
+        if drafter == "mtp:dv" and not draft_vocab:
+            raise ValueError("rows ('mtp:dv', d) need draft_vocab > 0")
+    if isinstance(name_or_config, str):
+        shape(name_or_config)  # an unknown name fails before anything runs
+    log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if progress else (lambda msg: None)
+    max_depth = max(d for _, d in rows)
+    profile = acceptance_profile(acceptance, max(max_depth, 1))
+    t0 = time.perf_counter()
+    target, draft = models if models is not None else random_models(
+        name_or_config, dtype, seed, draft=any(r[0] == "draft_model" for r in rows))
+    cfg = target.config
+    target_dv = None
+    if draft_vocab:
+        from specjax.model import with_draft_vocab
+
+        target_dv = with_draft_vocab(target, np.arange(draft_vocab))
+    if prompt_len + max_new_tokens + 2 * (max_depth + 1) > cfg.max_seq_len:
+        raise ValueError(f"prompt_len + max_new_tokens = {prompt_len + max_new_tokens} does not fit the shape's "
+                         f"max_seq_len {cfg.max_seq_len}")
+    log(f"models built in {time.perf_counter() - t0:.1f} s")
+    weights = _param_bytes({k: v for k, v in target.params.items() if k != "mtp"})
+    out = {"settings": {"shape": name_or_config if isinstance(name_or_config, str) else "custom",
+                        "config": cfg.to_dict(), "dtype": dtype, "batches": list(batches), "prompt_len": prompt_len,
+                        "max_new_tokens": max_new_tokens, "acceptance": acceptance, "rates": profile["rates"],
+                        "replayed_traces": profile["trace"] is not None, "rounds": rounds, "seed": seed,
+                        "draft_vocab": draft_vocab,
+                        "rows": [list(r) for r in rows]},
+           "machine": machine(), "weight_bytes": weights,
+           "draft_weight_bytes": None if draft is None else _param_bytes(draft.params),
+           "mtp_weight_bytes": _param_bytes(target.params.get("mtp", {})), "batches": []}
+    if bandwidth:
+        out["bandwidth"] = read_bandwidth()
+        log(f"read bandwidth {out['bandwidth']['read_bytes_per_s'] / 1e9:.1f} GB/s")
+    rng = np.random.default_rng(seed)
+    for b in batches:
+        costed = roofline if isinstance(roofline, bool) else b in roofline
+        prompts = [rng.integers(0, cfg.vocab_size, prompt_len).tolist() for _ in range(b)]
+        width = prompt_bucket(prompts)
+        capacity = request_capacity(width, max_new_tokens, max_depth)  # one capacity: comparable forwards
+        toks = np.zeros((b, width), np.int32)
+        toks[:, :prompt_len] = np.asarray(prompts)
+        plen = np.full((b,), prompt_len, np.int32)
+        args = (jnp.asarray(toks), jnp.asarray(plen), jnp.asarray(plen + max_new_tokens),
+                jnp.full((b,), -1, jnp.int32), jnp.arange(b, dtype=jnp.uint32))
+        data = None
+        runs: dict[tuple[str, int], dict] = {}
+        for drafter, depth in rows:
+            t1 = time.perf_counter()
+            eng, params = _engine(target_dv if drafter == "mtp:dv" else target, draft, drafter, depth, capacity,
+                                  data)
+            st0 = jax.block_until_ready(prefill(eng, params, *args))
+            final = jax.block_until_ready(_decode(eng, params, _copy(st0)))  # compiles, and the tokens
+            got = tokens(final)
+            if drafter == "none":  # the oracle every drafter's proposals come from
+                oracle = oracle_rows(prompts, got, capacity + max_depth + 2)
+                data = control_data(oracle, profile["rates"], _trace_rows(profile["trace"], b))
+                plain_tokens = got
+            runs[(drafter, depth)] = {"eng": eng, "params": params, "st0": st0,
+                                      "metrics": metrics(final, eng, 0), "same": got == plain_tokens}
+            log(f"B={b} {drafter} depth {depth}: compiled and warmed in {time.perf_counter() - t1:.1f} s")
+        # the target's own w-token forward and the LM head alone, timed in the same interleaved rounds
+        base = runs[("none", 0)]
+        n_fwd = 8
+        cache, tok = base["st0"].cache, base["st0"].seq[:, prompt_len]
+        timed: dict[Any, tuple[Callable, Any, float]] = {
+            key: (functools.partial(_decode, run["eng"], run["params"]), run["st0"], 1.0) for key, run in runs.items()}
+        for w in sorted({d + 1 for _, d in rows}):
+            fn = functools.partial(_forward, base["eng"].target, base["eng"].attention_impl, w, n_fwd, target.params)
+            timed[("forward", w)] = (lambda c, fn=fn, tok=tok: fn(c, tok), cache, n_fwd)
+        x = jnp.zeros((b, cfg.d_model), target.params["embed"].dtype)
+        timed[("head", 1)] = (functools.partial(_head, base["eng"].target, n_fwd, target.params), x, n_fwd)
+        for key in timed:
+            if key[0] in ("forward", "head"):  # compile
+                fn, arg, _ = timed[key]
+                jax.block_until_ready(fn(_copy(arg)))
+        best = dict.fromkeys(timed, np.inf)
+        order = list(timed)
+        for r in range(rounds):  # interleaved, the order rotating: a slow spell falls on different rows
+            for key in order[r % len(order):] + order[: r % len(order)]:
+                fn, arg, n = timed[key]
+                best[key] = min(best[key], _time_on_copy(fn, arg) / n)
+            log(f"B={b} round {r + 1}/{rounds} done")
+        for key, run in runs.items():
+            run["seconds"] = best[key]
+        plain_ms = 1e3 * base["seconds"] / max(base["metrics"]["steps"], 1)
+        plain_tps = base["metrics"]["emitted"] / base["seconds"]
+        fwd = {key[1]: 1e3 * s for key, s in best.items() if key[0] == "forward"}
+        head_ms = 1e3 * best[("head", 1)]
+        log(f"B={b}: forwards {', '.join(f'w={w} {ms:.1f} ms' for w, ms in fwd.items())}, head {head_ms:.1f} ms")
+        rows_out = []
+        for (drafter, depth), run in runs.items():
+            m = run["metrics"]
+            steps = max(m["steps"], 1)
+            ms = 1e3 * run["seconds"] / steps
+            tps = m["emitted"] / run["seconds"]
+            w = depth + 1
+            row = {"drafter": drafter, "depth": depth, "ms_per_step": ms, "tok_per_step": m["tok_per_step"],
+                   "expected_tok_per_step": expected_tokens_per_step(profile["rates"], depth),
+                   "tok_per_s": tps, "speedup": tps / plain_tps, "steps": m["steps"],
+                   # the speedup at the profile's own tok/step (a fixed depth's step costs the same whatever
+                   # it accepts): free of the draws' noise over a short run
+                   "speedup_at_expected": expected_tokens_per_step(profile["rates"], depth) * plain_ms / ms,
+                   "tokens_match_plain": run["same"], "forward_ms": fwd[w], "step_over_forward": ms / fwd[w],
+                   "efficiency": (tps / plain_tps) / (m["tok_per_step"] * plain_ms / fwd[w]),
+                   "conditional_acceptance": m["conditional_acceptance_per_position"]}
+            if costed:
+                row["roofline"] = _step_roofline(run, dtype)
+            rows_out.append(row)
+        plain_bw = weights / (plain_ms / 1e3)
+        # K/V a step reads at the run's mean context (every layer's, every row's)
+        item = jnp.dtype(target.params["embed"].dtype).itemsize
+        kv_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * item * (prompt_len + max_new_tokens // 2) * b
+        batch_out = {"batch": b, "capacity": capacity, "plain_ms_per_step": plain_ms, "forward_ms": fwd,
+                     "kv_read_bytes_per_step": kv_bytes,
+                     "head_ms": head_ms, "plain_weight_read_bytes_per_s": plain_bw, "rows": rows_out}
+        if bandwidth:
+            batch_out["plain_read_fraction"] = plain_bw / out["bandwidth"]["read_bytes_per_s"]
+        if costed:
+            batch_out["forward_roofline"] = {w: _forward_roofline(base, target, w, dtype, prompt_len)
+                                             for w in fwd}
+        out["batches"].append(batch_out)
+        runs.clear()
+    return out
+
+
+def _step_roofline(run: dict, dtype) -> dict:
+    from specjax.engine import step
+
+    return _roofline(step.lower(run["eng"], run["params"], run["st0"]).compile(), dtype)
+
+
+def _forward_roofline(base: dict, target: Model, w: int, dtype, prompt_len: int) -> dict:
+    eng, st0 = base["eng"], base["st0"]
+    fn = jax.jit(_forward_loop, static_argnums=(0, 1, 2, 3))
+    lowered = fn.lower(eng.target, eng.attention_impl, w, 1, target.params, st0.cache, st0.seq[:, prompt_len])
+    return _roofline(lowered.compile(), dtype)
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def table(result: dict) -> str:
+    """Markdown tables of a ``bench_shape`` result."""
+    s = result["settings"]
+    lines = [f"{s['shape']} ({s['dtype']}, random weights), prompt {s['prompt_len']}, {s['max_new_tokens']} new "
+             f"tokens, acceptance {s['acceptance']} (rates {', '.join(f'{r:.2f}' for r in s['rates'])}); "
+             f"{result['machine']}"]
+    if "bandwidth" in result:
+        bw = result["bandwidth"]
+        lines.append(f"measured read bandwidth {bw['read_bytes_per_s'] / 1e9:.1f} GB/s (copy "
+                     f"{bw['copy_bytes_per_s'] / 1e9:.1f} GB/s); target weights {result['weight_bytes'] / 1e9:.2f} GB")
+    for bt in result["batches"]:
+        lines += ["", f"B={bt['batch']}: plain {bt['plain_ms_per_step']:.1f} ms/step, weights read at "
+                  f"{bt['plain_weight_read_bytes_per_s'] / 1e9:.1f} GB/s (K/V read a step "
+                  f"{bt['kv_read_bytes_per_step'] / 1e6:.0f} MB)"
+                  + (f" ({100 * bt['plain_read_fraction']:.0f}% of measured)" if "plain_read_fraction" in bt else "")
+                  + f"; target forward {', '.join(f'w={w}: {ms:.1f}' for w, ms in bt['forward_ms'].items())} ms; "
+                  f"LM head {bt['head_ms']:.1f} ms", "",
+                  "| drafter | depth | ms/step | tok/step (expected) | speedup (at expected) | step / forward(w) | "
+                  "efficiency | same tokens |"
+                  + (" roofline H100 / H200 / v5e / v6e ms (+ launches) |"
+                     if bt["rows"] and "roofline" in bt["rows"][0] else ""),
+                  "|---|---|---|---|---|---|---|---|" + ("---|" if bt["rows"] and "roofline" in bt["rows"][0] else "")]
+        for r in bt["rows"]:
+            line = (f"| {r['drafter']} | {r['depth']} | {r['ms_per_step']:.1f} | {r['tok_per_step']:.2f} "
+                    f"({r['expected_tok_per_step']:.2f}) | {r['speedup']:.2f}x ({r['speedup_at_expected']:.2f}x) | "
+                    f"{r['step_over_forward']:.2f} | {r['efficiency']:.2f} | "
+                    f"{'yes' if r['tokens_match_plain'] else 'NO'} |")
+            if "roofline" in r:
+                p = r["roofline"]["predicted_ms"]
+                line += (" " + " / ".join(f"{p[k]['bound_ms']:.2f}" for k in DEVICES)
+                         + f" (+{p['H100 SXM']['launch_ms']:.1f} / {p['TPU v5e']['launch_ms']:.1f}) |")
+            lines.append(line)
+    return "\n".join(lines)
