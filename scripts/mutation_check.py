@@ -298,8 +298,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "bits/byte counts BOS/EOS labels as bytes",
         "specjax/train.py",
-        "    mask = labels < 256 if bytes_only else labels >= 0\n",
-        "    mask = labels >= 0\n",
+        "    mask = over < 256 if bytes_only else over >= 0\n",
+        "    mask = over >= 0\n",
         ("tests/test_train.py::test_bits_per_byte_counts_byte_labels_only",),
     ),
     Mutation(
