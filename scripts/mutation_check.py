@@ -1297,6 +1297,13 @@ MUTATIONS: list[Mutation] = [
     ),
     # --- controlled acceptance, the at-scale bench, MTP draft vocabularies ---
     Mutation(
+        "scale: the roofline keeps XLA's gather bytes (a whole embedding per token lookup)",
+        "specjax/scale.py",
+        "    nbytes = max(raw - over, 0.0)",
+        "    nbytes = raw",
+        ("tests/test_controlled.py::test_bench_shape_reports_every_row_at_a_known_acceptance",),
+    ),
+    Mutation(
         'controlled: a wrong draft is the right token (every draft accepted)',
         'specjax/controlled.py',
         '        wrong = (right + 1 + jnp.abs(drafts) % max(v - 1, 1)) % v',
