@@ -99,15 +99,14 @@ class Bundle:
             yield self.tokenizer.decode(c.tokens), c
 
 
-def _cast(tree, dtype):
-    """Floating leaves to ``dtype`` (integer leaves, a draft vocabulary's ids, stay as they are)."""
-    return jax.tree.map(lambda x: np.asarray(jnp.asarray(x, dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x),
-                        tree)
-
-
 def _cast_floats(tree, dtype):
-    """On device: floating leaves to ``dtype``, integer leaves as they are."""
+    """Floating leaves to ``dtype``; integer leaves (a draft vocabulary's ids) as they are."""
     return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+def _cast(tree, dtype):
+    """``_cast_floats`` onto the host (what a bundle saves)."""
+    return jax.tree.map(np.asarray, _cast_floats(tree, dtype))
 
 
 def _checkpointer():

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax._pytree import pytree_dataclass
+from specjax.drafter import _gather
 
 __all__ = ["ControlData", "Controlled", "control_data", "expected_tokens_per_step", "oracle_rows"]
 
@@ -55,10 +56,6 @@ def _uniform(seeds: jax.Array, positions: jax.Array, k: jax.Array) -> jax.Array:
         x = (x ^ (x >> shift)) * jnp.uint32(mult)
     x = x ^ (x >> 16)
     return (x >> 8).astype(jnp.float32) * (1.0 / (1 << 24))
-
-
-def _gather(a: jax.Array, idx: jax.Array) -> jax.Array:
-    return jnp.take_along_axis(a, jnp.clip(idx, 0, a.shape[1] - 1), axis=1)
 
 
 @dataclasses.dataclass(frozen=True)

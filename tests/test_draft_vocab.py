@@ -5,18 +5,15 @@ keep the ids exact; the MTP step's head costs N / V of the target's."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import io
 import json
-import shutil
 from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import cli, generate, load_hf_checkpoint
+from specjax import generate, load_hf_checkpoint
 from specjax.advance import KvAdvance
 from specjax.engine import make_engine, prefill, step
 from specjax.model import init_model, with_draft_vocab
@@ -128,18 +125,9 @@ def test_the_mtp_step_pays_the_head_over_the_draft_vocabulary_only():
 
 
 def test_train_mtp_with_a_draft_vocabulary_trains_saves_and_stays_lossless(tmp_path):
-    from test_train_mtp import _data
+    from test_train_mtp import train_cli
 
-    ckpt = tmp_path / "llama"
-    shutil.copytree(FIX / "llama", ckpt)
-    data = _data(tmp_path)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        rc = cli.main(["train-mtp", "--model", str(ckpt), "--data", *map(str, data), "--out", str(ckpt), "--steps", "6",
-                       "--batch", "4", "--seq-len", "24", "--lr", "1e-2", "--eval-every", "3", "--ckpt-every", "3",
-                       "--draft-vocab", "40", "--json"])
-    assert rc == 0
-    summary = json.loads(out.getvalue())
+    ckpt, _, summary = train_cli(tmp_path, 6, "--draft-vocab", "40")
     assert summary["draft_vocab"] == 40 and np.isfinite(summary["final_eval"]["bits_per_token"]).all()
     model = load_hf_checkpoint(ckpt)
     assert model.config.mtp_draft_vocab == 40 and model.params["mtp"]["draft_head"].shape[1] == 40

@@ -31,20 +31,26 @@ def _data(tmp_path, n=2):
     return files
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """The CLI run: 8 steps into a copy of the Llama fixture (the module goes *into* it)."""
-    tmp = tmp_path_factory.mktemp("mtp")
+def train_cli(tmp, steps: int, *extra: str):
+    """``specjax train-mtp`` into a copy of the Llama fixture under ``tmp`` (the module goes *into*
+    it), checkpoints every ``steps // 2``: (checkpoint, data files, the JSON summary)."""
     ckpt = tmp / "llama"
     shutil.copytree(FIX / "llama", ckpt)
     data = _data(tmp)
     out = io.StringIO()
+    half = str(steps // 2)
     with contextlib.redirect_stdout(out):
-        rc = cli.main(["train-mtp", "--model", str(ckpt), "--data", *map(str, data), "--out", str(ckpt), "--steps", "8",
-                       "--batch", "4", "--seq-len", "24", "--lr", "1e-2", "--eval-every", "4", "--ckpt-every", "4",
-                       "--json"])
+        rc = cli.main(["train-mtp", "--model", str(ckpt), "--data", *map(str, data), "--out", str(ckpt), "--steps",
+                       str(steps), "--batch", "4", "--seq-len", "24", "--lr", "1e-2", "--eval-every", half,
+                       "--ckpt-every", half, *extra, "--json"])
     assert rc == 0
     return ckpt, data, json.loads(out.getvalue())
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The CLI run: 8 steps into a copy of the Llama fixture."""
+    return train_cli(tmp_path_factory.mktemp("mtp"), 8)
 
 
 def test_train_mtp_cli_trains_saves_and_the_drafter_uses_it(trained):
