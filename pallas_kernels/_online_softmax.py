@@ -97,8 +97,12 @@ def block_update(
     p = jnp.where(ok, jnp.exp(s - m_new), 0.0)
     alpha = jnp.exp(m_prev - m_new)
     l_new = alpha * l_prev + jnp.sum(p, axis=1, keepdims=True)
+    # a masked slot may hold anything (a model's NaN at a padding position, seen by the padding
+    # queries after it): its weight is 0, but 0 * NaN is NaN, so non-finite values are dropped
+    v = v.astype(jnp.float32)
+    v = jnp.where(jnp.isfinite(v), v, 0.0)
     acc_new = alpha * acc_prev + jax.lax.dot_general(
-        p, v.astype(jnp.float32), (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        p, v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
     return m_new, l_new, acc_new
 

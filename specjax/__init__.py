@@ -15,8 +15,9 @@ from specjax.cache import (
     front_pad_kv_cache,
 )
 from specjax.checkpoint import Bundle, CheckpointError, load_model
+from specjax.compile_cache import enable_compilation_cache
 from specjax.engine import generate
-from specjax.hf import load_hf_checkpoint, load_tokenizer, save_hf_checkpoint
+from specjax.hf import generate_text, load_hf_checkpoint, load_tokenizer, save_hf_checkpoint
 from specjax.masks import make_left_padded_causal_mask
 from specjax.metrics import GenerationResult
 from specjax.model import Model, ModelConfig, RopeScaling, init_model, logits
@@ -30,10 +31,17 @@ from specjax.plan import (
 )
 from specjax.protocols import Decoder, DraftContext, Drafter
 from specjax.sharding import make_mesh, shard_model
-from specjax.sim import simulate, simulate_alone
+from specjax.sim import Bernoulli, BetaRows, Matches, PositionDecay, Trace, simulate, simulate_alone
 from specjax.streaming import StreamChunk, stream
 
 __all__ = [
+    "Bernoulli",
+    "BetaRows",
+    "Matches",
+    "PositionDecay",
+    "Trace",
+    "enable_compilation_cache",
+    "generate_text",
     "Bundle",
     "Completion",
     "Request",

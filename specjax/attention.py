@@ -7,7 +7,8 @@ made XLA:CPU transpose the whole cache in every layer (measured in the README).
 Query ``i`` of row ``b`` sits at absolute position ``q_pos[b, i]``; key slot ``j``
 holds position ``key_pos[b, j]`` (``-1``: empty). Visibility is ``specjax.masks.visible``
 (one convention for every cache kind and for the Pallas kernels). Scores and softmax
-run in float32 whatever the input dtype; a query with no visible key returns zeros.
+run in float32 whatever the input dtype; a query with no visible key returns zeros; a
+non-finite value (a model's NaN in a padding slot) is dropped, never multiplied by a zero weight.
 
 Imports run one way: caches and ``pallas_kernels`` import this module, never the reverse.
 
@@ -71,6 +72,15 @@ def _weighted_values(p: jax.Array, v: jax.Array) -> jax.Array:
     return jnp.einsum("bhqk,bhkd->bhqd", p.swapaxes(2, 3), v, preferred_element_type=jnp.float32)
 
 
+def _finite_values(v: jax.Array) -> jax.Array:
+    """``v`` as float32 with non-finite entries set to zero. A masked slot may hold anything (a
+    model's NaN at a padding position, which the padding queries after it do see), and its
+    zero weight would not hide it (``0 * NaN`` is NaN). A real NaN still shows: the token that
+    made it carries NaN in its own hidden state (and a NaN key it makes is a NaN score)."""
+    v = v.astype(jnp.float32)
+    return jnp.where(jnp.isfinite(v), v, 0.0)
+
+
 def _group_mask(ok: jax.Array, groups: int) -> jax.Array:
     """Visibility ``[B, t_q, T]`` -> key-major ``[B, 1, T, G * t_q]`` in ``_group``'s row order."""
     return jnp.tile(ok[:, None], (1, 1, groups, 1)).swapaxes(2, 3)
@@ -101,7 +111,7 @@ def attend_visible(q: jax.Array, k: jax.Array, v: jax.Array, ok: jax.Array, scal
     m = jnp.max(s, axis=2, keepdims=True)  # over keys
     p = jnp.where(ok, jnp.exp(s - m), 0.0)  # a query with no visible key: all zeros
     denom = jnp.maximum(jnp.sum(p, axis=2, keepdims=True), jnp.finfo(jnp.float32).tiny)
-    return _out(_weighted_values(p / denom, v.astype(jnp.float32)), t_q, q.dtype)
+    return _out(_weighted_values(p / denom, _finite_values(v)), t_q, q.dtype)
 
 
 def attention_with_positions(
@@ -226,7 +236,7 @@ def live_attention(
         p = jnp.where(ok, jnp.exp(s - m_new), 0.0)
         alpha = jnp.exp(m_prev - m_new)
         l_new = alpha * l_prev + jnp.sum(p, axis=2, keepdims=True)
-        acc_new = alpha.swapaxes(2, 3) * acc_prev + _weighted_values(p, v.astype(jnp.float32))
+        acc_new = alpha.swapaxes(2, 3) * acc_prev + _weighted_values(p, _finite_values(v))
         return m_new, l_new, acc_new
 
     init = (

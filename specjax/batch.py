@@ -47,6 +47,7 @@ from specjax.advance import KvAdvance
 from specjax.advance import kv_advance as resolve_kv_advance
 from specjax.cache import describe_status
 from specjax.depth_policy import init_estimates
+from specjax.drafter import default_drafter
 from specjax.engine import (
     PAGE_SIZE,
     SLICES,
@@ -68,7 +69,7 @@ from specjax.engine import (
     warm_steps,
     with_auto,
 )
-from specjax.protocols import DecoderModel, check_model
+from specjax.protocols import DecoderModel, Drafter, check_model
 from specjax.sampling import RowSampling, derive_seed
 from specjax.sharding import constrain, data_shards, shard_model, shardings, state_specs
 from specjax.validate import EOS_WIDTH, check_drafter_models, check_eos, eos_table, fail, resolve_depth
@@ -255,6 +256,9 @@ class _Job:
             fail(f"{where}.max_new_tokens", n_new, "must be an int >= 1")
         if self.bounded and len(arr) > self.max_prompt_len:
             fail(f"{where}.prompt", f"{len(arr)} tokens", f"at most max_prompt_len={self.max_prompt_len} tokens")
+        if n_new >= cfg.max_seq_len:
+            fail(f"{where}.max_new_tokens", n_new, f"must be < the model's max_seq_len={cfg.max_seq_len} "
+                 "(the prompt needs a token)")
         if len(arr) + n_new > cfg.max_seq_len:
             fail(f"{where}.prompt", f"{len(arr)} tokens", f"prompt + max_new_tokens ({n_new}) must be <= the "
                   f"model's max_seq_len={cfg.max_seq_len}: at most {cfg.max_seq_len - n_new} prompt tokens fit")
@@ -295,7 +299,7 @@ def batch_generate(
     *,
     slots: int = 32,
     max_new_tokens: int = 64,
-    drafter: str | None = "mtp",
+    drafter: str | Drafter | None = "auto",
     draft_model: DecoderModel | None = None,
     depth: int | str = 3,
     kv_advance: str | KvAdvance | None = None,
@@ -346,6 +350,7 @@ def batch_generate(
     for name, val, lo in (("slots", slots, 1), ("max_new_tokens", max_new_tokens, 1), ("sync_every", sync_every, 1)):
         if not _is_int(val) or val < lo:
             fail(name, val, f"must be an int >= {lo}")
+    drafter = default_drafter(drafter, model, draft_model)
     check_drafter_models(drafter, model, draft_model)
     d, policy = resolve_depth(depth, max_depth, drafter)
     check_cost(cost, policy)
@@ -366,7 +371,7 @@ def batch_generate(
         if jax.process_count() > 1:
             fail("mesh", mesh, "batch_generate runs in one process (each host its own job); generate takes many")
         model = shard_model(model, mesh)
-        draft_model = None if draft_model is None else shard_model(draft_model, mesh)
+        draft_model = None if draft_model is None else shard_model(draft_model, mesh, replicate=True)
     cfg = check_model("model", model)
     listed = isinstance(requests, Sequence) and not isinstance(requests, str | bytes)
     if not listed and max_new_tokens >= cfg.max_seq_len:  # it sizes a stream's caches

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.drafter import AUTO, default_drafter
 from specjax.model import Model, ModelConfig, fuse_params, init_model, unfuse_params
 from specjax.sharding import MODEL, param_specs, placed_shapes, sharded_config, sharded_layout, shardings
 from specjax.tokenizer import ByteTokenizer
@@ -65,7 +66,7 @@ class Bundle:
     def generate_kwargs(self, kwargs: dict) -> dict:
         kwargs = dict(kwargs)
         kwargs.setdefault("eos_id", self.tokenizer.eos_id)
-        if kwargs.get("drafter", "mtp") == "draft_model":
+        if default_drafter(kwargs.get("drafter", AUTO), self.model, kwargs.get("draft_model")) == "draft_model":
             if self.draft_model is None and kwargs.get("draft_model") is None:
                 raise ValueError(f"drafter='draft_model': the bundle {self.path} has no draft model")
             kwargs.setdefault("draft_model", self.draft_model)

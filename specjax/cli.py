@@ -1,4 +1,7 @@
-"""``specjax`` command line: ``simulate``, ``generate``, ``train``, ``bench``."""
+"""specjax: batched speculative decoding in JAX. Commands: generate (text from the bundled model
+or a Hugging Face checkpoint), batch (a JSONL job file), bench (speed, bundled or at a real
+model's shape), memory (bytes per device before a run), simulate (the two KV advance rules),
+train (the bundled model), train-mtp (an MTP drafter for any model)."""
 
 from __future__ import annotations
 
@@ -236,6 +239,10 @@ class _TextRunner:
         else:
             from specjax.hf import load_hf_checkpoint, load_tokenizer
 
+            if args.draft_model and pathlib.Path(args.draft_model).exists() and _is_bundle(args.draft_model):
+                raise ValueError(f"--draft-model {args.draft_model} is a specjax bundle: a Hugging Face target takes "
+                                 "a Hugging Face draft checkpoint with its tokenizer (a bundle carries its own draft "
+                                 "model)")
             self.model = load_hf_checkpoint(args.model, dtype=args.dtype, mtp=args.mtp, mesh=self.mesh)
             tok = load_tokenizer(args.model)
             self.draft = load_hf_checkpoint(args.draft_model, dtype=args.dtype, mesh=self.mesh) if args.draft_model \
@@ -255,10 +262,12 @@ class _TextRunner:
 
 
 def _drafter(args: argparse.Namespace, run: _TextRunner) -> str | None:
-    """``--drafter``, or by default mtp if the model has it, else draft_model if given, else ngram."""
-    if args.drafter is not None:
-        return None if args.drafter == "none" else args.drafter
-    return "mtp" if run.model.config.mtp_depth > 0 else ("draft_model" if run.draft is not None else "ngram")
+    """``--drafter``; by default the API's rule (``specjax.drafter.default_drafter``)."""
+    from specjax.drafter import AUTO, default_drafter
+
+    if args.drafter == "none":
+        return None
+    return default_drafter(args.drafter or AUTO, run.model, run.draft)
 
 
 def _read_batch_file(path: str) -> list[str]:
@@ -298,6 +307,26 @@ def cmd_memory(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Status:
+    """One transient line on a terminal's stderr ("compiling ..."), cleared by ``done()``; silent
+    when stderr is not a terminal (pipes, tests) or under ``--json``."""
+
+    def __init__(self, text: str, quiet: bool = False) -> None:
+        self.live = not quiet and sys.stderr.isatty()
+        if self.live:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.live:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+            self.live = False
+
+
+COMPILING = "compiling (once per shape: later runs read the compilation cache) ..."
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     import time
 
@@ -305,8 +334,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from specjax.engine import generate
     from specjax.streaming import stream
 
-    prompts = list(args.prompt)
+    prompts = [p.replace("\\n", "\n") for p in args.prompt]  # a typed backslash-n: a newline
     try:
+        empty = [i + 1 for i, p in enumerate(prompts) if not p]
+        if empty:
+            raise ValueError(f"prompt {empty[0]} is empty: give some text to continue")
         if args.batch_file:
             prompts += _read_batch_file(args.batch_file)
         if not prompts:
@@ -321,10 +353,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
                   top_p=args.top_p, seed=args.seed, eos_id=run.eos, attention_impl=args.attention, mesh=run.mesh)
         toks = [run.encode(p) for p in prompts]
         t0 = time.perf_counter()
-        if args.stream:
-            res = _stream_out(stream(run.model, toks, **kw), prompts, run.decode)
-        else:
-            res = generate(run.model, toks, **kw)
+        status = _Status(f"specjax generate: {COMPILING}", quiet=args.json)
+        try:
+            if args.stream:
+                res = _stream_out(stream(run.model, toks, **kw), prompts, run.decode, status)
+            else:
+                res = generate(run.model, toks, **kw)
+        finally:
+            status.done()
         dt = time.perf_counter() - t0
     except (ValueError, CheckpointError) as e:
         print(f"specjax generate: error: {e}", file=sys.stderr)
@@ -354,8 +390,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stream_out(chunks, prompts: list[str], decode):
-    """Print tokens as they arrive: one prompt streams live; a batch prints row by row at the end."""
+def _stream_out(chunks, prompts: list[str], decode, status: _Status):
+    """Print tokens as they arrive: one prompt streams live; a batch prints row by row at the end.
+    ``status`` (the compile line) is cleared when the first chunk arrives."""
     import codecs
 
     live = len(prompts) == 1
@@ -364,9 +401,11 @@ def _stream_out(chunks, prompts: list[str], decode):
     # bytes that are not UTF-8 print as U+FFFD (a model may emit any byte)
     utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
     sent = 0  # bytes of the decoded text already fed to the decoder
-    if live:
-        sys.stdout.write(prompts[0])
-    for ch in chunks:
+    for n, ch in enumerate(chunks):
+        if n == 0:  # compiled: the prompt, then its tokens as they come
+            status.done()
+            if live:
+                sys.stdout.write(prompts[0])
         for i, t in enumerate(ch.new_tokens):
             got[i] += t
         if live:
@@ -687,7 +726,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_simulate)
 
     g = sub.add_parser("generate", help="generate text with speculative decoding (default: the bundled model)")
-    g.add_argument("prompt", nargs="*", help="prompt text (several: one batch)")
+    g.add_argument("prompt", nargs="*", help="prompt text (several: one batch; \\n for a newline)")
     _add_decoding_args(g)
     g.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     g.add_argument("--top-k", type=int, default=None)
@@ -809,7 +848,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     _show_defaults(parser)
     args = parser.parse_args(argv)
-    return args.func(args)
+    from specjax.compile_cache import enable_compilation_cache
+
+    enable_compilation_cache()  # the second run of a command compiles nothing ($SPECJAX_COMPILATION_CACHE=0: off)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:  # Ctrl-C: one line and the shell's convention, 128 + SIGINT
+        print(f"\nspecjax {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -34,13 +34,25 @@ import jax.numpy as jnp
 from specjax._pytree import pytree_dataclass
 from specjax.cache import DenseKVCache
 from specjax.cache.base import CAPACITY_BLOCK
-from specjax.protocols import DraftContext, check_drafter
+from specjax.protocols import DraftContext, check_drafter, reachable_positions
 from specjax.sampling import draft_token
 
 __all__ = ["DRAFTERS", "DraftModelDrafter", "MtpDrafter", "NgramDrafter", "NoDrafter", "PluggedDrafter", "drafter_kind",
-           "pick", "resolve_drafter"]
+           "pick", "resolve_drafter", "AUTO", "default_drafter"]
 
 DRAFTERS = ("mtp", "draft_model", "ngram")
+AUTO = "auto"  # every entry point's default drafter: ``default_drafter``
+
+
+def default_drafter(drafter: object, model: object, draft_model: object) -> object:
+    """``drafter``, with ``"auto"`` (the default of ``generate``, ``stream``, ``batch_generate``,
+    the bundles and the CLI) resolved by one rule: ``"mtp"`` when the model carries an MTP
+    module, else ``"draft_model"`` when a draft model is given, else ``"ngram"``."""
+    if not (isinstance(drafter, str) and drafter == AUTO):
+        return drafter
+    if getattr(getattr(model, "decoder", None), "mtp_depth", 0):
+        return "mtp"
+    return "draft_model" if draft_model is not None else "ngram"
 
 
 def pick(logits: jax.Array, eng: Any, st: Any, positions: jax.Array):
@@ -174,7 +186,7 @@ class DraftModelDrafter:
 
     def prefill(self, eng, params, st, hidden, positions, live):
         cache = st.dstate.reserve(positions.shape[1], live).bound_write(st.prompt_len)
-        tokens = _gather(st.seq, positions)
+        tokens = _gather(st.seq, positions)  # (the engine's positions: already reachable ones)
         _, cache = eng.draft.forward_hidden(params["draft"], tokens, positions, cache,
                                             attention_impl=eng.attention_impl)
         return cache.advance(st.prompt_len)  # only the K/V is needed: no logits
@@ -185,13 +197,15 @@ class DraftModelDrafter:
         lengths, u = cache.lengths, st.u
         cache = cache.reserve(2 * w, st.live)
         pos = lengths[:, None] + jnp.arange(w)[None]
-        x, cache = dec.forward_hidden(dp, _gather(st.seq, pos), pos, cache, attention_impl=eng.attention_impl)
+        x, cache = dec.forward_hidden(dp, _gather(st.seq, pos), reachable_positions(pos, st.max_len), cache,
+                                      attention_impl=eng.attention_impl)
         first = dec.head(dp, jnp.take_along_axis(x, (u - 1)[:, None, None], axis=1)[:, 0])
         tok, probs_k = pick(first, eng, st, lengths + u)
         drafts, probs_all = [tok], [probs_k]
         for k in range(1, d + 1):  # feed d_k at L + u + k - 1 (the last feed only writes its KV)
             at = lengths + u + k - 1
-            x, cache = dec.forward_hidden(dp, tok[:, None], at[:, None], cache.with_lengths(at),
+            x, cache = dec.forward_hidden(dp, tok[:, None], reachable_positions(at[:, None], st.max_len),
+                                          cache.with_lengths(at),
                                           attention_impl=eng.attention_impl)
             if k < d:
                 tok, probs_k = pick(dec.head(dp, x[:, 0]), eng, st, at + 1)
@@ -249,6 +263,7 @@ class MtpDrafter:
         t = hidden.shape[1]
         pos = lengths[:, None] + jnp.arange(t)[None]
         nxt = _gather(st.seq, pos + 1)
+        pos = reachable_positions(pos, st.max_len)
         last = jnp.maximum(count - 1, 0)  # (a padding row of a prefill commits 0)
         if hasattr(dec, "mtp_hidden_at"):  # attention and MLP for the one slot read, K/V up to it
             h, cache = dec.mtp_hidden_at(params["target"], hidden, nxt, pos, cache, last,
@@ -301,7 +316,8 @@ class MtpDrafter:
         base = st.known - 1  # MTP position of (h, first)
         for k in range(1, d):  # chain: (h_k, d_k) at the next position predicts d_{k+1}
             at = base + k - 1
-            mtp_out, cache = dec.mtp_hidden(params["target"], h[:, None], tok[:, None], at[:, None],
+            mtp_out, cache = dec.mtp_hidden(params["target"], h[:, None], tok[:, None],
+                                            reachable_positions(at[:, None], st.max_len),
                                             cache.replace(lengths=at), attention_impl=eng.attention_impl)
             h = mtp_out[:, 0]
             tok, probs_k = pick_mtp(eng, params, st, h, at + 2)

@@ -40,10 +40,10 @@ from specjax.depth_policy import (
     store_cached_cost,
     update_estimates,
 )
-from specjax.drafter import drafter_kind, resolve_drafter
+from specjax.drafter import default_drafter, drafter_kind, resolve_drafter
 from specjax.metrics import GenerationResult, metrics, tokens
 from specjax.plan import plan_step
-from specjax.protocols import Decoder, DecoderModel, Drafter, check_model
+from specjax.protocols import Decoder, DecoderModel, Drafter, check_model, reachable_positions
 from specjax.sampling import SAMPLE, RowSampling, derive_seed, position_keys, probs, sample
 from specjax.sharding import (
     DATA,
@@ -171,7 +171,7 @@ def _prefill(eng: EngineConfig, params: dict, prompts: jax.Array, prompt_len: ja
     b, p = prompts.shape
     c = eng.capacity
     seq = jnp.zeros((b, c), jnp.int32).at[:, :p].set(prompts)
-    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    positions = reachable_positions(jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p)), max_len)
     hidden, cache = eng.target.forward_hidden(params["target"], prompts, positions,
                                               cache.reserve(p, live).bound_write(prompt_len),
                                               attention_impl=eng.attention_impl)
@@ -338,7 +338,8 @@ def _step_window(eng: EngineConfig, params: dict, st: EngineState, w: int, limit
         window = jnp.where(j < u[:, None], known_tok, draft_tok)
     else:
         window = known_tok
-    hidden, cache = eng.target.forward_hidden(params["target"], window, pos, st.cache.reserve(w, st.live),
+    hidden, cache = eng.target.forward_hidden(params["target"], window, reachable_positions(pos, st.max_len),
+                                              st.cache.reserve(w, st.live),
                                               attention_impl=eng.attention_impl)
     logits = eng.target.head(params["target"], hidden)  # [B, w, V]
 
@@ -497,6 +498,7 @@ def _setup(model, prompts, max_new_tokens, drafter, draft_model, depth, kv_advan
            seed, eos_id, ngram_n, attention_impl, max_depth=3, cost=None, mesh=None):
     """Validate (before any compile), build the static engine and the host-side batch (placed
     on the mesh's data shards under ``mesh``; the model and draft model sharded for it)."""
+    drafter = default_drafter(drafter, model, draft_model)
     depth, policy = resolve_depth(depth, max_depth, drafter, static_batch=True)
     check_cost(cost, policy)
     total = len(prompts) * jax.process_count()
@@ -505,7 +507,7 @@ def _setup(model, prompts, max_new_tokens, drafter, draft_model, depth, kv_advan
                                   top_p, seed, eos_id)
     if mesh is not None:
         model = shard_model(model, mesh)
-        draft_model = None if draft_model is None else shard_model(draft_model, mesh)
+        draft_model = None if draft_model is None else shard_model(draft_model, mesh, replicate=True)
     rule = resolve_kv_advance(kv_advance)
     width, longest = prompt_bucket(prompts), max(news)
     if mesh is not None and jax.process_count() > 1:  # every process compiles the same program: agree on its shapes
@@ -562,7 +564,7 @@ def generate(
     prompts: list[list[int]],
     *,
     max_new_tokens: int | list[int],
-    drafter: str | Drafter | None = "mtp",
+    drafter: str | Drafter | None = "auto",
     draft_model: DecoderModel | None = None,
     depth: int | str = 3,
     kv_advance: str | KvAdvance | None = None,
@@ -582,8 +584,10 @@ def generate(
     speculative decoding. One static batch: it runs until its slowest row finishes (for a
     stream of requests refilling finished rows, see ``batch_generate``).
 
-    ``drafter=None`` is plain autoregressive decoding on the same step (the baseline); a
-    drafter object of your own follows ``specjax.protocols.Drafter``. ``model`` and
+    ``drafter``: ``"auto"`` (``"mtp"`` if the model has an MTP module, else ``"draft_model"``
+    if ``draft_model`` is given, else ``"ngram"``), one of those names, ``None`` (plain
+    autoregressive decoding on the same step: the baseline) or a drafter object of your own
+    (``specjax.protocols.Drafter``). ``model`` and
     ``draft_model`` follow the model protocol (``specjax.protocols``: specjax's ``Model``, a
     Flax NNX module through ``specjax.nnx_model``, or your own).
     ``kv_advance``: ``"per_sequence"`` | ``"cohort"`` | ``None`` (the latched rule).

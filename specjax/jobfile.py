@@ -116,6 +116,11 @@ def run_job(args, runner, kw: dict) -> int:
         raise ValueError(f"--out {args.out} exists: pass --resume to continue it, or choose another file")
     if os.path.isdir(args.out):
         raise ValueError(f"--out {args.out} is a directory")
+    folder = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(folder):
+        raise ValueError(f"--out {args.out}: its folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"--out {args.out}: its folder {folder} is not writable")
     encoded = [{**r, "prompt": runner.encode(r["prompt"])} for _, r in reqs]
     where = [f"{args.input} line {n}" for n, _ in reqs]
     skip = completed_ids(args.out) if args.resume and os.path.exists(args.out) else set()
@@ -130,7 +135,9 @@ def run_job(args, runner, kw: dict) -> int:
                           stop=lambda: bool(stopped), **kw)
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     t0, n_tok, acc, steps, written = time.perf_counter(), 0, 0, 0, 0
+    first: tuple[float, int] | None = None  # (time, tokens) at the first completion: the rate counts from there
     bar = tqdm(total=len(todo), desc="batch", unit="req", disable=args.json, file=sys.stderr)
+    bar.set_postfix_str("compiling (once per shape; later runs read the compilation cache)")
     try:
         with open(args.out, "a", encoding="utf-8") as out:
             for c in jobs:
@@ -144,8 +151,13 @@ def run_job(args, runner, kw: dict) -> int:
                 acc += c.metrics["accepted_drafts"]
                 steps += c.metrics["steps"]
                 bar.update(1)
-                dt = time.perf_counter() - t0
-                bar.set_postfix(tok_s=f"{n_tok / dt:.0f}", mean_acc_len=f"{(acc + steps) / max(steps, 1):.2f}")
+                now = time.perf_counter()
+                if first is None:  # compile and the first rows' decode are behind: no honest rate yet
+                    first = (now, n_tok)
+                    bar.set_postfix(mean_acc_len=f"{(acc + steps) / max(steps, 1):.2f}")
+                else:
+                    rate = (n_tok - first[1]) / max(now - first[0], 1e-9)
+                    bar.set_postfix(tok_s=f"{rate:.0f}", mean_acc_len=f"{(acc + steps) / max(steps, 1):.2f}")
                 if stopped:
                     break
     finally:

@@ -17,6 +17,17 @@ and attends with the row's ragged mask: the module holds no cache and never sees
 Where its K/V live is the ``KVLayout`` (layers, KV heads, head dim) given to ``nnx_model``.
 Layers must call ``kv`` in order from Python (an ``nnx.scan`` over layers is not supported).
 
+What ``kv(i, q, k, v, *, scale=None, window=None)`` computes, per row: softmax attention of
+each query over the row's keys at positions ``<=`` its own (causal), scores scaled by
+``scale`` (default ``head_dim ** -0.5``) and computed in float32; query head ``h`` reads KV
+head ``h // (Hq // Hkv)`` (grouped-query attention: ``Hq`` a multiple of ``Hkv``); with
+``window``, only keys at positions ``> q_pos - window`` (a sliding-window layer: pass its own
+window in each call). Masked slots never reach a row, whatever values they hold.
+
+Positions: the module is handed ``positions`` in ``[0, max_seq_len)`` only (slots past a row's
+last reachable position repeat it; ``specjax.protocols``), so a learned position table of
+exactly ``max_seq_len`` rows is safe.
+
 ``nnx_model`` splits the module once (``nnx.split``): the graph definition is static (part of
 the compiled engine: equal graphs share one compile), the state is the params pytree, and
 each traced forward rebuilds the module from them (``nnx.merge``). The module's own state is
@@ -74,10 +85,11 @@ class NnxDecoder:
                        attention_impl: str = "xla") -> tuple[jax.Array, ModelCache]:
         glob = [cache.global_kv]  # threaded through the module's layers in call order
 
-        def kv(layer: int, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        def kv(layer: int, q: jax.Array, k: jax.Array, v: jax.Array, *, scale: float | None = None,
+               window: int | None = None) -> jax.Array:
             c = glob[0].write(layer, k.astype(self.dtype), v.astype(self.dtype))  # at each row's own offset
             glob[0] = c
-            return c.attend(q, layer, impl=attention_impl).astype(q.dtype)
+            return c.attend(q, layer, impl=attention_impl, window=window, scale=scale).astype(q.dtype)
 
         hidden = self._module(params)(tokens, positions, kv)
         return hidden, cache.replace(global_kv=glob[0])

@@ -15,6 +15,14 @@ module. The engine calls nothing else: it imports no model module.
 Shapes: ``tokens``/``positions [B, t]`` (int32; ``positions`` are absolute, per row),
 ``hidden [B, t, H]`` (what ``head`` and an MTP module consume), logits float32 ``[..., V]``.
 
+Positions a model sees: never past what the request can reach. A forward is wider than a
+row's real tokens (a prefill padded to its width bucket, a verify window or draft chain
+running past the row's token budget); those extra slots get the row's last reachable position
+(``reachable_positions``: at most ``prompt + max_new_tokens - 1 <= max_seq_len - 1``), so a
+model with a position table of exactly ``max_seq_len`` rows is never indexed past it. Their
+outputs are never used, and attention never lets a real token see them (and the attention
+paths drop whatever values a masked slot holds, NaN included).
+
 The cache ``init_cache`` returns is the model's whole per-row KV state with the interface of
 ``specjax.cache.ModelCache`` (``lengths [B]``, ``status [B]``, ``reserve``, ``bound_write``,
 ``advance``, ``with_lengths``, ``release``, ``rows_view``, ``put_rows``): build it from
@@ -37,7 +45,14 @@ import jax.numpy as jnp
 from specjax._pytree import pytree_dataclass, static_field
 from specjax.sampling import RowSampling, draft_token
 
-__all__ = ["Decoder", "DecoderModel", "DraftContext", "Drafter", "check_drafter", "check_model"]
+__all__ = ["Decoder", "DecoderModel", "DraftContext", "Drafter", "check_drafter", "check_model",
+           "reachable_positions"]
+
+
+def reachable_positions(positions: jax.Array, max_len: jax.Array) -> jax.Array:
+    """``positions [B, t]`` clipped per row to ``[0, max_len[b] - 1]`` (``max_len [B]``: the
+    row's prompt + token budget; an idle slot's 0 gives 0): what a model is handed."""
+    return jnp.clip(positions, 0, jnp.maximum(max_len - 1, 0)[:, None]).astype(jnp.int32)
 
 
 @runtime_checkable

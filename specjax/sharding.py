@@ -308,16 +308,20 @@ def place(params: dict, mesh: Mesh) -> dict:
 
 
 def is_sharded_for(model: Any, mesh: Mesh) -> bool:
-    """Is ``model`` laid out and placed for ``mesh`` (``shard_model``'s output)?"""
+    """Is ``model`` laid out and placed for ``mesh`` (``shard_model``'s output, split or replicated)?"""
     leaf = jax.tree.leaves(model.params)[0]
-    return (model.config.shard_groups == mesh.shape[MODEL] and isinstance(leaf, jax.Array)
-            and isinstance(leaf.sharding, NamedSharding) and leaf.sharding.mesh == mesh)
+    if not (isinstance(leaf, jax.Array) and isinstance(leaf.sharding, NamedSharding) and leaf.sharding.mesh == mesh):
+        return False
+    return model.config.shard_groups == mesh.shape[MODEL] or (
+        model.config.shard_groups == 1 and all(x.sharding.is_fully_replicated for x in jax.tree.leaves(model.params)))
 
 
-def shard_model(model: Any, mesh: Mesh) -> Any:
+def shard_model(model: Any, mesh: Mesh, *, replicate: bool = False) -> Any:
     """``model`` laid out for ``mesh``'s model axis and placed by the table (a no-op when it
     already is). The result decodes exactly as ``model`` does (the same tokens); save the
-    original, not this (its config records the sharded layout)."""
+    original, not this (its config records the sharded layout). ``replicate``: when the model
+    axis cannot split the model (its heads or MLP width), put a whole copy on every device
+    instead of raising (what the engine does for a small draft model)."""
     from specjax.model.config import ModelConfig  # the model imports this module (per_shard)
 
     if not isinstance(getattr(model, "config", None), ModelConfig):
@@ -325,7 +329,13 @@ def shard_model(model: Any, mesh: Mesh) -> Any:
                          "Llama (specjax.model.Model); run other models on one device")
     if is_sharded_for(model, mesh):
         return model
-    params, cfg = sharded_layout(model.params, model.config, mesh.shape[MODEL])
+    try:
+        params, cfg = sharded_layout(model.params, model.config, mesh.shape[MODEL])
+    except ValueError:
+        if not replicate or model.config.shard_groups != 1:
+            raise
+        whole = NamedSharding(mesh, P())
+        return model.replace(params=jax.tree.map(lambda x: jax.device_put(x, whole), model.params))
     return model.replace(params=place(params, mesh), config=cfg)
 
 

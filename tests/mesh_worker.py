@@ -160,6 +160,14 @@ def extras() -> None:
                                                           mesh=mesh)}
     result["tokens"]["batch_generate paged, a page per shard"] = [got[i] for i in range(len(reqs))] == ref * 3
 
+    # a draft model the model axis cannot split (4 query heads on 8 devices): replicated, same tokens
+    small = sharp(ModelConfig(vocab_size=64, d_model=16, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=4, d_ff=24,
+                              max_seq_len=64, tie_embeddings=False), seed=3)
+    dkw = dict(max_new_tokens=6, drafter="draft_model", draft_model=small, depth=2)
+    wide = make_mesh(1, 8)
+    result["tokens"]["replicated draft model"] = specjax.generate(
+        shard_model(target, wide), prompts, mesh=wide, **dkw).tokens == specjax.generate(target, prompts, **dkw).tokens
+
     # sizing: the plan's resident bytes are what XLA allocates for the compiled step's arguments
     from specjax.memory import check_compiled
 

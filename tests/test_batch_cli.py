@@ -113,6 +113,8 @@ def test_sigint_mid_job_then_resume_gives_the_clean_run(clean, tmp_path):
     ('{"id": "x", "prompt": "a"}\n{"id": "x", "prompt": "b"}\n', r"line 2: field 'id': 'x' repeats the id of line 1"),
     ('{"prompt": "' + "y" * 300 + '"}\n', r"line 1\.prompt='301 tokens' is invalid: .* max_seq_len=256"),
     ('[1, 2]\n', r"line 1: must be a JSON object"),
+    ('{"prompt": "a", "max_new_tokens": 100000}\n', r"line 1\.max_new_tokens=100000 is invalid: must be < the "
+                                                     r"model's max_seq_len=256"),
     ("", r"holds no request"),
 ])
 def test_bad_input_is_one_line_and_nothing_runs(raw, match, tmp_path, capsys):
@@ -125,6 +127,14 @@ def test_bad_input_is_one_line_and_nothing_runs(raw, match, tmp_path, capsys):
 
     assert re.search(match, err), err
     assert not out.exists()
+
+
+def test_out_into_a_missing_folder_is_one_line_before_anything_runs(tmp_path, capsys):
+    src = _write(tmp_path / "in.jsonl", [{"prompt": "a"}])
+    out = tmp_path / "no" / "such" / "out.jsonl"
+    assert cli.main(["batch", src, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--out {out}: its folder {out.parent} does not exist" in err, err
 
 
 def test_bundle_batch_generate_is_text_in_text_out():

@@ -88,6 +88,9 @@ def test_help_shows_every_default(capsys):
     (["generate", "x", "--mesh", "4by2"], "argument --mesh: mesh '4by2' must be DATAxMODEL"),
     (["generate", "x", "--mesh", "2x2"], "mesh data=2 x model=2 must cover the 1 devices exactly"),
     (["memory", "--mesh", "4x2", "--batch", "6"], "batch=6 is invalid: must divide by the mesh's data axis (4)"),
+    (["generate", "x", ""], "prompt 2 is empty: give some text to continue"),
+    (["generate", "x", "--model", "tests/fixtures/hf/gemma3", "--draft-model", "checkpoints/default"],
+     "--draft-model checkpoints/default is a specjax bundle: a Hugging Face target takes a Hugging Face draft"),
 ])
 def test_cli_errors_are_one_line_in_a_real_process(argv, match):
     """Run as a user does (``python -m specjax``): one error line, exit 2, no traceback."""
@@ -115,3 +118,63 @@ def test_memory_sizes_a_llama3_8b_shaped_config_on_a_v5e8_shaped_mesh(capsys):
     assert cli.main(["memory", "--config", "llama3-8b", "--mesh", "1x8", "--batch", "64", "--context", "8192"]) == 0
     out = capsys.readouterr().out
     assert "per device" in out and "kv_cache" in out and "GiB" in out
+
+
+def test_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    described = out.split("positional arguments")[0]  # the description, not argparse's own list
+    import re
+
+    for name in ("generate", "batch", "bench", "memory", "simulate", "train", "train-mtp"):
+        assert re.search(rf"\b{name}\b(?!-)", described), name
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_generate", interrupted)  # the parser is built inside main: it takes this one
+    try:
+        rc = cli.main(["generate", "x"])
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped cli.main as a traceback")
+    assert rc == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "specjax generate: interrupted"
+
+
+def test_backslash_n_on_the_command_line_is_a_newline(monkeypatch, capsys):
+    seen = {}
+
+    def fake_generate(model, prompts, **kw):
+        seen["prompts"] = prompts
+        raise ValueError("stop here")
+
+    monkeypatch.setattr("specjax.engine.generate", fake_generate)
+    assert cli.main(["generate", "import os\\nimport "]) == 2
+    from specjax import load_model
+
+    assert seen["prompts"] == [load_model().tokenizer.encode("import os\nimport ", bos=True)]
+
+
+def test_the_cli_keeps_compiled_programs_on_disk(tmp_path, monkeypatch):
+    """Every command turns on the persistent compilation cache (``$SPECJAX_COMPILATION_CACHE``
+    picks the folder, ``0`` turns it off); a folder the user set is kept."""
+    import jax
+
+    from specjax.compile_cache import cache_dir, enable_compilation_cache
+
+    monkeypatch.setenv("SPECJAX_COMPILATION_CACHE", "0")
+    assert cache_dir() is None
+    monkeypatch.setenv("SPECJAX_COMPILATION_CACHE", str(tmp_path / "xla"))
+    assert cache_dir() == tmp_path / "xla"
+    before = jax.config.jax_compilation_cache_dir
+    try:
+        jax.config.update("jax_compilation_cache_dir", None)
+        assert enable_compilation_cache() == tmp_path / "xla" and (tmp_path / "xla").is_dir()
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "xla")
+        assert enable_compilation_cache(tmp_path / "other") == tmp_path / "xla"  # set: kept
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)

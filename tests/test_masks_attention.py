@@ -186,3 +186,37 @@ def test_live_attention_never_reads_blocks_past_the_longest_row():
     assert np.isfinite(out).all()
     ref = ref_attention(q, np.nan_to_num(k), np.nan_to_num(v), q_pos, np.broadcast_to(np.arange(cap), (2, cap)), lead)
     np.testing.assert_allclose(out, ref, atol=2e-5)
+
+
+def _poison_unseen(k, v, q_pos, key_pos, lead, window, value):
+    """``k, v`` with ``value`` (NaN or Inf) in every slot no query of its row sees."""
+    seen = ref_visible(q_pos, key_pos, lead, window).any(axis=1)  # [B, T]
+    k, v = k.copy(), v.copy()
+    k[~seen[:, None].repeat(k.shape[1], 1)] = value
+    v[~seen[:, None].repeat(v.shape[1], 1)] = value
+    return k, v, seen
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+@given(case=ragged(), seed=st.integers(0, 2**16), block=st.sampled_from([4, 8, 24]))
+def test_non_finite_values_in_unseen_slots_never_reach_a_row(value, case, seed, block):
+    """A masked slot may hold anything (a model's NaN at a padding position): the reference and
+    the live-range path give what they give with zeros there (``0 * NaN`` is NaN, so the zero
+    weight alone would not hide it)."""
+    t_q, q_start, lead, window = case
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((B, t_q, 4, D)).astype(np.float32)
+    k0 = rng.standard_normal((B, 2, T, D)).astype(np.float32)
+    v0 = rng.standard_normal((B, 2, T, D)).astype(np.float32)
+    q_pos = (q_start[:, None] + np.arange(t_q)[None]).astype(np.int32)
+    key_pos = np.broadcast_to(np.arange(T, dtype=np.int32), (B, T))
+    k, v, seen = _poison_unseen(k0, v0, q_pos, key_pos, lead, window, value)
+    ref = ref_attention(q, np.where(np.isfinite(k), k, 0), np.where(np.isfinite(v), v, 0), q_pos, key_pos, lead,
+                        window)
+    dense = np.asarray(_attn(q, k, v, lead, q_start, window=window))
+    live = np.asarray(live_attention(jnp.asarray(q), _blocked_reader(jnp.asarray(k), jnp.asarray(v), block, []),
+                                     jnp.asarray(q_pos), jnp.asarray(lead), block=block, num_blocks=T // block,
+                                     window=window))
+    for out in (dense, live):
+        assert np.isfinite(out).all()
+        np.testing.assert_allclose(out, ref, atol=2e-5, rtol=2e-5)

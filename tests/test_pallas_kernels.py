@@ -357,3 +357,44 @@ def test_engine_with_pallas_attention_lowers_for_gpu(cache, sliding, monkeypatch
     lowered = jax.jit(engine._generate_loop, static_argnums=0).trace(
         eng, params, *args, auto, np.int32(eng.max_steps)).lower(lowering_platforms=("cuda",))
     assert "triton" in lowered.as_text().lower()
+
+
+@pytest.mark.parametrize("kernel", ["dense", "paged", "ring"])
+@pytest.mark.parametrize("body", ["grid", "loop"])
+def test_non_finite_values_in_unseen_slots_never_reach_a_row(kernel, body):
+    """NaN / Inf in every slot inside the live blocks that no query of its row sees (before the
+    lead pad, past the last query, outside the window): the output is what zeros there give."""
+    from specjax.attention import ring_positions
+
+    rng = np.random.default_rng(12)
+    t_q, hq, hkv, d, block, window = 4, 4, 2, 32, 16, 10
+    lead = np.array([3, 0, 20, 7], np.int32)
+    qs = np.array([10, 27, 40, 5], np.int32)
+    q = jnp.asarray(rng.standard_normal((B, t_q, hq, d)), jnp.float32)
+
+    def seen(pos):  # [B, T] positions -> visible to some query of the row
+        lo = np.maximum(lead, qs - window + 1)[:, None]
+        return (pos >= 0) & (pos >= lo) & (pos <= (qs + t_q - 1)[:, None])
+
+    if kernel == "ring":
+        size = 16
+        pos = np.asarray(ring_positions(jnp.asarray(qs), t_q, size))
+        k, v = (rng.standard_normal((B, hkv, size, d)).astype(np.float32) for _ in range(2))
+        run = lambda k, v: ring_attention(q, k, v, lead, qs, window=window, block_k=8, body=body)  # noqa: E731
+        poison = ~seen(pos)[:, None, :, None]
+    elif kernel == "dense":
+        k, v = (rng.standard_normal((B, hkv, 64, d)).astype(np.float32) for _ in range(2))
+        run = lambda k, v: ragged_attention(q, k, v, lead, qs, window=window, block_k=block, body=body)  # noqa: E731
+        poison = ~seen(np.broadcast_to(np.arange(64), (B, 64)))[:, None, :, None]
+    else:
+        page, pages = 8, 6
+        bt = np.arange(B * pages, dtype=np.int32).reshape(B, pages)
+        k, v = (rng.standard_normal((B * pages, hkv, page, d)).astype(np.float32) for _ in range(2))
+        run = lambda k, v: paged_attention(q, k, v, bt, lead, qs, window=window, body=body)  # noqa: E731
+        slot_seen = seen(np.broadcast_to(np.arange(pages * page), (B, pages * page)))  # row b owns pages bt[b]
+        poison = ~slot_seen.reshape(B * pages, 1, page, 1)
+    clean = np.asarray(run(np.where(poison, 0, k), np.where(poison, 0, v)))
+    for value in (np.nan, np.inf):
+        out = np.asarray(run(np.where(poison, value, k), np.where(poison, value, v)))
+        assert np.isfinite(out).all(), (kernel, body, value)
+        np.testing.assert_allclose(out, clean, atol=2e-5)

@@ -122,6 +122,16 @@ def test_nnx_decoder_speculates_its_own_greedy_tokens(target, draft, want, rule,
         assert out.metrics["accepted_drafts"] > 0  # the drafts were used: tokens came from accepted windows
 
 
+def test_the_default_drafter_follows_the_models(target, draft, want):
+    """``drafter`` left out (``"auto"``): the CLI's rule everywhere. No MTP module and no draft
+    model: n-gram; a draft model given: the draft model."""
+    assert specjax.generate(wrap(target), PROMPTS, max_new_tokens=NEW, depth=3).metrics["drafter"] == "ngram"
+    got = specjax.generate(wrap(target), PROMPTS, max_new_tokens=NEW, depth=3, draft_model=wrap(draft))
+    assert got.metrics["drafter"] == "draft_model" and got.tokens == want
+    done = list(batch_generate(wrap(target), [{"prompt": p} for p in PROMPTS], slots=2, max_new_tokens=NEW, depth=3))
+    assert sorted((c.id, c.tokens) for c in done) == list(enumerate(want))
+
+
 def test_wrapping_again_is_no_recompile(target, want):
     first = specjax.generate(wrap(target), PROMPTS, max_new_tokens=NEW, drafter="ngram", depth=2)
     again = specjax.generate(wrap(target), PROMPTS[::-1], max_new_tokens=NEW, drafter="ngram", depth=2)
@@ -233,3 +243,87 @@ def test_bad_plugins_get_clear_errors(llama, target):
         nnx_model(target, layout=KVLayout(LAYERS, HKV + 1, HD), vocab_size=VOCAB, max_seq_len=64)
     with pytest.raises(ValueError, match=r"model=NnxModel is invalid with mesh="):
         specjax.generate(wrap(target), [[1, 2]], max_new_tokens=2, drafter=None, mesh=specjax.make_mesh(data=1))
+
+
+# ----------------------------------------------------------------------------- the model contract's edges
+
+MAXLEN, WIN, SCALE = 96, 6, 0.2  # a position table of exactly MAXLEN rows; layer 0 a sliding window
+PAD = 0  # never in a prompt, never generated: the module turns it into NaN (poisoned padding)
+SEEN: list[tuple[int, int]] = []  # (min, max) of the positions of every forward the engine ran
+
+
+class LearnedPositions(nnx.Module):
+    """GPT-2 style: a learned position table of exactly ``MAXLEN`` rows (a position past it
+    reads NaN), layer 0 attends in a window of ``WIN`` at scale ``SCALE``, and the token
+    ``PAD`` embeds as NaN, so every padding slot the engine computes carries NaN K/V."""
+
+    def __init__(self, seed: int):
+        rngs = nnx.Rngs(seed)
+        self.embed = nnx.Embed(VOCAB, D, rngs=rngs)
+        self.pos = nnx.Param(0.5 * jax.random.normal(jax.random.key(seed + 1), (MAXLEN, D)))
+        self.blocks = nnx.List([Block(rngs) for _ in range(LAYERS)])
+        self.norm = nnx.RMSNorm(D, rngs=rngs)
+        self.out = nnx.Linear(D, VOCAB, use_bias=False, rngs=rngs)
+
+    def __call__(self, tokens, positions, kv):
+        jax.debug.callback(lambda lo, hi: SEEN.append((int(lo), int(hi))), jnp.min(positions), jnp.max(positions))
+        x = self.embed(tokens) * 3.0 + jnp.take(self.pos[...], positions, axis=0, mode="fill", fill_value=jnp.nan)
+        x = jnp.where((tokens == PAD)[..., None], jnp.nan, x)
+        layer0 = lambda i, q, k, v: kv(i, q, k, v, window=WIN, scale=SCALE)  # noqa: E731
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, positions, layer0 if i == 0 else kv, i)
+        return x
+
+    def logits(self, hidden):
+        return (self.out(self.norm(hidden)) * 40.0).at[..., PAD].set(-1e9)
+
+
+def windowed_kv(i, q, k, v, *, window=None, scale=None):
+    """The uncached oracle of ``kv`` with a window and a scale."""
+    t = q.shape[1]
+    k, v = (jnp.repeat(x, HQ // HKV, axis=2) for x in (k, v))
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (HD**-0.5 if scale is None else scale)
+    qi, ki = np.arange(t)[:, None], np.arange(t)[None]
+    seen = (ki <= qi) & ((ki > qi - window) if window else True)
+    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(jnp.where(seen, s, -jnp.inf), axis=-1), v)
+
+
+def learned_greedy(module, prompt, n):
+    """The module's own uncached greedy loop over a fixed ``MAXLEN`` window (causal: the filler
+    after the text, token 1, changes nothing before it; one compile for every step)."""
+    graphdef, state = nnx.split(module)
+
+    @jax.jit
+    def last_logits(state, tokens, at):
+        m = nnx.merge(graphdef, state)
+        return m.logits(m(tokens, jnp.arange(MAXLEN)[None], windowed_kv))[0, at]
+
+    seq = list(prompt)
+    for _ in range(n):
+        tokens = jnp.asarray([seq + [1] * (MAXLEN - len(seq))], jnp.int32)
+        seq.append(int(jnp.argmax(last_logits(state, tokens, len(seq) - 1))))
+    return seq[len(prompt):]
+
+
+@pytest.fixture(scope="module")
+def learned():
+    module = LearnedPositions(3)
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(1, VOCAB, n).tolist() for n in (70, 3, 12)]  # a 128-wide prefill bucket
+    edge = rng.integers(1, VOCAB, 60).tolist()  # 60 + 36 new: ends exactly at MAXLEN
+    return module, prompts, edge, [learned_greedy(module, p, 20) for p in prompts], learned_greedy(module, edge, 36)
+
+
+@pytest.mark.parametrize("drafter,cache", [(None, "dense"), ("ngram", "paged"), ("draft_model", "dense")])
+def test_positions_stay_reachable_and_padding_nans_stay_masked(learned, drafter, cache):
+    """A model with exactly ``max_seq_len`` learned positions, windowed attention at its own
+    scale through ``kv``, and NaN K/V in every padding slot: every row decodes its own greedy
+    tokens (prefill padded past ``max_seq_len``, verify windows and draft chains past the row's
+    end, a request ending exactly at the limit)."""
+    module, prompts, edge, want, want_edge = learned
+    model = nnx_model(module, layout=KVLayout(LAYERS, HKV, HD), vocab_size=VOCAB, max_seq_len=MAXLEN)
+    kw = dict(drafter=drafter, cache=cache, depth=3, draft_model=model if drafter == "draft_model" else None)
+    SEEN.clear()
+    assert specjax.generate(model, prompts, max_new_tokens=20, **kw).tokens == want
+    assert specjax.generate(model, [edge], max_new_tokens=36, **kw).tokens == [want_edge]
+    assert SEEN and min(lo for lo, _ in SEEN) >= 0 and max(hi for _, hi in SEEN) <= MAXLEN - 1

@@ -85,13 +85,14 @@ def test_state_layout_on_one_mesh():
 def test_loaders_stream_batch_memory_and_errors_on_a_mesh():
     """``load_model(mesh=)`` and ``load_hf_checkpoint(mesh=)`` (Gemma 3 fixture: KV heads 2 on a
     model axis of 4, sliding-window layers), ``stream`` and ``batch_generate`` (dense, paged): the
-    unsharded tokens, weights per the table. ``specjax.memory``'s resident bytes equal XLA's for
+    unsharded tokens, weights per the table; a draft model the model axis cannot split (4 heads
+    on 8 devices) replicated, with the unsharded tokens. ``specjax.memory``'s resident bytes equal XLA's for
     the compiled step; its largest activation is within XLA's temporaries. Bad settings are
     one clear error."""
     result = _worker("extras")
     _check(result)
     assert set(result["tokens"]) == {"hf", "bundle", "stream", "batch_generate dense", "batch_generate paged",
-                                     "batch_generate paged, a page per shard"}
+                                     "batch_generate paged, a page per shard", "replicated draft model"}
     for plan_args, xla_args, act, xla_temp in result["memory"]:
         assert plan_args == xla_args and 0 < act <= xla_temp
     errors = result["errors"]
