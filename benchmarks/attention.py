@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels.ragged_attention import ragged_attention, ragged_attention_reference
+from pallas_kernels.ragged import ragged_attention, ragged_attention_reference
 
 HQ, HKV, D = 32, 8, 128
 # Peak HBM bandwidth, bytes/s, by device_kind substring (vendor figures).

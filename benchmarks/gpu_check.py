@@ -56,8 +56,8 @@ def _timeit(fn, *args, n=20) -> float:
 
 
 def kernels(smoke: bool) -> list[dict]:
-    from pallas_kernels.paged_attention import paged_attention, paged_attention_reference
-    from pallas_kernels.ragged_attention import (
+    from pallas_kernels.paged import paged_attention, paged_attention_reference
+    from pallas_kernels.ragged import (
         ragged_attention,
         ragged_attention_reference,
         ring_attention,
@@ -115,7 +115,7 @@ def _paged(paged_attention, reference, q, k, v, lead, qs, window, page, rng):
 
 
 def bandwidth(smoke: bool) -> dict:
-    from pallas_kernels.ragged_attention import ragged_attention
+    from pallas_kernels.ragged import ragged_attention
     from specjax.cache import DenseKVCache
 
     b, hq, hkv, d, t, t_q = (8, 8, 2, 128, 32768, 1) if not smoke else (2, 4, 2, 64, 1024, 1)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specjax.masks import MASK_VALUE
+from pallas_kernels.reference import MASK_VALUE
 
 __all__ = ["MASK_VALUE", "block_update", "finalize", "group_queries", "init_carry", "key_positions",
            "live_block_range", "query_rows", "stack_query_rows", "unstack_query_rows"]

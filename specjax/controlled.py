@@ -25,14 +25,14 @@ a new oracle or profile of the same shapes never recompiles.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specjax._pytree import pytree_dataclass
-from specjax.drafter import _gather
+from specjax.drafter import gather_tokens
 
 __all__ = ["ControlData", "Controlled", "control_data", "expected_tokens_per_step", "oracle_rows"]
 
@@ -68,6 +68,7 @@ class Controlled:
 
     inner: Any
     data: ControlData | None = dataclasses.field(default=None, compare=False, repr=False)
+    wraps_drafter: ClassVar[bool] = True  # the engine resolves and sizes it by ``inner`` (specjax.drafter)
 
     @property
     def name(self) -> str:
@@ -98,11 +99,11 @@ class Controlled:
         data: ControlData = params["drafter"]
         k = jnp.arange(d, dtype=jnp.int32)[None]
         pos = st.known[:, None] + k  # the absolute position each draft is for
-        right = _gather(data.oracle, pos)
+        right = gather_tokens(data.oracle, pos)
         rates = jnp.pad(data.rates, (0, max(d - data.rates.shape[0], 0)))[:d]
         ok = _uniform(st.seeds, pos, k) < rates[None]
         s = st.steps[:, None]  # [B, 1]: the row's own step; past its trace, -1 (the rates)
-        planned = jnp.where(s < data.trace.shape[1], _gather(data.trace, s), -1)
+        planned = jnp.where(s < data.trace.shape[1], gather_tokens(data.trace, s), -1)
         ok = jnp.where(planned >= 0, k < planned, ok)
         v = eng.target.vocab_size
         wrong = (right + 1 + jnp.abs(drafts) % max(v - 1, 1)) % v

@@ -81,7 +81,7 @@ def _stack_probs(probs_all: list, greedy: bool):
     return None if greedy else jnp.stack(probs_all, axis=1)
 
 
-def _gather(seq: jax.Array, idx: jax.Array) -> jax.Array:
+def gather_tokens(seq: jax.Array, idx: jax.Array) -> jax.Array:
     return jnp.take_along_axis(seq, jnp.clip(idx, 0, seq.shape[1] - 1), axis=1)
 
 
@@ -130,7 +130,7 @@ class NgramDrafter(_Stateless):
         """int32 [B]: start of the latest earlier occurrence of each row's last ``n`` known
         tokens whose continuation starts inside the known tokens, -1 where there is none."""
         n, c = self.n, seq.shape[1]
-        pattern = _gather(seq, known[:, None] - n + jnp.arange(n)[None])  # [B, n]
+        pattern = gather_tokens(seq, known[:, None] - n + jnp.arange(n)[None])  # [B, n]
         starts = jnp.arange(c - n + 1)  # candidate match starts
         windows = seq[:, starts[:, None] + jnp.arange(n)[None]]  # [B, S, n]
         hit = jnp.all(windows == pattern[:, None, :], axis=-1)
@@ -144,7 +144,7 @@ class NgramDrafter(_Stateless):
         one runs at window 1), and a window-1 step checks its token against the first draft."""
         best = self._match(st.seq, st.known)
         count = jnp.where(best >= 0, jnp.clip(st.known - best - self.n, 0, eng.depth), 0)
-        first = jnp.where(best >= 0, _gather(st.seq, (best + self.n)[:, None])[:, 0], -1)
+        first = jnp.where(best >= 0, gather_tokens(st.seq, (best + self.n)[:, None])[:, 0], -1)
         return count.astype(jnp.int32), first.astype(jnp.int32)
 
     def available(self, eng, st) -> jax.Array:
@@ -157,8 +157,8 @@ class NgramDrafter(_Stateless):
         if d == 0:  # depth="auto" at window 1: no lookup at all
             return jnp.zeros((b, 0), jnp.int32), None, st.dstate
         best = self._match(seq, known)
-        follow = _gather(seq, (best + self.n)[:, None] + jnp.arange(d)[None])
-        last = _gather(seq, known[:, None] - 1)
+        follow = gather_tokens(seq, (best + self.n)[:, None] + jnp.arange(d)[None])
+        last = gather_tokens(seq, known[:, None] - 1)
         drafts = jnp.where((best >= 0)[:, None], follow, last)
         return drafts.astype(jnp.int32), None, st.dstate
 
@@ -186,7 +186,7 @@ class DraftModelDrafter:
 
     def prefill(self, eng, params, st, hidden, positions, live):
         cache = st.dstate.reserve(positions.shape[1], live).bound_write(st.prompt_len)
-        tokens = _gather(st.seq, positions)  # (the engine's positions: already reachable ones)
+        tokens = gather_tokens(st.seq, positions)  # (the engine's positions: already reachable ones)
         _, cache = eng.draft.forward_hidden(params["draft"], tokens, positions, cache,
                                             attention_impl=eng.attention_impl)
         return cache.advance(st.prompt_len)  # only the K/V is needed: no logits
@@ -197,7 +197,7 @@ class DraftModelDrafter:
         lengths, u = cache.lengths, st.u
         cache = cache.reserve(2 * w, st.live)
         pos = lengths[:, None] + jnp.arange(w)[None]
-        x, cache = dec.forward_hidden(dp, _gather(st.seq, pos), reachable_positions(pos, st.max_len), cache,
+        x, cache = dec.forward_hidden(dp, gather_tokens(st.seq, pos), reachable_positions(pos, st.max_len), cache,
                                       attention_impl=eng.attention_impl)
         first = dec.head(dp, jnp.take_along_axis(x, (u - 1)[:, None, None], axis=1)[:, 0])
         tok, probs_k = pick(first, eng, st, lengths + u)
@@ -262,7 +262,7 @@ class MtpDrafter:
         dec = eng.target
         t = hidden.shape[1]
         pos = lengths[:, None] + jnp.arange(t)[None]
-        nxt = _gather(st.seq, pos + 1)
+        nxt = gather_tokens(st.seq, pos + 1)
         pos = reachable_positions(pos, st.max_len)
         last = jnp.maximum(count - 1, 0)  # (a padding row of a prefill commits 0)
         if hasattr(dec, "mtp_hidden_at"):  # attention and MLP for the one slot read, K/V up to it
@@ -422,12 +422,16 @@ def resolve_drafter(drafter: object, ngram_n: int = 3) -> Any:
         return NgramDrafter(ngram_n) if drafter == "ngram" else BUILTIN[drafter]()
     if isinstance(drafter, NoDrafter | NgramDrafter | DraftModelDrafter | MtpDrafter | PluggedDrafter):
         return drafter
-    from specjax.controlled import Controlled
-
-    if isinstance(drafter, Controlled):
+    if _wraps(drafter):  # a wrapper of a drafter (specjax.controlled.Controlled): resolve what it wraps
         return dataclasses.replace(drafter, inner=resolve_drafter(drafter.inner, ngram_n))
     check_drafter("drafter", drafter)
     return PluggedDrafter(drafter)
+
+
+def _wraps(drafter: object) -> bool:
+    """Is ``drafter`` a wrapper of another drafter (``inner``), as ``specjax.controlled.Controlled``
+    is? Asked of its class: a wrapper forwards attribute lookups to what it wraps."""
+    return bool(getattr(type(drafter), "wraps_drafter", False))
 
 
 def drafter_kind(drafter: object) -> str | None:
@@ -437,9 +441,7 @@ def drafter_kind(drafter: object) -> str | None:
         return None
     if isinstance(drafter, str):
         return drafter
-    from specjax.controlled import Controlled
-
-    if isinstance(drafter, Controlled):  # what its inner drafter needs (an MTP module, a draft model)
+    if _wraps(drafter):  # what its inner drafter needs (an MTP module, a draft model)
         return drafter_kind(drafter.inner)
     for name, cls in BUILTIN.items():
         if isinstance(drafter, cls):

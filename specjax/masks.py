@@ -5,7 +5,8 @@ A row's queries sit at absolute positions ``q_pos [B, t_q]``; its keys at
 iff ``lead_pad <= key_pos[j] <= q_pos[q]`` and, with a window ``W``,
 ``key_pos[j] > q_pos[q] - W``. Allowed slots add ``0.0``; excluded ones add
 ``MASK_VALUE`` (finite, so a fully masked row yields no NaN). Dead slots are
-excluded here, never by zero-filling K/V.
+excluded here, never by zero-filling K/V. ``MASK_VALUE`` and ``visible`` live with the
+kernels (``pallas_kernels.reference``); the additive masks are built from them here.
 """
 
 from __future__ import annotations
@@ -13,27 +14,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.reference import MASK_VALUE, visible  # the one visibility rule, with the kernels
+
 __all__ = [
     "MASK_VALUE",
     "make_left_padded_causal_mask",
     "make_position_mask",
     "visible",
 ]
-
-MASK_VALUE = -1e30  # finite large negative: exp() underflows to exactly 0
-
-
-def visible(
-    q_pos: jax.Array, key_pos: jax.Array, lead_pad: jax.Array, window: int | None = None
-) -> jax.Array:
-    """Boolean ``[B, t_q, T]``: may query ``q`` of row ``b`` read key slot ``j``."""
-    kp = key_pos[:, None, :]
-    qp = q_pos[:, :, None]
-    ok = (kp >= lead_pad[:, None, None]) & (kp <= qp) & (kp >= 0)
-    if window is not None:
-        ok &= kp > qp - window
-    return ok
-
 
 def make_position_mask(
     q_pos: jax.Array, key_pos: jax.Array, lead_pad: jax.Array, window: int | None = None

@@ -245,8 +245,6 @@ def sharded_layout(params: dict, cfg: ModelConfig, model: int) -> tuple[dict, Mo
     """``params`` (host NumPy or device arrays, the plain ``[q | k | v]`` layout) laid out for a
     ``model``-way split: KV heads replicated where needed (``_kv_heads``), the fused matrices'
     columns grouped per device (``ModelConfig.shard_groups``). Either layer layout."""
-    from specjax.model.llama import layer_loop  # the model imports this module (per_shard)
-
     cfg2 = sharded_config(cfg, model)
     if model == 1:
         return params, cfg
@@ -274,7 +272,7 @@ def sharded_layout(params: dict, cfg: ModelConfig, model: int) -> tuple[dict, Mo
         return p
 
     out = dict(params)
-    out["layers"] = [block(b) for b in params["layers"]] if layer_loop(params) == "unrolled" else block(
+    out["layers"] = [block(b) for b in params["layers"]] if isinstance(params["layers"], list | tuple) else block(
         params["layers"])
     if "mtp" in params:
         out["mtp"] = dict(params["mtp"], block=block(params["mtp"]["block"]))
@@ -322,9 +320,7 @@ def shard_model(model: Any, mesh: Mesh, *, replicate: bool = False) -> Any:
     original, not this (its config records the sharded layout). ``replicate``: when the model
     axis cannot split the model (its heads or MLP width), put a whole copy on every device
     instead of raising (what the engine does for a small draft model)."""
-    from specjax.model.config import ModelConfig  # the model imports this module (per_shard)
-
-    if not isinstance(getattr(model, "config", None), ModelConfig):
+    if not hasattr(getattr(model, "config", None), "shard_groups"):  # specjax's ModelConfig (the model imports us)
         raise ValueError(f"model={type(model).__name__} is invalid with mesh=: the sharding table lays out specjax's "
                          "Llama (specjax.model.Model); run other models on one device")
     if is_sharded_for(model, mesh):

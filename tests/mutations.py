@@ -1092,8 +1092,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "ngram offer: the first draft one token past the match's continuation",
         "NgramDrafter.offer",
-        "_gather(st.seq, (best + self.n)[:, None])[:, 0]",
-        "_gather(st.seq, (best + self.n + 1)[:, None])[:, 0]",
+        "gather_tokens(st.seq, (best + self.n)[:, None])[:, 0]",
+        "gather_tokens(st.seq, (best + self.n + 1)[:, None])[:, 0]",
         ("tests/test_depth_auto.py::test_ngram_offer_matches_a_reference",),
     ),
     Mutation(
@@ -1317,8 +1317,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         'controlled: a trace past its end repeats its last count (not the rates)',
         "Controlled.propose",
-        '        planned = jnp.where(s < data.trace.shape[1], _gather(data.trace, s), -1)',
-        '        planned = _gather(data.trace, s)',
+        '        planned = jnp.where(s < data.trace.shape[1], gather_tokens(data.trace, s), -1)',
+        '        planned = gather_tokens(data.trace, s)',
         ('tests/test_controlled.py::test_a_replayed_trace_is_accepted_step_by_step',),
     ),
     Mutation(
@@ -1373,7 +1373,7 @@ MUTATIONS: list[Mutation] = [
     # --- the model contract's edges (#50 item 9) and the newcomer fixes (#50 item 8) ---
     Mutation(
         "attention: a masked slot's NaN value multiplied by its zero weight (XLA)",
-        "_finite_values",
+        "finite_values",
         "    return jnp.where(jnp.isfinite(v), v, 0.0)\n",
         "    return v\n",
         ("tests/test_masks_attention.py::test_non_finite_values_in_unseen_slots_never_reach_a_row",),

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.paged_attention import paged_attention, paged_attention_reference
-from pallas_kernels.ragged_attention import (
+from pallas_kernels.paged import paged_attention, paged_attention_reference
+from pallas_kernels.ragged import (
     ragged_attention,
     ragged_attention_reference,
     ring_attention,
@@ -339,8 +339,8 @@ def test_engine_with_pallas_attention_lowers_for_gpu(cache, sliding, monkeypatch
 
     pytest.importorskip("jax.experimental.pallas.triton")
 
-    import pallas_kernels.paged_attention as paged_module
-    import pallas_kernels.ragged_attention as ragged_module
+    import pallas_kernels.paged as paged_module
+    import pallas_kernels.ragged as ragged_module
     from specjax import engine
     from specjax.model import ModelConfig, init_model
 

@@ -33,8 +33,8 @@ def _lower_for_tpu(fn, *args) -> str:
 
 @pytest.mark.parametrize("kernel", ["dense", "window", "ring", "paged"])
 def test_every_kernels_grid_body_lowers_for_tpu(tpu, kernel):
-    from pallas_kernels.paged_attention import paged_attention
-    from pallas_kernels.ragged_attention import ragged_attention, ring_attention
+    from pallas_kernels.paged import paged_attention
+    from pallas_kernels.ragged import ragged_attention, ring_attention
 
     b, t_q, hq, hkv, d, keys, layers = 2, 4, 8, 2, 128, 512, 3
     dt = jnp.bfloat16
@@ -59,8 +59,8 @@ def test_the_generate_loop_with_pallas_attention_lowers_for_tpu(tpu, cache, draf
     """The whole loop (prefill, the MTP chain or n-gram lookup, a 4-token verify, commit) with
     ``attention_impl="pallas"``, bfloat16 weights at head_dim 128 and GQA 4:1: every layer's
     attention a Mosaic kernel (the grid body, as on a TPU)."""
-    import pallas_kernels.paged_attention as paged_module
-    import pallas_kernels.ragged_attention as ragged_module
+    import pallas_kernels.paged as paged_module
+    import pallas_kernels.ragged as ragged_module
     from specjax import engine
     from specjax.model import ModelConfig, init_model
 

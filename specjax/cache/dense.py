@@ -14,6 +14,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels import ragged_attention as pallas_ragged_attention
 from specjax._pytree import pytree_dataclass
 from specjax.attention import live_attention
 from specjax.cache.base import (
@@ -140,9 +141,6 @@ class DenseKVCache:
         up to the batch's longest live row (XLA) or each row's own live blocks (Pallas)."""
         t_q = q.shape[1]
         if impl == "pallas":
-            # lazy import: pallas_kernels imports specjax (the reference), never the reverse at import time
-            from pallas_kernels.ragged_attention import ragged_attention as pallas_ragged_attention
-
             k, v, at = kernel_operands(self.k, self.v, layer)
             return pallas_ragged_attention(q, k, v, self.start, self.lengths, window=window, scale=scale,
                                            block_k=kernel_block(self.capacity), layer=at)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels import paged_attention
 from specjax._pytree import pytree_dataclass
 from specjax.attention import gather_pages, live_attention
 from specjax.cache.base import (
@@ -312,8 +313,6 @@ class PagedKVCache:
         zeros = jnp.zeros((self.batch,), jnp.int32)
         table = self._pool_table()
         if impl == "pallas":
-            from pallas_kernels.paged_attention import paged_attention  # lazy: pallas_kernels imports specjax
-
             k, v, at = kernel_operands(self.k, self.v, layer)
             return paged_attention(q, k, v, table, zeros, self.lengths, window=window, scale=scale,
                                    layer=at)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels import ring_attention
 from specjax._pytree import pytree_dataclass, static_field
 from specjax.attention import attention_with_positions, ring_positions
 from specjax.cache.base import (
@@ -166,8 +167,6 @@ class RollingKVCache:
             raise ValueError(f"window={window} differs from this cache's window={self.window}")
         t_q = q.shape[1]
         if impl == "pallas":
-            from pallas_kernels.ragged_attention import ring_attention  # lazy: pallas_kernels imports specjax
-
             k, v, at = kernel_operands(self.k, self.v, layer)
             return ring_attention(q, k, v, self.start, self.lengths, window=self.window, scale=scale, layer=at,
                                   block_k=kernel_block(self.size))

@@ -18,7 +18,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 from pallas_kernels._online_softmax import live_block_range
-from pallas_kernels.ragged_attention import (
+from pallas_kernels.ragged import (
     check_dynamic,
     check_static,
     clamp_block,
@@ -29,8 +29,7 @@ from pallas_kernels.ragged_attention import (
     one_layer,
     stacked,
 )
-from specjax.attention import gather_pages
-from specjax.attention import ragged_attention as xla_ragged_attention
+from pallas_kernels.reference import paged_reference
 
 __all__ = ["paged_attention", "paged_attention_reference"]
 
@@ -117,6 +116,5 @@ def paged_attention(
 
 def paged_attention_reference(q, k_pages, v_pages, block_table, lead_pad, q_start, *, window=None, scale=None):
     """Gather each row's pages into a contiguous ``[B, Hkv, max_pages * page, D]`` and run
-    the XLA oracle."""
-    k, v, _ = gather_pages(k_pages, v_pages, block_table)
-    return xla_ragged_attention(q, k, v, lead_pad, q_start, window=window, scale=scale)
+    the XLA oracle (``reference.paged_reference``)."""
+    return paged_reference(q, k_pages, v_pages, block_table, lead_pad, q_start, window=window, scale=scale)

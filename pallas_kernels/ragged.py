@@ -1,7 +1,7 @@
 """Pallas kernels: ragged masked attention over a dense per-row KV layout or a per-row ring.
 
-Semantics are those of ``specjax.attention`` (the oracle, see ``ragged_attention_reference``
-and ``ring_attention_reference``): query ``t`` of row ``b`` sits at position
+Semantics are those of ``pallas_kernels.reference`` (the oracle: ``dense_reference`` and
+``ring_reference``): query ``t`` of row ``b`` sits at position
 ``q_start[b] + t`` and sees keys at positions ``[lead_pad[b], q_start[b] + t]`` (within
 ``window`` if given); GQA; float32 accumulation; a query with no visible key returns zeros.
 In the dense layout slot ``s`` holds position ``s``; in a ring of ``S`` slots (the rolling
@@ -46,8 +46,7 @@ from pallas_kernels._online_softmax import (
     stack_query_rows,
     unstack_query_rows,
 )
-from specjax.attention import attention_with_positions, ring_positions
-from specjax.attention import ragged_attention as xla_ragged_attention
+from pallas_kernels.reference import dense_reference, ring_reference
 
 __all__ = ["BODIES", "ragged_attention", "ragged_attention_reference", "ring_attention", "ring_attention_reference",
            "stacked"]
@@ -405,14 +404,11 @@ def ring_attention(
 
 
 def ragged_attention_reference(q, k, v, lead_pad, q_start, *, window=None, scale=None) -> jax.Array:
-    """The XLA oracle the dense kernel is tested against."""
-    return xla_ragged_attention(q, k, v, lead_pad, q_start, window=window, scale=scale)
+    """The XLA oracle the dense kernel is tested against (``reference.dense_reference``)."""
+    return dense_reference(q, k, v, lead_pad, q_start, window=window, scale=scale)
 
 
 def ring_attention_reference(q, k, v, lead_pad, lengths, *, window, scale=None) -> jax.Array:
-    """The XLA oracle for the ring kernel: positions of every slot, then one masked pass."""
-    t_q = q.shape[1]
-    q_pos = jnp.asarray(lengths, jnp.int32)[:, None] + jnp.arange(t_q, dtype=jnp.int32)
-    key_pos = ring_positions(lengths, t_q, k.shape[2])
-    return attention_with_positions(q, k, v, q_pos, key_pos, jnp.asarray(lead_pad, jnp.int32), window=window,
-                                    scale=scale)
+    """The XLA oracle for the ring kernel (``reference.ring_reference``): positions of every
+    slot, then one masked pass."""
+    return ring_reference(q, k, v, lead_pad, lengths, window=window, scale=scale)

@@ -1,0 +1,68 @@
+"""The package layout's rules, checked on the source: the kernels depend on JAX only, and no
+two modules import each other (function-level imports included: a lazy import that dodges a
+cycle is still a cycle)."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("specjax", "pallas_kernels")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for p in (ROOT / pkg).rglob("*.py"):
+            rel = p.relative_to(ROOT).with_suffix("")
+            out[".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)] = p
+    return out
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module an ``import`` anywhere in the file names (``from a.b import c``: ``a.b``,
+    and ``a.b.c`` when that is a module)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+            out |= {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    return out
+
+
+def test_the_kernels_import_nothing_from_specjax():
+    bad = {str(p.relative_to(ROOT)): sorted(m for m in _imports(p) if m.split(".")[0] == "specjax")
+           for p in (ROOT / "pallas_kernels").rglob("*.py")}
+    assert not {k: v for k, v in bad.items() if v}
+
+
+def test_no_two_modules_import_each_other():
+    mods = _modules()
+    graph = {m: {i for i in _imports(p) if i in mods and i != m} for m, p in mods.items()}
+    # a package's own __init__ re-exporting its modules is not a cycle: drop the edges into it
+    graph = {m: {i for i in deps if not m.startswith(i + ".")} for m, deps in graph.items()}
+    cycles, done = [], set()
+
+    def visit(m, path):
+        if m in path:
+            cycles.append(path[path.index(m):] + [m])
+            return
+        if m in done:
+            return
+        for dep in sorted(graph[m]):
+            visit(dep, path + [m])
+        done.add(m)
+
+    for m in sorted(graph):
+        visit(m, [])
+    assert not cycles, cycles
+
+
+def test_the_kernels_package_exports_kernels_and_references():
+    import pallas_kernels
+
+    for name in ("ragged_attention", "ring_attention", "paged_attention", "dense_reference", "ring_reference",
+                 "paged_reference", "visible"):
+        assert name in pallas_kernels.__all__ and callable(getattr(pallas_kernels, name)), name
+    assert pallas_kernels.MASK_VALUE <= -1e9
