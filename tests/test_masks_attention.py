@@ -170,7 +170,8 @@ def test_live_block_bounds_cover_exactly_the_visible_blocks(case):
 
 
 def test_live_attention_never_reads_blocks_past_the_longest_row():
-    """NaN in every block past the batch's last query: a read of any of them would poison the output."""
+    """NaN in every block past the batch's last query: the output stays finite and exact (which
+    blocks are visited: ``test_live_block_bounds_cover_exactly_the_visible_blocks``)."""
     rng = np.random.default_rng(5)
     cap, block = 64, 8
     q = rng.standard_normal((2, 2, 2, D)).astype(np.float32)

@@ -73,9 +73,35 @@ def test_ragged_grid_body_under_tpu_interpreter():
     np.testing.assert_allclose(np.asarray(out), np.asarray(ragged_attention_reference(q, k, v, lead, qs)), atol=2e-5)
 
 
+@pytest.mark.parametrize("window", [None, 5, 30])
+def test_live_block_range_is_exactly_the_blocks_a_row_sees(window):
+    """``(first, last)`` are the first and last key blocks holding a key visible to some query
+    of the row (``first > last`` when none): the kernels skip every other block. Skipping is
+    invisible in the output (a masked block's values are dropped, even NaN), so it is checked
+    here, against the visibility of every slot."""
+    from pallas_kernels._online_softmax import live_block_range
+
+    block, num_keys, t_q = 8, 64, 3
+    for q_start in range(0, num_keys - t_q + 1, 5):
+        for lead in range(0, q_start + t_q + 2, 3):
+            pos = np.arange(num_keys)
+            seen = np.zeros(num_keys, bool)
+            for t in range(t_q):
+                q = q_start + t
+                seen |= (pos >= lead) & (pos <= q) & ((pos > q - window) if window else True)
+            first, last = (int(x) for x in live_block_range(lead, q_start, t_q, window, block, num_keys))
+            blocks = np.nonzero(seen)[0] // block
+            if len(blocks):
+                assert (first, last) == (blocks.min(), blocks.max()), (q_start, lead, window)
+            else:
+                assert first > last, (q_start, lead, window)
+
+
 @pytest.mark.parametrize("body", ["grid", "loop"])
 def test_blocks_outside_the_live_range_are_never_read(body):
-    """NaN in every block wholly outside a row's live range: any read would poison the output."""
+    """NaN in every block wholly outside a row's live range: the output stays finite and exact.
+    (A masked value is dropped even where read, so which blocks are visited is checked by
+    ``test_live_block_range_is_exactly_the_blocks_a_row_sees``.)"""
     rng = np.random.default_rng(4)
     t_q, block, num_keys = 4, 16, 96
     q, k, v = (np.array(x) for x in _data(rng, t_q, 4, 2, 64, num_keys, jnp.float32))
