@@ -114,7 +114,5 @@ def paged_attention(
     )
 
 
-def paged_attention_reference(q, k_pages, v_pages, block_table, lead_pad, q_start, *, window=None, scale=None):
-    """Gather each row's pages into a contiguous ``[B, Hkv, max_pages * page, D]`` and run
-    the XLA oracle (``reference.paged_reference``)."""
-    return paged_reference(q, k_pages, v_pages, block_table, lead_pad, q_start, window=window, scale=scale)
+# the XLA oracle: each row's pages gathered into a contiguous layout, then the dense reference
+paged_attention_reference = paged_reference

@@ -403,12 +403,6 @@ def ring_attention(
     )
 
 
-def ragged_attention_reference(q, k, v, lead_pad, q_start, *, window=None, scale=None) -> jax.Array:
-    """The XLA oracle the dense kernel is tested against (``reference.dense_reference``)."""
-    return dense_reference(q, k, v, lead_pad, q_start, window=window, scale=scale)
-
-
-def ring_attention_reference(q, k, v, lead_pad, lengths, *, window, scale=None) -> jax.Array:
-    """The XLA oracle for the ring kernel (``reference.ring_reference``): positions of every
-    slot, then one masked pass."""
-    return ring_reference(q, k, v, lead_pad, lengths, window=window, scale=scale)
+# the XLA oracles the dense and ring kernels are tested against (``pallas_kernels.reference``)
+ragged_attention_reference = dense_reference
+ring_attention_reference = ring_reference

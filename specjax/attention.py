@@ -23,7 +23,6 @@ from pallas_kernels.reference import (
     MASK_VALUE,
     attend_visible,
     attention_with_positions,
-    dense_reference,
     finite_values,
     gather_pages,
     group_mask,
@@ -33,6 +32,9 @@ from pallas_kernels.reference import (
     unstack_groups,
     visible,
     weighted_values,
+)
+from pallas_kernels.reference import (
+    dense_reference as ragged_attention,  # the dense layout: the kernels' oracle
 )
 
 __all__ = [
@@ -45,22 +47,6 @@ __all__ = [
     "ragged_attention",
     "ring_positions",
 ]
-
-
-def ragged_attention(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    lead_pad: jax.Array,
-    q_start: jax.Array,
-    *,
-    window: int | None = None,
-    scale: float | None = None,
-) -> jax.Array:
-    """Dense per-row layout (the kernels' oracle, ``pallas_kernels.reference.dense_reference``):
-    query ``t`` of row ``b`` sits at slot ``q_start[b] + t`` and sees slots
-    ``[lead_pad[b], q_start[b] + t]`` (within ``window``)."""
-    return dense_reference(q, k, v, lead_pad, q_start, window=window, scale=scale)
 
 
 def masked_attention(

@@ -68,13 +68,15 @@ class TinyDecoder(nnx.Module):
         return self.out(self.norm(hidden)) * 40.0  # sharp: greedy argmax gaps are not float ties
 
 
-def causal_kv(i, q, k, v):
-    """The uncached oracle's attention: every query over the keys at or before it."""
+def oracle_kv(i, q, k, v, *, window=None, scale=None):
+    """The uncached oracle of ``kv``: every query over the keys at or before it (within
+    ``window``), scores scaled by ``scale`` (default ``HD ** -0.5``)."""
     t = q.shape[1]
     k, v = (jnp.repeat(x, HQ // HKV, axis=2) for x in (k, v))
-    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(HD)
-    s = jnp.where(jnp.tril(jnp.ones((t, t), bool)), s, -jnp.inf)
-    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), v)
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (HD**-0.5 if scale is None else scale)
+    qi, ki = np.arange(t)[:, None], np.arange(t)[None]
+    seen = (ki <= qi) & ((ki > qi - window) if window else True)
+    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(jnp.where(seen, s, -jnp.inf), axis=-1), v)
 
 
 def own_greedy(module: TinyDecoder, prompt: list[int], n: int) -> list[int]:
@@ -82,7 +84,7 @@ def own_greedy(module: TinyDecoder, prompt: list[int], n: int) -> list[int]:
     seq = list(prompt)
     for _ in range(n):
         tok = jnp.asarray([seq], jnp.int32)
-        hidden = module(tok, jnp.arange(len(seq))[None], causal_kv)
+        hidden = module(tok, jnp.arange(len(seq))[None], oracle_kv)
         seq.append(int(jnp.argmax(module.logits(hidden)[0, -1])))
     return seq[len(prompt):]
 
@@ -278,16 +280,6 @@ class LearnedPositions(nnx.Module):
         return (self.out(self.norm(hidden)) * 40.0).at[..., PAD].set(-1e9)
 
 
-def windowed_kv(i, q, k, v, *, window=None, scale=None):
-    """The uncached oracle of ``kv`` with a window and a scale."""
-    t = q.shape[1]
-    k, v = (jnp.repeat(x, HQ // HKV, axis=2) for x in (k, v))
-    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (HD**-0.5 if scale is None else scale)
-    qi, ki = np.arange(t)[:, None], np.arange(t)[None]
-    seen = (ki <= qi) & ((ki > qi - window) if window else True)
-    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(jnp.where(seen, s, -jnp.inf), axis=-1), v)
-
-
 def learned_greedy(module, prompt, n):
     """The module's own uncached greedy loop over a fixed ``MAXLEN`` window (causal: the filler
     after the text, token 1, changes nothing before it; one compile for every step)."""
@@ -296,7 +288,7 @@ def learned_greedy(module, prompt, n):
     @jax.jit
     def last_logits(state, tokens, at):
         m = nnx.merge(graphdef, state)
-        return m.logits(m(tokens, jnp.arange(MAXLEN)[None], windowed_kv))[0, at]
+        return m.logits(m(tokens, jnp.arange(MAXLEN)[None], oracle_kv))[0, at]
 
     seq = list(prompt)
     for _ in range(n):
