@@ -26,8 +26,7 @@ import jax
 import numpy as np
 from _report import emit
 
-from specjax import engine
-from specjax.engine import generate
+from specjax.generation import clear_compiled, generate
 from specjax.model import ModelConfig, init_model, logits, with_layer_loop
 
 LOOPS = ("scan", "unrolled")
@@ -41,7 +40,7 @@ def _config(layers: int, local: bool) -> ModelConfig:
 
 def measure(layers: int, loop: str) -> dict:
     jax.clear_caches()
-    engine._COMPILED.clear()  # generate's own cache of compiled loops
+    clear_compiled()  # generate's own cache of compiled loops
     row: dict = {"n_layers": layers, "loop": loop}
     prompts = [list(range(1, 17 + 3 * i)) for i in range(4)]
     for local in (False, True):

@@ -32,7 +32,7 @@ import numpy as np
 
 import specjax.engine as eng_mod
 from specjax.advance import KvAdvance
-from specjax.engine import generate
+from specjax.generation import generate
 from specjax.model import ModelConfig, init_model
 from specjax.sim import PositionDecay, simulate
 

@@ -12,14 +12,9 @@ Sections (each reports its own error instead of stopping the run):
    head_dim 128, bf16, every row live to 32k): achieved HBM bandwidth = K/V bytes read /
    time, for the Pallas kernel and the XLA live-range path, and the Pallas kernel with rows
    live to 8k only (live-block skipping: time should fall ~4x).
-3. ``loop``: ``benchmarks/auto_loop.py`` (MTP at B=1 and 64, n-gram at B=64; window 4):
-   depth="auto"'s loop structure, choice and host work per call against the fixed engine's,
-   per step, with the compiled loops' while / conditional ops and command buffers; MTP B=1
-   and n-gram B=64 also with XLA:GPU's command buffers off (``LOOP_FLAGS``); and
-   ``benchmarks/window_one.py`` at B=64: auto's window-1 steps against plain decoding's.
-4. ``engine``: ``specjax bench`` on the bundled model (``attention_impl="auto"``: Pallas on
+3. ``engine``: ``specjax bench`` on the bundled model (``attention_impl="auto"``: Pallas on
    TPU, XLA on GPU), B in {1, 8, 32, 64}, mtp and ngram, both rules.
-5. ``scale``: the at-scale bench (``specjax.scale.bench_shape``, ``specjax bench --shape``):
+4. ``scale``: the at-scale bench (``specjax.scale.bench_shape``, ``specjax bench --shape``):
    random weights in llama3.2-1b's and llama3.1-8b's shapes, bfloat16, the layer scan (compile
    time flat in depth), prompt 512, 64 new tokens, the bundled MTP head's acceptance; plain,
    MTP depth 1-3, MTP depth 3 over a 32k draft vocabulary and the draft model (Llama-3.2-1B's
@@ -27,10 +22,8 @@ Sections (each reports its own error instead of stopping the run):
    forwards; at B=1 the roofline from this device's own compile beside the measured step.
 
     # the at-scale bench only, one shape a call (each estimated within the 10-minute limit: not yet run)
-    PYTHONPATH=. python benchmarks/gpu_check.py --skip kernels bandwidth loop engine --scale-shapes llama3.2-1b
-    PYTHONPATH=. python benchmarks/gpu_check.py --skip kernels bandwidth loop engine --scale-shapes llama3.1-8b
-
-    PYTHONPATH=. python benchmarks/gpu_check.py --skip kernels bandwidth engine   # the loop section only (~3 min)
+    PYTHONPATH=. python benchmarks/gpu_check.py --skip kernels bandwidth engine --scale-shapes llama3.2-1b
+    PYTHONPATH=. python benchmarks/gpu_check.py --skip kernels bandwidth engine --scale-shapes llama3.1-8b
 """
 
 from __future__ import annotations
@@ -145,45 +138,6 @@ def bandwidth(smoke: bool) -> dict:
     return out
 
 
-# XLA_FLAGS the loop section runs under: the default, and XLA:GPU's command buffers (CUDA graphs)
-# off. If auto's loops lose to the fixed one only with them on, the graphs' updates (or what they
-# cannot capture) are the cost, not the kernels
-LOOP_FLAGS = {"default": "", "no command buffers": "--xla_gpu_enable_command_buffer="}
-
-
-def loop(smoke: bool) -> dict:
-    """``benchmarks/auto_loop.py --json`` (a drafting window: auto's loop against the fixed one)
-    and ``benchmarks/window_one.py --json`` (window 1: auto's plain steps against plain
-    decoding), each case in a subprocess under its XLA_FLAGS setting."""
-    import os
-    import subprocess
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    steps = ["--steps", "8", "--repeats", "1"] if smoke else ["--steps", "64", "--repeats", "5"]
-    cases = {"auto_loop mtp B=1": ("auto_loop.py", ["--drafter", "mtp", "--batch", "1"], "default")}
-    if not smoke:
-        cases.update({
-            "auto_loop mtp B=1 (no command buffers)": ("auto_loop.py", ["--drafter", "mtp", "--batch", "1"],
-                                                       "no command buffers"),
-            "auto_loop mtp B=64": ("auto_loop.py", ["--drafter", "mtp", "--batch", "64"], "default"),
-            "auto_loop ngram B=64": ("auto_loop.py", ["--drafter", "ngram", "--batch", "64"], "default"),
-            "auto_loop ngram B=64 (no command buffers)": ("auto_loop.py", ["--drafter", "ngram", "--batch", "64"],
-                                                         "no command buffers"),
-            "window_one B=64 (window 1)": ("window_one.py", ["--batch", "64", "--window", "1"], "default"),
-        })
-    out = {}
-    for name, (script, args, flags) in cases.items():
-        env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + LOOP_FLAGS[flags]).strip())
-        got = subprocess.run([sys.executable, os.path.join(here, script), *args, *steps, "--json"], env=env,
-                             capture_output=True, text=True)
-        try:
-            out[name] = json.loads(got.stdout.strip().splitlines()[-1])["rows"]
-        except (IndexError, ValueError, KeyError):
-            out[name] = {"error": (got.stderr or got.stdout)[-1500:]}
-        print(f"gpu_check: loop {name} done", file=sys.stderr, flush=True)
-    return out
-
-
 def engine(smoke: bool) -> dict:
     import specjax
     from specjax.bench import bench
@@ -232,7 +186,7 @@ def scale(smoke: bool) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU: interpret mode)")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["kernels", "bandwidth", "loop", "engine", "scale"])
+    ap.add_argument("--skip", nargs="*", default=[], choices=["kernels", "bandwidth", "engine", "scale"])
     ap.add_argument("--scale-shapes", nargs="*", default=list(SCALE_SHAPES), choices=SCALE_SHAPES,
                     help="the scale section's shapes (one call each: each should fit the 10-minute limit)")
     args = ap.parse_args()
@@ -240,7 +194,7 @@ def main() -> None:
     result = {"backend": jax.default_backend(), "devices": [str(x) for x in jax.devices()], "jax": jax.__version__,
               # jax's own default for Pallas on GPU (the loop body names Triton whatever this says)
               "pallas_gpu_default": "mosaic" if getattr(jax.config, "jax_pallas_use_mosaic_gpu", False) else "triton"}
-    for name, fn in (("kernels", kernels), ("bandwidth", bandwidth), ("loop", loop), ("engine", engine),
+    for name, fn in (("kernels", kernels), ("bandwidth", bandwidth), ("engine", engine),
                      ("scale", scale)):
         if name in args.skip:
             continue

@@ -16,7 +16,7 @@ import numpy as np
 from _report import emit
 
 from specjax import load_model
-from specjax.engine import generate
+from specjax.generation import generate
 from specjax.model import with_layer_loop
 
 LOOPS = ("unrolled", "scan")

@@ -22,30 +22,34 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import specjax.engine as eng_mod
 from specjax.advance import KvAdvance
+from specjax.engine import make_engine, prompt_bucket, request_capacity
+from specjax.generation import compiled_loop, generate
 from specjax.model import ModelConfig, init_model
+from specjax.sampling import RowSampling
 
 B, PROMPT, NEW = 8, 200, 64
 
 
 def _declared(model, prompts, impl):
-    """The jitted generate loop with caches of ``max_seq_len`` slots (the old sizing)."""
+    """The compiled generate loop with caches of ``max_seq_len`` slots (the old sizing)."""
     cfg = model.config
-    eng = eng_mod.make_engine(model, drafter=None, draft_model=None, depth=3, kv_advance_rule=KvAdvance.PER_SEQUENCE,
-                              cache="dense", temperature=0.0, top_k=None, top_p=None,
-                              capacity=eng_mod.request_capacity(0, cfg.max_seq_len, 0), attention_impl=impl)
+    eng = make_engine(model, drafter=None, draft_model=None, depth=3, kv_advance_rule=KvAdvance.PER_SEQUENCE,
+                      cache="dense", greedy=True, capacity=request_capacity(0, cfg.max_seq_len, 0), attention_impl=impl)
     toks = jnp.asarray(np.array(prompts, np.int32))
     plen = jnp.full((B,), PROMPT, jnp.int32)
-    args = (toks, plen, plen + NEW, jnp.full((B,), -1, jnp.int32), jnp.arange(B, dtype=jnp.uint32))
-    return lambda: jax.block_until_ready(eng_mod._generate(eng, {"target": model.params}, *args).seq), eng.capacity
+    params = {"target": model.params}
+    args = (toks, plen, plen + NEW, jnp.full((B, 1), -1, jnp.int32), jnp.arange(B, dtype=jnp.uint32),
+            RowSampling.rows([0.0] * B, [None] * B, [None] * B), None, jnp.int32(eng.max_steps))
+    run, _ = compiled_loop(eng, params, args)
+    return lambda: jax.block_until_ready(run(params, *args).seq), eng.capacity
 
 
 def _request(model, prompts, impl):
     def run():
-        return eng_mod.generate(model, prompts, max_new_tokens=NEW, drafter=None, attention_impl=impl)
+        return generate(model, prompts, max_new_tokens=NEW, drafter=None, attention_impl=impl)
 
-    cap = eng_mod.request_capacity(eng_mod.prompt_bucket(prompts), NEW, 0)
+    cap = request_capacity(prompt_bucket(prompts), NEW, 0)
     return run, cap
 
 

@@ -5,6 +5,7 @@ Data flows plan -> cache -> mask -> attention (-> model -> drafter -> verify -> 
 
 from specjax.advance import KvAdvance, kv_advance
 from specjax.attention import ragged_attention
+from specjax.auto import CostTable, DepthPolicy
 from specjax.batch import Completion, Request, batch_generate
 from specjax.cache import (
     DenseKVCache,
@@ -16,7 +17,8 @@ from specjax.cache import (
 )
 from specjax.checkpoint import Bundle, CheckpointError, load_model
 from specjax.compile_cache import enable_compilation_cache
-from specjax.engine import generate
+from specjax.generation import generate
+from specjax.generation_config import GenerationConfig
 from specjax.hf import generate_text, load_hf_checkpoint, load_tokenizer, save_hf_checkpoint
 from specjax.masks import make_left_padded_causal_mask
 from specjax.metrics import GenerationResult
@@ -71,6 +73,9 @@ __all__ = [
     "front_align_batch",
     "front_pad_kv_cache",
     "generate",
+    "GenerationConfig",
+    "CostTable",
+    "DepthPolicy",
     "init_model",
     "kv_advance",
     "logits",

@@ -34,8 +34,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import math
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -43,33 +41,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.advance import KvAdvance
 from specjax.advance import kv_advance as resolve_kv_advance
+from specjax.auto import AutoDepth, auto_state
+from specjax.auto.cost import SLICES, check_cost, cost_key, cost_table, placeholder_cost, slice_timer, warm_steps
 from specjax.cache import describe_status
-from specjax.depth_policy import init_estimates
 from specjax.drafter import default_drafter
 from specjax.engine import (
     PAGE_SIZE,
-    SLICES,
     EngineConfig,
     EngineState,
-    _prefill,
-    auto_state,
-    check_cost,
-    check_mesh,
-    cost_key,
-    cost_table,
     make_engine,
-    mesh_context,
-    placeholder_cost,
+    new_state,
+    prefill_rows,
     prompt_bucket,
     request_capacity,
     row_status,
     run_steps,
-    warm_steps,
-    with_auto,
 )
-from specjax.protocols import DecoderModel, Drafter, check_model
+from specjax.generation import check_mesh, mesh_context
+from specjax.generation_config import GenerationConfig, check_sampling, takes_settings
+from specjax.protocols import DecoderModel, check_model
 from specjax.sampling import RowSampling, derive_seed
 from specjax.sharding import constrain, data_shards, shard_model, shardings, state_specs
 from specjax.validate import EOS_WIDTH, check_drafter_models, check_eos, eos_table, fail, resolve_depth
@@ -148,10 +139,10 @@ def _admit(eng: EngineConfig, params: dict, st: EngineState, idle: jax.Array, ro
     dstate = eng.drafter.release(st.dstate, idle)
     st = st.replace(cache=cache, dstate=dstate, live=st.live & ~idle)
     p = prompts.shape[1]
-    sub = _prefill(eng, params, prompts, prompt_len, max_len, eos, seeds, sampling, st.cache.rows_view(rows, p),
-                   eng.drafter.rows_view(eng, st.dstate, rows, p), live)
-    if st.auto is not None:  # new rows start at the table's prior (only the rows' fields are put)
-        sub = with_auto(sub, st.auto)
+    sub = prefill_rows(eng, params, prompts, prompt_len, max_len, eos, seeds, sampling, st.cache.rows_view(rows, p),
+                       eng.drafter.rows_view(eng, st.dstate, rows, p), live)
+    if eng.controller is not None:  # new rows start at the table's prior (only the rows' fields are put)
+        sub = eng.controller.init(eng, sub, st.auto)
     return constrain(_put_rows(eng, st, rows, sub), eng.mesh)
 
 
@@ -175,21 +166,15 @@ def _empty_state(eng: EngineConfig, slots: int, width: int, eos_width: int = EOS
 
 def _empty(eng: EngineConfig, slots: int, width: int, eos_width: int) -> EngineState:
     zeros = lambda: jnp.zeros((slots,), jnp.int32)  # noqa: E731  (distinct buffers: donatable)
-    d = eng.depth
-    auto = None if eng.policy is None else auto_state(eng, placeholder_cost(eng, slots), slots)
-    return EngineState(
-        seq=jnp.zeros((slots, eng.capacity), jnp.int32), known=zeros(), u=jnp.ones((slots,), jnp.int32),
-        cache=eng.new_cache(eng.target, slots), dstate=eng.drafter.empty(eng, slots, width),
-        prompt_len=zeros(), max_len=zeros(), eos=jnp.full((slots, eos_width), -1, jnp.int32),
-        seeds=jnp.zeros((slots,), jnp.uint32),
-        sampling=RowSampling(jnp.zeros((slots,), jnp.float32), zeros(), jnp.ones((slots,), jnp.float32)),
-        live=jnp.zeros((slots,), bool), done=jnp.ones((slots,), bool),
-        steps=zeros(), emitted=zeros(), accepted=zeros(), proposed=zeros(),
-        acc_pos=jnp.zeros((slots, d), jnp.int32), prop_pos=jnp.zeros((slots, d), jnp.int32),
-        seen_pos=jnp.zeros((slots, d), jnp.int32),
-        trace=jnp.full((slots, eng.max_steps), -1, jnp.int32), i=jnp.int32(0),
-        est=init_estimates(slots, d, eng.policy.prior if eng.policy else 0.5), auto=auto,
-    )
+    st = new_state(eng, seq=jnp.zeros((slots, eng.capacity), jnp.int32), known=zeros(),
+                   cache=eng.new_cache(eng.target, slots), dstate=eng.drafter.empty(eng, slots, width),
+                   prompt_len=zeros(), max_len=zeros(), eos=jnp.full((slots, eos_width), -1, jnp.int32),
+                   seeds=jnp.zeros((slots,), jnp.uint32),
+                   sampling=RowSampling(jnp.zeros((slots,), jnp.float32), zeros(), jnp.ones((slots,), jnp.float32)),
+                   live=jnp.zeros((slots,), bool), done=jnp.ones((slots,), bool))
+    if eng.controller is None:
+        return st
+    return eng.controller.init(eng, st, auto_state(eng, placeholder_cost(eng, slots), slots))
 
 
 # ----------------------------------------------------------------------------- validation
@@ -263,18 +248,13 @@ class _Job:
             fail(f"{where}.prompt", f"{len(arr)} tokens", f"prompt + max_new_tokens ({n_new}) must be <= the "
                   f"model's max_seq_len={cfg.max_seq_len}: at most {cfg.max_seq_len - n_new} prompt tokens fit")
         temp = self.temperature if r.temperature is None else r.temperature
-        if isinstance(temp, bool) or not isinstance(temp, int | float) or not math.isfinite(temp) or temp < 0:
-            fail(f"{where}.temperature", temp, "must be a finite float >= 0")
         top_k = self.top_k if r.top_k is None else r.top_k
-        if top_k is not None and (not _is_int(top_k) or top_k < 1):
-            fail(f"{where}.top_k", top_k, "must be an int >= 1 or None")
         top_p = self.top_p if r.top_p is None else r.top_p
-        if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, int | float)
-                                  or not 0 < top_p <= 1):
-            fail(f"{where}.top_p", top_p, "must lie in (0, 1]")
+        check_sampling(f"{where}.", temp, top_k, top_p)
         if r.seed is not None and (not _is_int(r.seed) or not 0 <= r.seed < 2**32):
             fail(f"{where}.seed", r.seed, "must be an int in [0, 2**32)")
-        eos = check_eos(f"{where}.eos_id", self.eos_id if r.eos_id is None else r.eos_id, cfg.vocab_size)
+        eos = check_eos(f"{where}.eos_id", list(self.eos_id) if r.eos_id is None and isinstance(self.eos_id, tuple)
+                        else self.eos_id if r.eos_id is None else r.eos_id, cfg.vocab_size)
         if self.eos_width is not None and len(eos) > self.eos_width:
             fail(f"{where}.eos_id", list(eos), f"at most {self.eos_width} stop ids in a streamed job (the job's "
                   "widest list, at least EOS_WIDTH, sizes every row's stops)")
@@ -293,33 +273,22 @@ class _Job:
 # ----------------------------------------------------------------------------- the job
 
 
+@takes_settings
 def batch_generate(
     model: DecoderModel,
     requests: Iterable[Any],
+    config: GenerationConfig | None = None,
     *,
-    slots: int = 32,
-    max_new_tokens: int = 64,
-    drafter: str | Drafter | None = "auto",
     draft_model: DecoderModel | None = None,
-    depth: int | str = 3,
-    kv_advance: str | KvAdvance | None = None,
-    cache: str = "dense",
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int = 0,
-    eos_id: int | list[int] | None = None,
-    ngram_n: int = 3,
-    attention_impl: str = "auto",
+    mesh: Any = None,
+    slots: int = 32,
     max_prompt_len: int | None = None,
     pages: int | None = None,
     refill_rows: int | None = None,
     sync_every: int = 64,
     stop: Callable[[], bool] | None = None,
     where: Sequence[str] | None = None,
-    max_depth: int = 3,
-    cost: Any = None,
-    mesh: Any = None,
+    **settings: Any,
 ) -> Iterator[Completion]:
     """Generate for every request of ``requests`` through ``slots`` rows, refilling a row as
     soon as it finishes; yields a ``Completion`` per request, in completion order.
@@ -327,8 +296,9 @@ def batch_generate(
     ``requests``: any iterable (a generator too) of ``Request``s, dicts with ``prompt`` (token
     ids) and optional ``id``, ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``,
     ``seed``, ``eos_id``, or plain token-id lists. ``id`` defaults to the stream index; ids
-    must be unique. The keyword settings are the defaults of requests that omit them;
-    for a stream, ``max_new_tokens`` also bounds every request's own.
+    must be unique. ``config`` (``GenerationConfig``) and the keyword settings over it (as in
+    ``generate``; ``max_new_tokens`` and ``seed`` one int each) are the defaults of requests
+    that omit them; for a stream, ``max_new_tokens`` also bounds every request's own.
 
     A list is validated whole before anything compiles, and sizes the caches; a generator is
     validated request by request, and caches are sized by ``max_prompt_len`` (default: the
@@ -347,21 +317,21 @@ def batch_generate(
     Compiles: one decode loop per (slots, ...) and one admit per prompt bucket; sampling
     settings, seeds and lengths are data.
     """
+    cfg = GenerationConfig.of(config, **settings)
+    max_new_tokens, seed, cache = cfg.max_new_tokens, cfg.seed, cfg.cache
     for name, val, lo in (("slots", slots, 1), ("max_new_tokens", max_new_tokens, 1), ("sync_every", sync_every, 1)):
         if not _is_int(val) or val < lo:
             fail(name, val, f"must be an int >= {lo}")
-    drafter = default_drafter(drafter, model, draft_model)
+    if not _is_int(seed):
+        fail("seed", seed, "must be one int in [0, 2**32) (each request's seed is derived from it and its id)")
+    drafter = default_drafter(cfg.drafter, model, draft_model)
     check_drafter_models(drafter, model, draft_model)
-    d, policy = resolve_depth(depth, max_depth, drafter)
-    check_cost(cost, policy)
-    if cache not in ("dense", "paged"):
-        fail("cache", cache, "must be 'dense' or 'paged'")
+    d, policy = resolve_depth(cfg.depth, cfg.max_depth, drafter)
+    check_cost(cfg.cost, policy)
     if pages is not None and (cache != "paged" or not _is_int(pages) or pages < 1):
         fail("pages", pages, "is the paged pool's size: an int >= 1, with cache='paged'")
     if refill_rows is not None and (not _is_int(refill_rows) or not 1 <= refill_rows <= slots):
         fail("refill_rows", refill_rows, f"must be an int in [1, slots={slots}]")
-    if not _is_int(seed) or not 0 <= seed < 2**32:
-        fail("seed", seed, "must be an int in [0, 2**32)")
     check_mesh(mesh, slots, "slots", slots)
     groups = data_shards(mesh)
     if pages is not None and pages % groups:
@@ -372,17 +342,17 @@ def batch_generate(
             fail("mesh", mesh, "batch_generate runs in one process (each host its own job); generate takes many")
         model = shard_model(model, mesh)
         draft_model = None if draft_model is None else shard_model(draft_model, mesh, replicate=True)
-    cfg = check_model("model", model)
+    model_cfg = check_model("model", model)
     listed = isinstance(requests, Sequence) and not isinstance(requests, str | bytes)
-    if not listed and max_new_tokens >= cfg.max_seq_len:  # it sizes a stream's caches
-        fail("max_new_tokens", max_new_tokens, f"must be < the model's max_seq_len={cfg.max_seq_len}")
-    rule = resolve_kv_advance(kv_advance)
-    bound = max_prompt_len if max_prompt_len is not None else max(1, cfg.max_seq_len - max_new_tokens)
+    if not listed and max_new_tokens >= model_cfg.max_seq_len:  # it sizes a stream's caches
+        fail("max_new_tokens", max_new_tokens, f"must be < the model's max_seq_len={model_cfg.max_seq_len}")
+    rule = resolve_kv_advance(cfg.kv_advance)
+    bound = max_prompt_len if max_prompt_len is not None else max(1, model_cfg.max_seq_len - max_new_tokens)
     if not _is_int(bound) or bound < 1:
         fail("max_prompt_len", bound, "must be an int >= 1")
-    job = _Job(model, max_new_tokens, bound if not listed else cfg.max_seq_len - 1, d, float(temperature), top_k,
-               top_p, seed, eos_id, pages, bounded=not listed,
-               eos_width=None if listed else max(EOS_WIDTH, len(check_eos("eos_id", eos_id, cfg.vocab_size))),
+    job = _Job(model, max_new_tokens, bound if not listed else model_cfg.max_seq_len - 1, d, float(cfg.temperature),
+               cfg.top_k, cfg.top_p, seed, cfg.eos_id, pages, bounded=not listed,
+               eos_width=None if listed else max(EOS_WIDTH, len(check_eos("eos_id", cfg.eos_id, model_cfg.vocab_size))),
                groups=groups)
     job.row(Request([0], max_new_tokens=1), -1, where="batch_generate")  # the defaults (temperature, ...)
     rows_iter: Iterator[_Row]
@@ -400,15 +370,16 @@ def batch_generate(
         greedy = False  # unknown requests: per-row sampling (a temperature-0 row stays exactly greedy)
         eos_width = job.eos_width
     eng = make_engine(model, drafter=drafter, draft_model=draft_model, depth=d, kv_advance_rule=rule,
-                      cache=cache, greedy=greedy, ngram_n=ngram_n, capacity=request_capacity(width, longest_new, d),
-                      attention_impl=attention_impl, num_pages=pages, policy=policy, mesh=mesh)
+                      cache=cache, greedy=greedy, ngram_n=cfg.ngram_n, capacity=request_capacity(width, longest_new, d),
+                      attention_impl=cfg.attention_impl, num_pages=pages,
+                      controller=None if policy is None else AutoDepth(policy), mesh=mesh)
     params = {"target": model.params}
     if eng.draft is not None:
         params["draft"] = draft_model.params
     refill = refill_rows or max(1, slots // 4)
     pool = pages if pages is not None else slots * -(-eng.capacity // PAGE_SIZE)
     return _run(eng, params, rows_iter, slots, width, refill, sync_every, pool if cache == "paged" else None,
-                stop or (lambda: False), eos_width, cost)
+                stop or (lambda: False), eos_width, cfg.cost)
 
 
 def _checked(job: _Job, requests: Iterable[Any], where: Sequence[str] | None = None) -> Iterator[_Row]:
@@ -428,7 +399,7 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
          ) -> Iterator[Completion]:
     """The host loop: admit, decode, harvest (one device read per round)."""
     st = _empty_state(eng, slots, width, eos_width)
-    table_ready = eng.policy is None
+    table_ready = eng.controller is None
     held: list[_Row | None] = [None] * slots  # the request each slot serves
     queue: collections.deque[_Row] = collections.deque()
     exhausted = False
@@ -491,27 +462,11 @@ def _pick(held: list[_Row | None], queue: collections.deque[_Row], refill: int, 
 def _set_cost(eng: EngineConfig, params: dict, st: EngineState, slots: int, width: int, cost: Any) -> EngineState:
     """``depth="auto"``'s table (given, cached, or timed on a few real decode steps at each
     forced window: the tokens they emit are kept, a forced window is still exact)."""
-    box = [st]
     never = jnp.int32(slots + 1)  # no done-count target: only the step count stops it
-
-    def timed(k: int, warm: int, n: int) -> tuple[float, int]:
-        s = box[0]
-        if int(s.i) < warm:  # once: the widest window to a grown context (the first call compiles)
-            s = _decode(eng, params, s.replace(auto=s.auto.replace(force=jnp.int32(len(eng.windows) - 1))), never,
-                        jnp.int32(warm))
-        s = s.replace(auto=s.auto.replace(force=jnp.int32(k)))
-        if n:
-            s = _decode(eng, params, s, never, s.i + 1)  # outside the clock: the first call compiles
-        i0 = int(s.i)
-        t0 = time.perf_counter()
-        s = _decode(eng, params, s, never, s.i + n)
-        taken = int(s.i) - i0
-        box[0] = s
-        return time.perf_counter() - t0, taken
+    timed, box = slice_timer(st, lambda s, n: _decode(eng, params, s, never, s.i + n), len(eng.windows))
     table, _ = cost_table(eng, slots, cost, cost_key(eng, [[slots, width], ["batch"]]), timed,
                           warm=warm_steps(eng.capacity - width), **SLICES)
-    st = box[0]
-    return st.replace(auto=auto_state(eng, table, slots))
+    return box[0].replace(auto=auto_state(eng, table, slots))
 
 
 def _admit_inputs(batch: list[list[tuple[int, _Row]]], refill: int, slots: int, eos_width: int = EOS_WIDTH):
@@ -562,7 +517,7 @@ def _harvest(eng: EngineConfig, st: EngineState, held: list[_Row | None]) -> Ite
             "accepted_drafts": int(accepted[s]),
             "mean_accepted_length": float((accepted[s] + n_steps) / n_steps) if n_steps else 0.0,
             "accepted_trace": [int(x) for x in trace[s, :n_steps]],
-            "drafter": eng.drafter.name, "depth": "auto" if eng.policy else eng.depth,
+            "drafter": eng.drafter.name, "depth": "auto" if eng.controller else eng.depth,
             "kv_advance": eng.kv_rule.value, "proposed_drafts": int(proposed[s]),
         }))
     yield from out

@@ -114,7 +114,7 @@ def _configs(drafters: Sequence[str], depth: int, workload: str) -> list[tuple[s
 def _run(bundle, token_prompts, drafter, rule, depth, max_new_tokens, temperature=0.0, first=0, max_depth=3):
     """One batch; sampled rows use ``top_p`` 0.95 and the prompt's index as its seed (so a
     prompt samples the same tokens at every batch size)."""
-    from specjax.engine import generate
+    from specjax.generation import generate
 
     kw = bundle.generate_kwargs({"drafter": None if drafter == "none" else drafter})
     return generate(bundle.model, token_prompts, max_new_tokens=max_new_tokens, depth=depth or 1, kv_advance=rule,

@@ -64,9 +64,14 @@ class Bundle:
         return [self.tokenizer.encode(p, bos=bos) for p in prompts]
 
     def generate_kwargs(self, kwargs: dict) -> dict:
+        """``kwargs`` with what the bundle knows filled in: its EOS (unless a stop is given, as
+        a keyword or in ``config``) and its draft model when the drafter needs one."""
         kwargs = dict(kwargs)
-        kwargs.setdefault("eos_id", self.tokenizer.eos_id)
-        if default_drafter(kwargs.get("drafter", AUTO), self.model, kwargs.get("draft_model")) == "draft_model":
+        config = kwargs.get("config")
+        if "eos_id" not in kwargs and (config is None or config.eos_id is None):
+            kwargs["eos_id"] = self.tokenizer.eos_id
+        drafter = kwargs.get("drafter", AUTO if config is None else config.drafter)
+        if default_drafter(drafter, self.model, kwargs.get("draft_model")) == "draft_model":
             if self.draft_model is None and kwargs.get("draft_model") is None:
                 raise ValueError(f"drafter='draft_model': the bundle {self.path} has no draft model")
             kwargs.setdefault("draft_model", self.draft_model)
@@ -76,7 +81,7 @@ class Bundle:
         """Text in, text out over ``specjax.generate`` (``draft_model`` and EOS filled in).
         ``bos``: start each prompt with BOS, as every training document did (use False for
         a snippet from the middle of a file). Returns ``(texts, GenerationResult)``."""
-        from specjax.engine import generate
+        from specjax.generation import generate
 
         res = generate(self.model, self.encode_prompts(prompts, bos), **self.generate_kwargs(kwargs))
         return [self.tokenizer.decode(t) for t in res.tokens], res

@@ -11,6 +11,10 @@ import os
 import pathlib
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from specjax.generation_config import GenerationConfig
 
 __all__ = ["main"]
 
@@ -92,8 +96,8 @@ def _plot_dir_error(path: str | None) -> str | None:
 
 def _cost_table(spec: str, windows: str):
     """``--cost``: ``roofline:FLOOR,PER_TOKEN`` (seconds = max(FLOOR, PER_TOKEN * rows * window) at
-    ``--windows``) or a JSON file (``specjax.depth_policy.CostTable.load``)."""
-    from specjax.depth_policy import CostTable
+    ``--windows``) or a JSON file (``specjax.auto.CostTable.load``)."""
+    from specjax.auto.policy import CostTable
 
     try:
         wins = tuple(int(w) for w in windows.split(","))
@@ -110,7 +114,7 @@ def _cost_table(spec: str, windows: str):
 
 def _simulate_policies(args: argparse.Namespace, acc) -> int:
     """``specjax simulate --cost ...``: depth policies side by side in simulated tokens per second."""
-    from specjax.depth_policy import DepthPolicy
+    from specjax.auto.policy import DepthPolicy
     from specjax.sim import compare_policies, simulate_policy
 
     knobs: dict[str, float] = {}
@@ -327,11 +331,22 @@ class _Status:
 COMPILING = "compiling (once per shape: later runs read the compilation cache) ..."
 
 
+def _settings(args: argparse.Namespace, run: _TextRunner, drafter) -> GenerationConfig:
+    """The generation settings ``generate`` and ``batch`` share, from their flags (checked here:
+    a bad value is a one-line error before anything loads or compiles further)."""
+    from specjax.generation_config import GenerationConfig
+
+    return GenerationConfig(max_new_tokens=args.max_new_tokens, drafter=drafter, depth=args.depth,
+                            max_depth=args.max_depth, cost=args.cost, kv_advance=args.kv_advance, cache=args.cache,
+                            attention_impl=args.attention, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, seed=args.seed, eos_id=run.eos)
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     import time
 
     from specjax.checkpoint import CheckpointError
-    from specjax.engine import generate
+    from specjax.generation import generate
     from specjax.streaming import stream
 
     prompts = [p.replace("\\n", "\n") for p in args.prompt]  # a typed backslash-n: a newline
@@ -347,10 +362,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             raise ValueError("--stream and --json cannot be combined")
         run = _TextRunner(args)
         drafter = _drafter(args, run)
-        kw = dict(max_new_tokens=args.max_new_tokens, drafter=drafter, draft_model=run.draft, depth=args.depth,
-                  max_depth=args.max_depth, cost=args.cost, kv_advance=args.kv_advance, cache=args.cache,
-                  temperature=args.temperature, top_k=args.top_k,
-                  top_p=args.top_p, seed=args.seed, eos_id=run.eos, attention_impl=args.attention, mesh=run.mesh)
+        kw = dict(config=_settings(args, run, drafter), draft_model=run.draft, mesh=run.mesh)
         toks = [run.encode(p) for p in prompts]
         t0 = time.perf_counter()
         status = _Status(f"specjax generate: {COMPILING}", quiet=args.json)
@@ -439,11 +451,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
             raise ValueError(f"--out {args.out} is the input file")
         run = _TextRunner(args)
         drafter = _drafter(args, run)
-        kw = dict(slots=args.slots, max_new_tokens=args.max_new_tokens, drafter=drafter, draft_model=run.draft,
-                  depth=args.depth, max_depth=args.max_depth, cost=args.cost, kv_advance=args.kv_advance,
-                  cache=args.cache, pages=args.pages,
-                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos_id=run.eos,
-                  attention_impl=args.attention, mesh=run.mesh)
+        kw = dict(config=_settings(args, run, drafter), draft_model=run.draft, mesh=run.mesh, slots=args.slots,
+                  pages=args.pages)
         return run_job(args, run, kw)
     except (ValueError, CheckpointError, OSError) as e:
         print(f"specjax batch: error: {e}", file=sys.stderr)

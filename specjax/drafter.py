@@ -253,8 +253,9 @@ class MtpDrafter:
     backlog_limit: int = 64
 
     def backlog_size(self, eng) -> int:
-        """``R`` in this engine (a window-1 step exists only under a depth policy)."""
-        return self.backlog_limit if eng.policy is not None and 1 in eng.windows else 0
+        """``R`` in this engine (a window-1 step beside drafting ones exists only under a step
+        controller: ``depth="auto"``)."""
+        return self.backlog_limit if 1 in eng.windows and eng.window > 1 else 0
 
     def _after(self, eng, params, st, cache, hidden, lengths, count):
         """MTP over ``hidden [B, t, d]`` at ``lengths + [0, t)``; keep the output at slot

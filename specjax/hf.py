@@ -138,7 +138,9 @@ def _layer_pattern(raw: dict, arch: str, n_layers: int, path: Path) -> int:
     return k
 
 
-def _config(path: Path) -> tuple[ModelConfig, str, dict]:
+def read_config(path: Path) -> tuple[ModelConfig, str, dict]:
+    """A Hugging Face checkpoint folder's ``config.json`` as ``(ModelConfig, architecture, raw
+    dict)``; ``ValueError`` naming the field for an architecture or setting specjax cannot run."""
     cfg_path = path / "config.json"
     raw = _read_json(cfg_path)
     archs = raw.get("architectures") or []
@@ -249,7 +251,7 @@ def load_hf_checkpoint(path: str | Path, dtype=None, mtp: str | Path | None = No
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"{path}: not a directory")
-    cfg, _, _ = _config(path)
+    cfg, _, _ = read_config(path)
     if isinstance(dtype, str) and dtype not in _DTYPES:
         raise ValueError(f"dtype={dtype!r} is invalid: must be one of {list(_DTYPES)}, a jnp dtype or None")
     r = _Reader(_tensor_files(path), _DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype,
@@ -467,13 +469,15 @@ def load_tokenizer(path: str | Path) -> HFTokenizer:
 
 def generate_text(model: Model, tokenizer: HFTokenizer, prompts: list[str], *, chat: bool = False, **kwargs):
     """Text in, text out: encodes ``prompts`` (with ``chat``, each as one user message through
-    the chat template), runs ``specjax.generate`` (stop ids from the tokenizer unless given),
-    decodes. Returns ``(texts, GenerationResult)``."""
-    from specjax.engine import generate
+    the chat template), runs ``specjax.generate`` (``kwargs``: its arguments, ``config=`` and
+    settings; stop ids from the tokenizer unless given), decodes. Returns ``(texts, GenerationResult)``."""
+    from specjax.generation import generate
 
     if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
         raise ValueError(f"prompts must be a list of strings, got {prompts!r}")
-    kwargs.setdefault("eos_id", tokenizer.eos_id)
+    config = kwargs.get("config")
+    if "eos_id" not in kwargs and (config is None or config.eos_id is None):
+        kwargs["eos_id"] = tokenizer.eos_id
     enc = (lambda p: tokenizer.encode_chat([{"role": "user", "content": p}])) if chat else tokenizer.encode
     res = generate(model, [enc(p) for p in prompts], **kwargs)
     return [tokenizer.decode(t) for t in res.tokens], res

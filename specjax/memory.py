@@ -92,16 +92,16 @@ def resolve_config(name: str) -> ModelConfig:
     raw = json.loads(cfg_file.read_text())
     if raw.get("format") == "specjax-bundle":
         return ModelConfig(**raw["target"])
-    from specjax.hf import _config
+    from specjax.hf import read_config
 
-    return _config(path)[0]
+    return read_config(path)[0]
 
 
 def _abstract_state(cfg: ModelConfig, data: int, model: int, batch: int, prompt: int, new: int, depth: int,
                     drafter: str | None, cache: str, dtype):
     """``(engine, params, state)`` as shapes: the laid-out params and the state right after prefill."""
     from specjax.advance import KvAdvance
-    from specjax.engine import _fresh_prefill, make_engine, request_capacity
+    from specjax.engine import fresh_prefill, make_engine, request_capacity
     from specjax.sampling import RowSampling
 
     if drafter != "mtp" and cfg.mtp_depth:  # an MTP module only weighs where it drafts
@@ -116,7 +116,7 @@ def _abstract_state(cfg: ModelConfig, data: int, model: int, batch: int, prompt:
     args = (i32(batch, prompt), i32(batch), i32(batch), i32(batch, 4), jax.ShapeDtypeStruct((batch,), jnp.uint32),
             RowSampling(f32, i32(batch), f32))
     params = {"target": laid}
-    st = jax.eval_shape(lambda p, *a: _fresh_prefill(eng, p, *a), params, *args)
+    st = jax.eval_shape(lambda p, *a: fresh_prefill(eng, p, *a), params, *args)
     return eng, params, st
 
 
@@ -167,7 +167,7 @@ def check_compiled(config: ModelConfig, mesh, *, batch: int, context: int, depth
                    drafter: str | None = "ngram", cache: str = "dense", dtype="float32") -> dict:
     """The plan against XLA: compile one decode step (``specjax.engine.step``) on ``mesh`` for
     abstract inputs and read its ``memory_analysis()`` (per device). Returns both figures."""
-    from specjax.engine import _step
+    from specjax.engine import decode_step
 
     data, model = mesh.shape[DATA], mesh.shape[MODEL]
     plan = memory_plan(config, data=data, model=model, batch=batch, context=context, depth=depth, drafter=drafter,
@@ -178,7 +178,8 @@ def check_compiled(config: ModelConfig, mesh, *, batch: int, context: int, depth
     p_abs = placed_shapes(params, param_specs(params, mesh), mesh)
     s_abs = placed_shapes(st, state_specs(st, mesh), mesh)
     with jax.set_mesh(mesh):
-        step = jax.jit(lambda p, s: _step(eng, p, s), donate_argnums=1, keep_unused=True)  # all of the state counts
+        # keep_unused: all of the state counts
+        step = jax.jit(lambda p, s: decode_step(eng, p, s), donate_argnums=1, keep_unused=True)
         compiled = step.lower(p_abs, s_abs).compile()
     ma = compiled.memory_analysis()
     return {"plan": plan.to_dict(), "xla_argument_bytes": int(ma.argument_size_in_bytes),

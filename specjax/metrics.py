@@ -89,12 +89,6 @@ def metrics(st, eng: Any, compiles: int) -> dict:
         "cache": eng.cache_kind,
         "layer_loop": getattr(eng.target, "layer_loop", None),  # specjax's Llama: "unrolled" | "scan"
     }
-    if eng.policy is not None:
-        ws = np.asarray(st.auto.window_steps)
-        out.update(depth="auto", max_depth=eng.depth, windows=list(eng.policy.windows),
-                   window_share=[float(x) for x in ws / max(int(ws.sum()), 1)], depth_rule=eng.policy.rule,
-                   # what the policy decided by: seconds of one step per window at this batch
-                   cost_seconds=[float(x) for x in np.asarray(st.auto.cost.seconds)[0]],
-                   # where each row's estimates started (the table's acceptance, or the policy's prior)
-                   acceptance_prior=[float(x) for x in np.asarray(st.auto.prior)])
+    if eng.controller is not None:  # depth="auto": what it chose and by what
+        out.update(eng.controller.metrics(eng, st))
     return out

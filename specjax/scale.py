@@ -68,7 +68,7 @@ def _bundled_run(depth: int, n_prompts: int, max_new_tokens: int) -> tuple[tuple
     (conditional acceptance per draft position, each row's accepted count per step)."""
     from specjax.bench import bench_prompts
     from specjax.checkpoint import load_model
-    from specjax.engine import generate
+    from specjax.generation import generate
 
     bundle = load_model()
     toks = bundle.encode_prompts(bench_prompts(n_prompts), bos=False)

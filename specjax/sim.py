@@ -19,15 +19,7 @@ import numpy as np
 
 from specjax._pytree import pytree_dataclass
 from specjax.advance import KvAdvance, parse_kv_advance
-from specjax.depth_policy import (
-    POLICIES,
-    CostTable,
-    choose,
-    init_estimates,
-    optimistic,
-    revealed,
-    update_estimates,
-)
+from specjax.auto.policy import POLICIES, CostTable, DepthPolicy, decide, init_estimates, learn, revealed
 from specjax.plan import accepted_from_prefix, plan_step
 
 __all__ = [
@@ -397,14 +389,11 @@ class PolicyResult:
 
 
 def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: CostTable, budget: jax.Array, *,
-                policy: str, steps: int, rule: KvAdvance, rate: float, threshold: float, min_gain: float,
-                prior: float | tuple[float, ...], relax: float, shrink: float, spread: float = 0.0,
-                explore: float = 0.0, prior_weight: float | None = None, pool: float = 0.0,
-                relax_early: float = 0.0, fill: bool = False) -> dict[str, jax.Array]:
-    """The plan steps of ``_run`` with the window and each row's drafts chosen per step by
-    ``policy``. ``budget [B]``: tokens each row emits before it is done (a static batch); a
-    step costs the whole batch while any row is left, and nothing after. ``fill``: rows
-    propose every draft the window holds, not only their own count (``DepthPolicy.fill``)."""
+                policy: DepthPolicy, steps: int, rule: KvAdvance) -> dict[str, jax.Array]:
+    """The plan steps of ``_run`` with the window and each row's drafts chosen per step as the
+    engine chooses them (``policy.decide``, ``policy.learn``; ``specjax.auto.AutoDepth``).
+    ``budget [B]``: tokens each row emits before it is done (a static batch); a step costs the
+    whole batch while any row is left, and nothing after."""
     depth = max(max(table.windows) - 1, 1)
     draw = _prefix_draws(acceptance, seed, row_ids, depth)
     matched = _matches(acceptance, seed, row_ids)
@@ -417,33 +406,22 @@ def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: Cos
         u, est, left, seen, m = carry
         live = left > 0
         m = matched(m, step)
-        need = jnp.max(jnp.where(live, u, 1))  # the window must hold every row's re-fed tokens
-        idx, drafts = choose(est, live, table, policy, min_window=need,
-                             threshold=threshold, min_gain=min_gain, load=row_ids.shape[0], remaining=left,
-                             shrink=shrink, spread=spread, seen=seen, pool=pool,
-                             upper=optimistic(est, seen, explore))
         can = jnp.where(m, depth, 0)  # drafts each row can offer now
-        if offers:  # as ``engine._choice``: the narrowest window that holds the drafts offered
-            holds = jnp.minimum(jnp.max(jnp.where(live, u + jnp.minimum(drafts, can), 1)), windows[idx])
-            idx = jnp.minimum(idx, jnp.argmax(windows >= holds)).astype(jnp.int32)
-            # ... and, before any verdict, window 1 (its first-draft verdicts are free)
-            fresh = jnp.sum(jnp.where(live, seen[:, 0], 0)) == 0
-            idx = jnp.where(fresh, jnp.argmax(windows >= need), idx).astype(jnp.int32)
+        idx, drafts = decide(policy, est, live, u, table, remaining=left, seen=seen, can=can if offers else None)
         room = windows[idx] - u  # left after the re-fed tokens
-        drafts = room if fill else jnp.minimum(drafts, room)  # what each row is asked for
+        drafts = room if policy.fill else jnp.minimum(drafts, room)  # what each row is asked for
         offered = jnp.minimum(drafts, can)
         prefix = draw(step)
         a = accepted_from_prefix(prefix, offered)
         plan = jax.lax.switch(idx, branches, u, a)
-        # the verdicts, as ``engine._step_window``'s: the drafts asked (one not offered counts as
+        # the verdicts, as ``AutoDepth.observe``'s: the drafts asked (one not offered counts as
         # rejected: long-run rates); at window 1 a row's first draft, judged for free (no match: rejected)
         told, told_a = drafts, a
         if offers:
             one = windows[idx] == 1
             told = jnp.where(one, 1, drafts)
             told_a = jnp.where(one, (m & (prefix >= 1)).astype(jnp.int32), a)
-        counts = None if prior_weight is None else seen
-        est = update_estimates(est, told, told_a, rate, prior, relax, counts, prior_weight or 0.0, relax_early)
+        est = learn(policy, est, told, told_a, policy.prior, seen)
         emitted = jnp.where(live, jnp.minimum(plan.emitted, left), 0)
         running = jnp.any(live)
         out = {"emitted": emitted, "drafts": jnp.where(live, offered, 0),
@@ -454,14 +432,12 @@ def _run_policy(acceptance: Any, seed: jax.Array, row_ids: jax.Array, table: Cos
 
     b = row_ids.shape[0]
     zeros = jnp.zeros((b, depth), jnp.int32)
-    init = (jnp.ones((b,), jnp.int32), init_estimates(b, depth, prior), budget, zeros, jnp.ones((b,), bool))
+    init = (jnp.ones((b,), jnp.int32), init_estimates(b, depth, policy.prior), budget, zeros, jnp.ones((b,), bool))
     _, outs = jax.lax.scan(body, init, jnp.arange(steps, dtype=jnp.int32))
     return outs
 
 
-_run_policy_jit = jax.jit(_run_policy, static_argnames=("policy", "steps", "rule", "rate", "threshold", "min_gain",
-                                                         "prior", "relax", "relax_early", "shrink", "spread",
-                                                         "explore", "pool", "prior_weight", "fill"))
+_run_policy_jit = jax.jit(_run_policy, static_argnames=("policy", "steps", "rule"))
 
 
 def simulate_policy(
@@ -488,7 +464,7 @@ def simulate_policy(
     fill: bool | float = False,
 ) -> PolicyResult:
     """Simulate ``steps`` steps of ``batch`` rows whose window (one of ``cost.windows``) and
-    per-row draft counts ``policy`` picks each step (``specjax.depth_policy``), each step
+    per-row draft counts ``policy`` picks each step (``specjax.auto.policy``), each step
     costing ``cost`` seconds at ``batch`` rows. The same row draws as ``simulate``.
     Estimates start at ``prior`` (one number, or one per draft position: a measured table's
     ``CostTable.acceptance``, as the engine takes it), move by ``rate`` on every revealed
@@ -500,7 +476,7 @@ def simulate_policy(
     lasts until the slowest row is done (every step until then costs the whole batch;
     ``steps`` bounds it). Without it, rows never finish (a batch job refilling its slots).
     ``"makespan"`` needs ``tokens``; ``shrink``, ``spread`` and ``pool`` are its knobs (``choose``).
-    ``explore``: the estimates' upper confidence bound (``depth_policy.optimistic``; the
+    ``explore``: the estimates' upper confidence bound (``auto.policy.optimistic``; the
     engine's ``DepthPolicy.explore``). ``prior_weight``: the prior counts as that many verdicts
     (``update_estimates``; the engine's ``DepthPolicy.prior_weight``); ``None``: a plain EMA.
     ``fill``: each row proposes every draft the chosen window holds (``DepthPolicy.fill``; the
@@ -535,12 +511,12 @@ def simulate_policy(
     b, _, s, acc = _validate(batch, max(max(cost.windows) - 1, 1), steps, acceptance, seed)
     r = parse_kv_advance(rule, what="rule")
     budget = jnp.full((b,), 2**30 if tokens is None else tokens, jnp.int32)
+    knobs = DepthPolicy(cost.windows, policy, rate=float(rate), prior=prior, relax=float(relax),
+                        relax_early=float(relax_early), min_gain=float(min_gain), threshold=float(threshold),
+                        shrink=float(shrink), spread=float(spread), explore=float(explore), pool=float(pool),
+                        prior_weight=None if prior_weight is None else float(prior_weight), fill=bool(fill))
     o = jax.device_get(_run_policy_jit(acc, jnp.uint32(seed), jnp.arange(b, dtype=jnp.int32), cost, budget,
-                                       policy=policy, steps=s, rule=r, rate=float(rate), threshold=float(threshold),
-                                       min_gain=float(min_gain), prior=prior, relax=float(relax),
-                                       shrink=float(shrink), spread=float(spread), explore=float(explore),
-                                       pool=float(pool), relax_early=float(relax_early), fill=bool(fill),
-                                       prior_weight=None if prior_weight is None else float(prior_weight)))
+                                       policy=knobs, steps=s, rule=r))
     emitted, drafts, accepted = (np.asarray(o[k], np.int64) for k in ("emitted", "drafts", "accepted"))
     ran = np.asarray(o["any"])  # the steps some row was left for
     if tokens is not None and emitted.sum() < b * tokens:

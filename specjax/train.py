@@ -26,7 +26,7 @@ import optax
 from specjax.attention import attend_visible
 from specjax.corpus import Corpus
 from specjax.model import Model, ModelConfig, init_model, logits
-from specjax.model.llama import _finish_block, _qkv, hidden_states, mtp_input, mtp_logits
+from specjax.model.llama import block_finish, block_qkv, hidden_states, mtp_input, mtp_logits
 
 __all__ = [
     "STAGES",
@@ -150,7 +150,7 @@ def mtp_chain_logits(params: dict, config: ModelConfig, hidden: jax.Array, token
     k1 = v1 = None
     for k in range(1, depth + 1):
         x = mtp_input(params, config, h, tokens[:, k : k + t])
-        q, kk, vv = _qkv(m["block"], x, jnp.broadcast_to(rows + k - 1, (b, t)), config, None)
+        q, kk, vv = block_qkv(m["block"], x, jnp.broadcast_to(rows + k - 1, (b, t)), config, None)
         if k == 1:
             k1, v1 = kk, vv
             attn = _chain_attention(q, k1, v1, [], [])
@@ -158,7 +158,7 @@ def mtp_chain_logits(params: dict, config: ModelConfig, hidden: jax.Array, token
             ks.append(kk)
             vs.append(vv)
             attn = _chain_attention(q, k1, v1, ks, vs)
-        h = _finish_block(m["block"], x, attn, config)
+        h = block_finish(m["block"], x, attn, config)
         out.append(mtp_logits(params, config, h))  # over the draft vocabulary, if the module has one
     return out
 

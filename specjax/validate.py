@@ -3,20 +3,18 @@ argument, its value and what is allowed."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from specjax.depth_policy import DepthPolicy
+from specjax.auto.policy import DepthPolicy
 from specjax.drafter import DRAFTERS, drafter_kind, resolve_drafter
+from specjax.generation_config import MAX_DEPTH, GenerationConfig
 from specjax.protocols import check_model
 from specjax.sampling import derive_seed
 
-__all__ = ["EOS_WIDTH", "check_drafter_models", "check_eos", "eos_table", "fail", "resolve_depth", "validate"]
+__all__ = ["EOS_WIDTH", "MAX_DEPTH", "check_drafter_models", "check_eos", "eos_table", "fail", "resolve_depth",
+           "validate"]
 
 EOS_WIDTH = 4  # stop ids a row holds on device (a longer list widens every row: one more compile)
-
-MAX_DEPTH = 8
 
 
 def fail(arg: str, value: object, allowed: str) -> None:
@@ -47,9 +45,12 @@ def resolve_depth(depth: object, max_depth: object, drafter: object,
     return int(depth), None
 
 
-def validate(model, prompts, max_new_tokens, drafter, draft_model, cache, temperature, top_k, top_p, seed, eos_id):
-    """Everything but the depth (``resolve_depth``); returns (seeds, max_new_tokens per row, stop ids)."""
-    cfg = check_model("model", model)
+def validate(model, prompts, cfg: GenerationConfig, drafter, draft_model) -> tuple[list[int], list[int], tuple]:
+    """What ``cfg`` (checked when made) and the prompts must satisfy on this model: prompts of
+    its token ids that fit its context with their new tokens, a per-prompt list's length, a
+    drafter the models can serve, stop ids in its vocabulary. Returns (each row's seed, each
+    row's max_new_tokens, the stop ids)."""
+    model_cfg = check_model("model", model)
     if not isinstance(prompts, list | tuple) or len(prompts) == 0:
         fail("prompts", prompts, "must be a non-empty list of token-id lists")
     if all(isinstance(p, int | np.integer) for p in prompts):
@@ -62,46 +63,46 @@ def validate(model, prompts, max_new_tokens, drafter, draft_model, cache, temper
         arr = np.asarray(p)
         if not np.issubdtype(arr.dtype, np.integer) or arr.ndim != 1:
             fail(f"prompts[{i}]", p, "must be a list of int token ids")
-        bad = np.nonzero((arr < 0) | (arr >= cfg.vocab_size))[0]
+        bad = np.nonzero((arr < 0) | (arr >= model_cfg.vocab_size))[0]
         if len(bad):
-            fail(f"prompts[{i}][{int(bad[0])}]", int(arr[bad[0]]), f"token ids must lie in [0, {cfg.vocab_size})")
-    per_row = isinstance(max_new_tokens, list | tuple)
+            fail(f"prompts[{i}][{int(bad[0])}]", int(arr[bad[0]]),
+                 f"token ids must lie in [0, {model_cfg.vocab_size})")
+    max_new_tokens = cfg.max_new_tokens
+    per_row = isinstance(max_new_tokens, tuple)
     news = list(max_new_tokens) if per_row else [max_new_tokens] * len(prompts)
-    if len(news) != len(prompts) or any(isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1
-                                        for n in news):
-        fail("max_new_tokens", max_new_tokens, f"must be an int >= 1 or one per prompt ({len(prompts)})")
+    if len(news) != len(prompts):
+        fail("max_new_tokens", _listed(max_new_tokens), f"must be an int >= 1 or one per prompt ({len(prompts)})")
     lens = [len(p) for p in prompts]
     longest = max(lens)
     which = lens.index(longest)
-    if longest >= cfg.max_seq_len:
+    limit = model_cfg.max_seq_len
+    if longest >= limit:
         fail(f"prompts[{which}]", f"{longest} tokens",
-              f"the model's context is max_seq_len={cfg.max_seq_len} tokens: a prompt may hold at most "
-              f"{cfg.max_seq_len - 1} (to leave room for one new token)")
-    over = [i for i in range(len(prompts)) if lens[i] + news[i] > cfg.max_seq_len]
+             f"the model's context is max_seq_len={limit} tokens: a prompt may hold at most "
+             f"{limit - 1} (to leave room for one new token)")
+    over = [i for i in range(len(prompts)) if lens[i] + news[i] > limit]
     if per_row and over:
         i = over[0]
         fail(f"max_new_tokens[{i}]", news[i], f"prompt length {lens[i]} (prompts[{i}]) + max_new_tokens must be "
-              f"<= the model's max_seq_len={cfg.max_seq_len}: at most {cfg.max_seq_len - lens[i]} new tokens fit")
+             f"<= the model's max_seq_len={limit}: at most {limit - lens[i]} new tokens fit")
     if over:
-        fail("max_new_tokens", max_new_tokens,
-              f"prompt length {longest} (prompts[{which}]) + max_new_tokens must be <= the model's "
-              f"max_seq_len={cfg.max_seq_len}: at most {cfg.max_seq_len - longest} new tokens fit")
+        fail("max_new_tokens", _listed(max_new_tokens),
+             f"prompt length {longest} (prompts[{which}]) + max_new_tokens must be <= the model's "
+             f"max_seq_len={limit}: at most {limit - longest} new tokens fit")
     check_drafter_models(drafter, model, draft_model, need_context=True)
-    if cache not in ("dense", "paged"):
-        fail("cache", cache, "must be 'dense' or 'paged'")
-    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not math.isfinite(temperature) \
-            or temperature < 0:
-        fail("temperature", temperature, "must be a finite float >= 0")
-    if top_p is not None and not 0 < top_p <= 1:
-        fail("top_p", top_p, "must lie in (0, 1]")
-    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-        fail("top_k", top_k, "must be an int >= 1 or None")
-    seeds = [seed] * len(prompts) if isinstance(seed, int) else list(seed)
-    if len(seeds) != len(prompts) or any(not isinstance(s, int) or not 0 <= s < 2**32 for s in seeds):
-        fail("seed", seed, f"must be an int in [0, 2**32) or one per prompt ({len(prompts)})")
-    if isinstance(seed, int):  # one base seed: each row's own stream, from (seed, row)
-        seeds = [derive_seed(seed, i) for i in range(len(prompts))]
-    return seeds, [int(n) for n in news], check_eos("eos_id", eos_id, cfg.vocab_size)
+    seed = cfg.seed
+    seeds = [seed] * len(prompts) if isinstance(seed, int | np.integer) else list(seed)
+    if len(seeds) != len(prompts):
+        fail("seed", list(seed), f"must be an int in [0, 2**32) or one per prompt ({len(prompts)})")
+    if isinstance(seed, int | np.integer):  # one base seed: each row's own stream, from (seed, row)
+        seeds = [derive_seed(int(seed), i) for i in range(len(prompts))]
+    stops = check_eos("eos_id", _listed(cfg.eos_id), model_cfg.vocab_size)
+    return [int(s) for s in seeds], [int(n) for n in news], stops
+
+
+def _listed(value):
+    """A config's tuple as the list the caller gave (how errors show it)."""
+    return list(value) if isinstance(value, tuple) else value
 
 
 def check_drafter_models(drafter, model, draft_model, need_context: bool = False) -> None:

@@ -76,8 +76,8 @@ def _bounded_compile_caches():
 
         import jax
 
-        import specjax.engine
+        import specjax.generation
 
-        specjax.engine._COMPILED.clear()
+        specjax.generation.clear_compiled()
         jax.clear_caches()
         gc.collect()

@@ -21,7 +21,8 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import specjax  # noqa: E402
-from specjax import engine  # noqa: E402
+from specjax import generation  # noqa: E402
+from specjax.generation_config import GenerationConfig  # noqa: E402
 from specjax.model import ModelConfig  # noqa: E402
 from specjax.sharding import make_mesh, shard_model  # noqa: E402
 
@@ -105,10 +106,12 @@ def main(drafter: str, runs, pallas: bool = False) -> None:
             got = specjax.generate(sm, prompts, mesh=mesh, **skw).tokens
         result["tokens"][name] = got == refs[rule, cache]
         result["params"][f"{d}x{m}"] = param_problems(sm.params)
-        eng, params, args = engine._setup(sm, prompts, 8, drafter, skw["draft_model"], 2, rule, cache, 0.0,
-                                          None, None, 0, None, 3, "xla", mesh=mesh)
-        run, _ = engine._compiled(eng, params, (*args, None, engine._put(np.int32(eng.max_steps), mesh)))  # cached
-        st = run(params, *args, None, engine._put(np.int32(eng.max_steps), mesh))
+        cfg = GenerationConfig(max_new_tokens=8, drafter=drafter, depth=2, kv_advance=rule, cache=cache,
+                               attention_impl="xla")
+        eng, params, args = generation.setup(sm, prompts, cfg, skw["draft_model"], mesh)
+        limit = generation.put_rows_of(np.int32(eng.max_steps), mesh)
+        run, _ = generation.compiled_loop(eng, params, (*args, None, limit))  # cached
+        st = run(params, *args, None, limit)
         result["state"][name] = state_problems(st, len(prompts))
     if pallas:  # the Pallas kernels per shard (shard_map), interpret mode on CPU: one mesh, the paged kernel
         for cache in ("paged",):

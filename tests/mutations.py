@@ -1,7 +1,7 @@
 """The mutation check's bugs, as data: each replaces one exact snippet inside one function,
 method or class (``at``) and names the tests that must then fail (``scripts/mutation_check.py``).
 
-``at`` is a qualified name (``_step_window``, ``DenseKVCache.write``) found wherever it is
+``at`` is a qualified name (``step_window``, ``DenseKVCache.write``) found wherever it is
 defined in specjax/, pallas_kernels/, benchmarks/ or scripts/ (it must be defined exactly
 once), ``path.py::name`` where the name repeats across files, or a file (``path.py``) for
 module-level code. Moving a function to another module keeps its entries valid; only an edit
@@ -156,7 +156,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "cohort surplus not re-fed",
-        "_step_window",
+        "step_window",
         "u=jnp.where(active, plan.next_uncached, u)",
         "u=jnp.where(active, 1, u)",
         ("tests/test_engine.py::test_greedy_speculative_equals_plain",),
@@ -171,7 +171,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "finished rows take part in the cohort minimum",
-        "_step_window",
+        "step_window",
         "plan = plan_step(u, jnp.where(active, a, w - u), w, eng.kv_rule)",
         "plan = plan_step(u, jnp.where(active, a, 0), w, eng.kv_rule)",
         ("tests/test_engine.py::test_finished_rows_do_not_hold_back_the_cohort",),
@@ -251,7 +251,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "Mistral loaded without its sliding window",
-        "specjax/hf.py::_config",
+        "specjax/hf.py::read_config",
         'sliding = raw.get("sliding_window") if arch in ("MistralForCausalLM", "Gemma3ForCausalLM") else None',
         "sliding = None",
         ("tests/test_hf.py::test_logits_match_transformers",),
@@ -346,8 +346,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "generate(seed=int) gives every row the same stream",
         "validate",
-        "        seeds = [derive_seed(seed, i) for i in range(len(prompts))]\n",
-        "        seeds = [seed] * len(prompts)\n",
+        "        seeds = [derive_seed(int(seed), i) for i in range(len(prompts))]\n",
+        "        seeds = [int(seed)] * len(prompts)\n",
         ("tests/test_batch.py::test_unseeded_copies_of_a_prompt_differ_and_their_seed_follows_the_id",),
     ),
     Mutation(
@@ -366,7 +366,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "accepted drafts cut by EOS or the budget still counted",
-        "_step_window",
+        "step_window",
         "accepted=st.accepted + jnp.minimum(a, n_new) * act,",
         "accepted=st.accepted + a * act,",
         ("tests/test_default_bundle.py::test_accepted_drafts_count_only_emitted_ones",),
@@ -470,14 +470,14 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "Qwen3/Gemma q norm skipped",
-        "_qkv",
+        "block_qkv",
         '        q, k = _norm(q, p["q_norm"], cfg), _norm(k, p["k_norm"], cfg)',
         '        q, k = q, _norm(k, p["k_norm"], cfg)',
         ("tests/test_hf_families.py::test_logits_match_transformers",),
     ),
     Mutation(
         "Gemma query_pre_attn_scalar ignored (head_dim ** -0.5 scale)",
-        "_qkv",
+        "block_qkv",
         "    q = rope(q, positions, inv_freq, factor * q_scale)",
         "    q = rope(q, positions, inv_freq, factor)",
         ("tests/test_hf_families.py::test_logits_match_transformers",),
@@ -491,7 +491,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "the engine stops only on a row's first stop id",
-        "_step_window",
+        "step_window",
         "jnp.any(new_tok[:, :, None] == st.eos[:, None, :], axis=2)",
         "(new_tok == st.eos[:, :1])",
         ("tests/test_hf_families.py::test_eos_list_stops_on_any_id",),
@@ -586,16 +586,16 @@ MUTATIONS: list[Mutation] = [
     # --- depth="auto" in the engine ---
     Mutation(
         "auto depth: the engine never updates a row's acceptance estimate",
-        "_step_window",
-        "        est = jnp.where(active[:, None], update_estimates(est, told, told_a, pol.rate,",
-        "        est = jnp.where(False, update_estimates(est, told, told_a, pol.rate,",
+        "AutoDepth.observe",
+        "        est = jnp.where(active[:, None], learn(",
+        "        est = jnp.where(False, learn(",
         ("tests/test_depth_auto.py::test_rows_whose_drafts_are_never_accepted_stop_drafting",),
     ),
     Mutation(
         "auto depth: the engine ignores the cost table",
-        "_choice",
-        "    idx, drafts = choose(st.est, active, st.auto.cost, pol.rule,",
-        "    idx, drafts = choose(st.est, active, placeholder_cost(eng, 1), pol.rule,",
+        "AutoDepth.choose",
+        "st.u, st.auto.cost,",
+        "st.u, CostTable.create(self.windows, [1], [[1.0] * len(self.windows)]),",
         ("tests/test_depth_auto.py::test_the_cost_table_steers_the_window",),
     ),
     Mutation(
@@ -664,9 +664,9 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "auto depth, fill=False: each row's own draft count ignored (every row fills the window)",
-        "_step_window",
-        "proposed if eng.policy.fill else jnp.minimum(proposed, limit)",
-        "proposed",
+        "AutoDepth.drafts",
+        "room if self.policy.fill else jnp.minimum(room, st.auto.drafts)",
+        "room",
         ("tests/test_depth_auto.py::test_each_row_drafts_its_own_count",),
     ),
     Mutation(
@@ -686,9 +686,10 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "auto depth: a forced window (cost measurement) is ignored",
-        "_choice",
-        "    return jnp.where(forced, jnp.maximum(at, narrowest), idx), jnp.where(forced, eng.depth, drafts), first\n",
-        "    return idx, drafts, first\n",
+        "AutoDepth.choose",
+        "        idx = jnp.where(forced, jnp.maximum(at, narrowest), idx)\n"
+        "        drafts = jnp.where(forced, eng.depth, drafts)\n",
+        "",
         ("tests/test_depth_auto.py::test_a_forced_window_runs_with_every_row_drafting",),
     ),
     Mutation(
@@ -757,9 +758,9 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "auto depth: the step judges windows on the plain estimates (unlucky first verdicts stop it for good)",
-        "_choice",
-        "                         seen=st.seen_pos, pool=pol.pool, upper=upper)",
-        "                         seen=st.seen_pos, pool=pol.pool, upper=None)",
+        "decide",
+        "    upper = optimistic(est, seen, policy.explore)",
+        "    upper = est",
         ("tests/test_depth_auto.py::test_the_step_judges_windows_on_what_its_verdicts_support",),
     ),
     Mutation(
@@ -778,9 +779,9 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "auto depth: the engine's makespan never sees the verdict counts (pool ignored)",
-        "_choice",
-        "                         seen=st.seen_pos, pool=pol.pool, upper=upper)",
-        "                         seen=None, pool=pol.pool, upper=upper)",
+        "decide",
+        "spread=policy.spread, seen=seen, pool=policy.pool,",
+        "spread=policy.spread, seen=None, pool=policy.pool,",
         ("tests/test_depth_auto.py::test_the_step_judges_windows_on_what_its_verdicts_support",),
     ),
     Mutation(
@@ -806,16 +807,16 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "auto depth: the engine never counts a position's verdicts (seen_pos stays 0)",
-        "_step_window",
-        "        seen_pos=st.seen_pos + (revealed(told, told_a, dmax) & active[:, None]).astype(jnp.int32),\n",
+        "step_window",
+        "        seen_pos=st.seen_pos + (verdict & active[:, None]).astype(jnp.int32),\n",
         "        seen_pos=st.seen_pos,\n",
         ("tests/test_depth_auto.py::test_each_row_drafts_its_own_count",),
     ),
     Mutation(
         "auto depth: the choice is made once per loop, not after every step (a stale window)",
-        "_chosen_step",
-        "        return _pick(eng, _step_window(eng, params, st, eng.policy.windows[k], st.auto.drafts))\n",
-        "        return _step_window(eng, params, st, eng.policy.windows[k], st.auto.drafts)\n",
+        "_controlled_step",
+        "        return ctl.choose(eng, out)\n",
+        "        return out\n",
         ("tests/test_depth_auto.py::test_rows_whose_drafts_are_never_accepted_stop_drafting",),
     ),
     Mutation(
@@ -983,23 +984,23 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "engine: the target's logits taken from the draft model's decoder",
-        "_step_window",
+        "step_window",
         "    logits = eng.target.head(params[\"target\"], hidden)  # [B, w, V]\n",
         "    logits = (eng.draft or eng.target).head(params[\"draft\" if eng.draft else \"target\"], hidden)\n",
         ("tests/test_plugins.py::test_nnx_decoder_speculates_its_own_greedy_tokens",),
     ),
     Mutation(
         "ngram auto: a row offers drafts without a match",
-        "_step_window",
-        "        proposed = jnp.minimum(proposed, eng.drafter.available(eng, st))\n",
-        "        proposed = proposed\n",
+        "AutoDepth.drafts",
+        "            return asked, jnp.minimum(asked, eng.drafter.available(eng, st))\n",
+        "            return asked, asked\n",
         ("tests/test_depth_auto.py::test_ngram_rows_without_a_match_offer_no_drafts",),
     ),
     Mutation(
         "ngram auto: the match skipped at window 2 as well as window 1",
-        "_step_window",
-        "if limit is not None and w > 1 and hasattr(",
-        "if limit is not None and w > 2 and hasattr(",
+        "AutoDepth.drafts",
+        "if w > 1 and hasattr(eng.drafter, \"offer\"):",
+        "if w > 2 and hasattr(eng.drafter, \"offer\"):",
         ("tests/test_depth_auto.py::test_ngram_rows_without_a_match_offer_no_drafts",),
     ),
     Mutation(
@@ -1054,9 +1055,9 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "auto depth: the engine's estimates ignore relax_early (the window-1 lock-in again)",
-        "_step_window",
-        "st.seen_pos, pol.prior_weight, pol.relax_early), est)",
-        "st.seen_pos, pol.prior_weight), est)",
+        "learn",
+        "policy.prior_weight or 0.0, policy.relax_early)",
+        "policy.prior_weight or 0.0)",
         ("tests/test_depth_auto.py::test_a_row_at_window_1_forgets_an_estimate_resting_on_few_verdicts",),
     ),
     Mutation(
@@ -1070,16 +1071,16 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "ngram auto: the window not narrowed to the drafts the rows can offer",
-        "_choice",
-        "        idx = jnp.minimum(idx, jnp.argmax(windows >= holds)).astype(jnp.int32)",
-        "        idx = idx.astype(jnp.int32)",
-        ("tests/test_depth_auto.py::test_ngram_rows_without_a_match_offer_no_drafts",),
+        "decide",
+        "    idx = jnp.minimum(idx, jnp.argmax(windows >= holds)).astype(jnp.int32)",
+        "    idx = idx.astype(jnp.int32)",
+        ("tests/test_depth_auto.py::test_ngram_rows_without_a_match_offer_no_drafts", "tests/test_sim.py"),
     ),
     Mutation(
         "ngram auto: the estimates learn only from the drafts offered",
-        "_step_window",
-        "    told, told_a = intended, a\n",
-        "    told, told_a = proposed, a\n",
+        "step_window",
+        "    return out, StepVerdicts(asked, a, nxt)",
+        "    return out, StepVerdicts(proposed, a, nxt)",
         ("tests/test_depth_auto.py::test_ngram_rows_without_a_match_offer_no_drafts",),
     ),
     Mutation(
@@ -1098,35 +1099,35 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "ngram auto: rows without a match get no window-1 verdict (estimates conditioned on a match)",
-        "_step_window",
-        "        told, told_a = jnp.ones_like(a), hit.astype(jnp.int32)\n",
-        "        told, told_a = (st.auto.first >= 0).astype(jnp.int32), hit.astype(jnp.int32)\n",
+        "AutoDepth.observe",
+        "told, told_a = jnp.ones_like(told_a), hit.astype(jnp.int32)",
+        "told, told_a = (before.auto.first >= 0).astype(jnp.int32), hit.astype(jnp.int32)",
         ("tests/test_depth_auto.py::test_a_window_1_step_judges_an_ngram_rows_first_draft_for_free",),
     ),
     Mutation(
         "ngram auto: the window-1 verdict ignores the target's token (every matched draft accepted)",
-        "_step_window",
-        "hit = (st.auto.first >= 0) & (st.auto.first == nxt)",
-        "hit = st.auto.first >= 0",
+        "AutoDepth.observe",
+        "hit = (before.auto.first >= 0) & (before.auto.first == verdicts.token)",
+        "hit = before.auto.first >= 0",
         ("tests/test_depth_auto.py::test_a_window_1_step_judges_an_ngram_rows_first_draft_for_free",),
     ),
     Mutation(
         "ngram auto: no window-1 verdict (the estimates learn only while drafting)",
-        "_step_window",
-        "if limit is not None and w == 1 and hasattr(eng.drafter, \"offer\"):",
+        "AutoDepth.observe",
+        "if w == 1 and hasattr(eng.drafter, \"offer\"):",
         "if False:",
         ("tests/test_depth_auto.py::test_a_window_1_step_judges_an_ngram_rows_first_draft_for_free",),
     ),
     Mutation(
         "ngram auto: the window-1 verdict counted as a proposed draft",
-        "_step_window",
-        "prop_pos=st.prop_pos + ((kd < intended[:, None])",
-        "prop_pos=st.prop_pos + ((kd < told[:, None])",
+        "AutoDepth.observe",
+        "return after.replace(est=est, seen_pos=seen,",
+        "return after.replace(est=est, seen_pos=seen, prop_pos=after.prop_pos + (seen - after.seen_pos),",
         ("tests/test_depth_auto.py::test_a_window_1_step_judges_an_ngram_rows_first_draft_for_free",),
     ),
     Mutation(
         "ngram auto: the first draft not kept for the next step",
-        "specjax/engine.py::_pick",
+        "AutoDepth.choose",
         "auto=st.auto.replace(pick=idx, drafts=drafts, first=first))",
         "auto=st.auto.replace(pick=idx, drafts=drafts))",
         ("tests/test_depth_auto.py::test_a_window_1_step_judges_an_ngram_rows_first_draft_for_free",),
@@ -1160,13 +1161,6 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_depth_auto.py::test_a_drafting_window_slow_in_every_round_takes_a_wider_ones_figure",),
     ),
     Mutation(
-        "sim Matches: the window not narrowed to the drafts rows offer",
-        "_run_policy",
-        "        if offers:  # as ``engine._choice``",
-        "        if False:  # as ``engine._choice``",
-        ("tests/test_sim.py",),
-    ),
-    Mutation(
         "sim Matches: no window-1 verdict on a matched row's first draft",
         "_run_policy",
         "        if offers:\n            one = windows[idx] == 1\n",
@@ -1196,9 +1190,9 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "depth='auto' fill ignored: rows propose only their own count in a wider window",
-        "_step_window",
-        "proposed if eng.policy.fill else jnp.minimum(proposed, limit)",
-        "jnp.minimum(proposed, limit)",
+        "AutoDepth.drafts",
+        "room if self.policy.fill else jnp.minimum(room, st.auto.drafts)",
+        "jnp.minimum(room, st.auto.drafts)",
         ("tests/test_depth_auto.py",),
     ),
     Mutation(
@@ -1211,7 +1205,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "sim fill ignored: rows propose only their own count in a wider window",
         "_run_policy",
-        "drafts = room if fill else jnp.minimum(drafts, room)",
+        "drafts = room if policy.fill else jnp.minimum(drafts, room)",
         "drafts = jnp.minimum(drafts, room)",
         ("tests/test_sim.py",),
     ),
@@ -1245,17 +1239,11 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "an n-gram batch drafts from its prior on its first step instead of looking at window 1 (free verdicts)",
-        "_choice",
-        "        idx = jnp.where(fresh, narrowest, idx).astype(jnp.int32)",
-        "        idx = idx.astype(jnp.int32)",
-        ("tests/test_depth_auto.py::test_an_ngram_batch_looks_before_drafting",),
-    ),
-    Mutation(
-        "sim: an n-gram batch drafts from its prior on its first step (the engine looks at window 1 first)",
-        "_run_policy",
-        "            idx = jnp.where(fresh, jnp.argmax(windows >= need), idx)",
-        "            idx = jnp.where(False, jnp.argmax(windows >= need), idx)",
-        ("tests/test_depth_policy.py::test_the_simulated_ngram_batch_looks_before_drafting",),
+        "decide",
+        "    return jnp.where(fresh, jnp.argmax(windows >= need), idx).astype(jnp.int32), drafts",
+        "    return idx, drafts",
+        ("tests/test_depth_auto.py::test_an_ngram_batch_looks_before_drafting",
+         "tests/test_depth_policy.py::test_the_simulated_ngram_batch_looks_before_drafting"),
     ),
     Mutation(
         "depth='auto' ignores the table's acceptance (every position starts at DepthPolicy.prior)",
@@ -1266,16 +1254,16 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "depth='auto' estimates drift back to DepthPolicy.prior, not the table's acceptance",
-        "_step_window",
-        "update_estimates(est, told, told_a, pol.rate, st.auto.prior, pol.relax,",
-        "update_estimates(est, told, told_a, pol.rate, pol.prior, pol.relax,",
+        "AutoDepth.observe",
+        "learn(self.policy, before.est, told, told_a, before.auto.prior,",
+        "learn(self.policy, before.est, told, told_a, self.policy.prior,",
         ("tests/test_depth_auto.py::test_a_tables_acceptance_is_where_the_estimates_start_and_drift_back_to",),
     ),
     Mutation(
         "a refilled row keeps DepthPolicy.prior, not the table's acceptance",
-        "_admit",
-        "        sub = with_auto(sub, st.auto)",
-        "        pass",
+        "specjax/batch.py::_admit",
+        "        sub = eng.controller.init(eng, sub, st.auto)",
+        "        sub = sub.replace(est=jnp.full_like(sub.est, eng.controller.policy.prior))",
         ("tests/test_batch.py::test_a_refilled_row_starts_at_the_tables_acceptance",),
     ),
     # --- controlled acceptance, the at-scale bench, MTP draft vocabularies ---
@@ -1387,14 +1375,14 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "engine: verify windows hand the model positions past the row's end",
-        "_step_window",
+        "step_window",
         "window, reachable_positions(pos, st.max_len),",
         "window, pos,",
         ("tests/test_plugins.py::test_positions_stay_reachable_and_padding_nans_stay_masked",),
     ),
     Mutation(
         "engine: the prefill hands the model its padding's positions (past max_seq_len)",
-        "_prefill",
+        "prefill_rows",
         "    positions = reachable_positions(jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p)), max_len)",
         "    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))",
         ("tests/test_plugins.py::test_positions_stay_reachable_and_padding_nans_stay_masked",),
@@ -1440,5 +1428,40 @@ MUTATIONS: list[Mutation] = [
         "        if not replicate or model.config.shard_groups != 1:",
         "        if True:",
         ("tests/test_sharding.py::test_loaders_stream_batch_memory_and_errors_on_a_mesh",),
+    ),
+    Mutation(
+        "config: a keyword setting does not override the config",
+        "GenerationConfig.of",
+        "        return base.replace(**settings) if settings else base\n",
+        "        return base\n",
+        ("tests/test_generation_config.py",),
+    ),
+    Mutation(
+        "config: top_p above 1 accepted",
+        "check_sampling",
+        "not 0 < top_p <= 1",
+        "not 0 < top_p <= 2",
+        ("tests/test_generation_config.py", "tests/test_engine.py::test_bad_input_is_rejected_before_compile"),
+    ),
+    Mutation(
+        "config: an unknown setting silently ignored",
+        "GenerationConfig.replace",
+        "        if unknown:\n",
+        "        if False:\n",
+        ("tests/test_generation_config.py",),
+    ),
+    Mutation(
+        "engine: a new state's steps counter starts at 1 (every row's step trace shifted)",
+        "new_state",
+        "        steps=zeros(), emitted=zeros(),",
+        "        steps=zeros() + 1, emitted=zeros(),",
+        ("tests/test_engine.py", "tests/test_batch.py"),
+    ),
+    Mutation(
+        "engine: a fixed depth's step leaves per-row arrays off their shard (no constraint)",
+        "_fixed_step",
+        "    return constrain(step_window(eng, params, st, eng.window)[0], eng.mesh)",
+        "    return step_window(eng, params, st, eng.window)[0]",
+        ("tests/test_sharding.py",),
     ),
 ]

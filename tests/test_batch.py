@@ -159,12 +159,12 @@ def test_a_refilled_row_starts_at_the_tables_acceptance():
     """Under depth="auto" a refilled row's estimates start at the table's acceptance (a prior
     per draft position), not at DepthPolicy.prior; the neighbour's are untouched."""
     from specjax.advance import KvAdvance
-    from specjax.depth_policy import CostTable, DepthPolicy
-    from specjax.engine import auto_state, make_engine
+    from specjax.auto import AutoDepth, CostTable, DepthPolicy, auto_state
+    from specjax.engine import make_engine
 
     policy = DepthPolicy((1, 2, 3, 4), prior=0.7)
     eng = make_engine(MODEL, drafter="mtp", draft_model=None, depth=3, kv_advance_rule=KvAdvance.PER_SEQUENCE,
-                      cache="dense", capacity=128, policy=policy)
+                      cache="dense", capacity=128, controller=AutoDepth(policy))
     params = {"target": MODEL.params}
     table = CostTable.create((1, 2, 3, 4), [2], [[1.0, 2.0, 3.0, 4.0]], acceptance=(0.8, 0.9, 0.6))
     st = batch_mod._empty_state(eng, 2, 8)

@@ -14,7 +14,7 @@ import pytest
 from specjax.bench import bench, bench_prompts, recipe_pick
 from specjax.checkpoint import CheckpointError, load_model, save_bundle
 from specjax.cli import main
-from specjax.engine import generate
+from specjax.generation import generate
 from specjax.model import init_model
 from specjax.streaming import stream
 from specjax.train import preset

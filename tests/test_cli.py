@@ -152,7 +152,7 @@ def test_backslash_n_on_the_command_line_is_a_newline(monkeypatch, capsys):
         seen["prompts"] = prompts
         raise ValueError("stop here")
 
-    monkeypatch.setattr("specjax.engine.generate", fake_generate)
+    monkeypatch.setattr("specjax.generation.generate", fake_generate)
     assert cli.main(["generate", "import os\\nimport "]) == 2
     from specjax import load_model
 

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from specjax import batch_generate
 from specjax.cache import CompressedKVCache, cache_supports_per_sequence_advance
 from specjax.cache.compressed import compressed_attention
-from specjax.engine import generate
+from specjax.generation import generate
 from specjax.model import ModelConfig, init_cache, init_model, logits
-from specjax.model.llama import _causal_attention, _finish_block, _qkv, forward
+from specjax.model.llama import _causal_attention, block_finish, block_qkv, forward
 
 from engine_models import noisy, sharp
 
@@ -90,13 +90,13 @@ def _memory_keys(model, tokens):
     pos = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
     out = []
     for layer, p in enumerate(params["layers"]):
-        q, k, v = _qkv(p, x, pos, cfg, layer)
+        q, k, v = block_qkv(p, x, pos, cfg, layer)
         if cfg.is_compressed(layer):
             out.append((k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)))
             attn = compressed_attention(q, k, v, window=cfg.compress_window, block=cfg.compress_block)
         else:
             attn = _causal_attention(q, k, v, cfg.sliding_window if cfg.is_local(layer) else None)
-        x = _finish_block(p, x, attn, cfg)
+        x = block_finish(p, x, attn, cfg)
     return out
 
 

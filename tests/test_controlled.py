@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from specjax.controlled import Controlled, control_data, expected_tokens_per_step, oracle_rows
-from specjax.engine import generate
+from specjax.generation import generate
 
 from engine_models import GLOBAL, noisy, sharp
 

@@ -11,7 +11,7 @@ from specjax.bench import bench_prompts
 from specjax.checkpoint import DEFAULT_BUNDLE, load_model
 from specjax.cli import main
 from specjax.corpus import build_corpus
-from specjax.engine import generate
+from specjax.generation import generate
 from specjax.tokenizer import ByteTokenizer
 from specjax.train import eval_windows, evaluate, preset
 

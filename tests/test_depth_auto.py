@@ -15,11 +15,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st_
 
 from specjax import batch_generate, generate
-from specjax import engine as engine_mod
 from specjax.advance import kv_advance
-from specjax.depth_policy import EARLY_VERDICTS, RELAX_EARLY, CostTable, DepthPolicy, cost_cache_path
+from specjax.auto import AutoDepth, auto_state
+from specjax.auto.cost import cost_cache_path, measure_cost, monotone_costs, placeholder_cost
+from specjax.auto.policy import EARLY_VERDICTS, RELAX_EARLY, CostTable, DepthPolicy
 from specjax.drafter import MtpDrafter, NgramDrafter
-from specjax.engine import auto_state, make_engine, prefill, step
+from specjax.engine import make_engine, prefill, request_capacity, step, step_window
+from specjax.engine.loop import TRACES
+from specjax.generation import compiled_loop, setup
+from specjax.generation_config import GenerationConfig
 from specjax.sampling import RowSampling
 from specjax.streaming import stream
 from specjax.validate import resolve_depth
@@ -69,14 +73,15 @@ def test_the_cost_table_steers_the_window():
 
 def _stepper(draft, policy, batch=4, cost=FREE, greedy=True, drafter="draft_model", capacity=256, max_len=200):
     eng = make_engine(TARGET, drafter=drafter, draft_model=draft, depth=policy.windows[-1] - 1,
-                      kv_advance_rule=kv_advance("per_sequence"), cache="dense", capacity=capacity, policy=policy,
+                      kv_advance_rule=kv_advance("per_sequence"), cache="dense", capacity=capacity,
+                      controller=AutoDepth(policy),
                       greedy=greedy)
     params = {"target": TARGET.params} if draft is None else {"target": TARGET.params, "draft": draft.params}
     prompts = np.array([[1, 2, 3, 4]] * batch, np.int32)
     sampling = RowSampling.rows([0.0 if greedy else 1.0] * batch, [None] * batch, [None] * batch)
     st = prefill(eng, params, prompts, np.full(batch, 4, np.int32), np.full(batch, max_len, np.int32),
                  np.full(batch, -1, np.int32), np.arange(batch, dtype=np.uint32), sampling)
-    return eng, params, st.replace(auto=auto_state(eng, cost, batch))
+    return eng, params, eng.controller.init(eng, st, auto_state(eng, cost, batch))
 
 
 def test_rows_whose_drafts_are_never_accepted_stop_drafting():
@@ -142,13 +147,14 @@ def test_the_step_judges_windows_on_what_its_verdicts_support():
     on their upper bound (``explore``: a window-1 step reveals nothing, so a batch stopped by
     unlucky first verdicts never learned otherwise), and under the makespan rule a row's own
     estimate counts as its verdicts do (``pool``). Once the verdicts are many, the estimates decide."""
-    pick = lambda eng, st: WINDOWS[int(engine_mod._choice(eng, st)[0])]  # noqa: E731
+    pick = lambda eng, st: WINDOWS[int(eng.controller.choose(eng, st).auto.pick)]  # noqa: E731
     cost = CostTable.create(WINDOWS, [1, 64], [[1.0, 1.45, 1.9]] * 2)
     eng, _, st = _stepper(DRAFT, DepthPolicy(WINDOWS, rule="makespan"), cost=cost)
     low = st.replace(est=jnp.tile(jnp.asarray([[0.35, 0.7]], jnp.float32), (4, 1)))
     assert pick(eng, low) == 2
     assert pick(eng, low.replace(seen_pos=jnp.full_like(low.seen_pos, 400))) == 1
-    assert pick(dataclasses.replace(eng, policy=DepthPolicy(WINDOWS, rule="makespan", explore=0.0)), low) == 1
+    lean = AutoDepth(DepthPolicy(WINDOWS, rule="makespan", explore=0.0))
+    assert pick(dataclasses.replace(eng, controller=lean), low) == 1
 
     cost = CostTable.create(WINDOWS, [1, 64], [[1.0, 1.56, 2.08]] * 2)
     eng, _, st = _stepper(DRAFT, DepthPolicy(WINDOWS, rule="makespan", explore=0.0, pool=8.0), cost=cost)
@@ -156,7 +162,7 @@ def test_the_step_judges_windows_on_what_its_verdicts_support():
                        seen_pos=jnp.asarray([[1, 0]] * 4, jnp.int32))  # one verdict each: 2 passed, 2 failed
     assert pick(eng, split) == 2
     assert pick(eng, split.replace(seen_pos=jnp.full_like(split.seen_pos, 100))) == 1
-    assert pick(dataclasses.replace(eng, policy=DepthPolicy(WINDOWS, rule="makespan", explore=0.0)), split) == 1
+    assert pick(dataclasses.replace(eng, controller=lean), split) == 1
 
 
 def test_a_forced_window_runs_with_every_row_drafting():
@@ -198,7 +204,7 @@ def test_ngram_offer_matches_a_reference(batch, n, depth, data):
 
 _NGRAM_ENG = make_engine(TARGET, drafter="ngram", draft_model=None, depth=2,
                          kv_advance_rule=kv_advance("per_sequence"), cache="dense", capacity=64,
-                         policy=DepthPolicy(WINDOWS), greedy=True)
+                         controller=AutoDepth(DepthPolicy(WINDOWS)), greedy=True)
 
 
 def _ngram_rows(rows: list[int], fresh: bool = False):
@@ -219,7 +225,8 @@ def _ngram_rows(rows: list[int], fresh: bool = False):
     for i, r in enumerate(rows):
         seq[i, :8] = [g[i] if t == -1 else 12 + t for t in known[r]]  # (vocab 31)
     seen = st.seen_pos if fresh else st.seen_pos.at[:, 0].set(1)
-    return eng, params, st.replace(seq=jnp.asarray(seq), seen_pos=seen, auto=auto_state(eng, FREE, b))
+    st = st.replace(seq=jnp.asarray(seq), seen_pos=seen)
+    return eng, params, eng.controller.init(eng, st, auto_state(eng, FREE, b))
 
 
 def test_ngram_rows_without_a_match_offer_no_drafts():
@@ -262,11 +269,12 @@ def test_a_window_1_step_judges_an_ngram_rows_first_draft_for_free():
     estimates stay long-run rates); later positions and the draft counts stay untouched."""
     eng, params, st = _ngram_rows([0, 1, 2, 3], fresh=True)  # no verdict yet
     g = int(np.asarray(st.seq)[2, 7])
-    assert np.asarray(engine_mod._pick(eng, st).auto.first).tolist() == [19, -1, g, 12]  # offer's, kept
+    assert np.asarray(eng.controller.choose(eng, st).auto.first).tolist() == [19, -1, g, 12]  # offer's, kept
 
     def at_window_1(first):
-        return engine_mod._step_window(eng, params, st.replace(auto=st.auto.replace(first=jnp.asarray(first))), 1,
-                                       st.auto.drafts)
+        s = st.replace(auto=st.auto.replace(first=jnp.asarray(first)))
+        out, verdicts = step_window(eng, params, s, 1, eng.controller.drafts(eng, s, 1))
+        return eng.controller.observe(eng, s, out, verdicts, 1)
 
     prior = float(np.asarray(st.est)[0, 0])  # every estimate starts there
     assert (np.asarray(st.est) == prior).all()
@@ -325,7 +333,7 @@ def test_the_deferred_block_needs_no_room_past_the_targets_cache():
     that lands near the end of the capacity (the row done, 8 pending, R = 16 wide) writes
     nothing past it and flags nothing, and the run equals the block on every commit."""
     r, width, new_tokens = 16, 4, 40
-    capacity = engine_mod.request_capacity(width, new_tokens, 2, bucket=False)  # 49: no slot to spare
+    capacity = request_capacity(width, new_tokens, 2, bucket=False)  # 49: no slot to spare
 
     def run(drafter):
         eng, params, st = _stepper(None, EMA, batch=2, drafter=drafter, capacity=capacity, max_len=width + new_tokens)
@@ -374,7 +382,7 @@ def test_a_tables_acceptance_is_where_the_estimates_start_and_drift_back_to():
     table = CostTable.create(WINDOWS, [1, 64], [[1.0, 3.0, 5.0]] * 2, acceptance=(0.9, 0.3))
     policy = DepthPolicy(WINDOWS, prior=0.7, relax=1.0)  # relax 1: an unrevealed position jumps to its prior
     eng, params, st = _stepper(DRAFT, policy, cost=table)
-    st = engine_mod.with_auto(st, st.auto)
+    st = eng.controller.init(eng, st, st.auto)
     np.testing.assert_allclose(np.asarray(st.est), [[0.9, 0.3]] * 4)
     st = step(eng, params, st.replace(est=jnp.zeros_like(st.est)))  # drafting a loss: window 1, nothing revealed
     assert np.asarray(st.auto.window_steps).tolist() == [1, 0, 0]
@@ -399,7 +407,7 @@ def test_the_cost_measurement_interleaves_windows_and_keeps_each_ones_fastest():
         calls.append((k, n))
         return (base + true[k] * n) * (3.0 if slow else 1.0), n
 
-    table = engine_mod.measure_cost(SimpleNamespace(windows=WINDOWS), 8, timed, warm=2, budget_s=0.0)
+    table = measure_cost(SimpleNamespace(windows=WINDOWS), 8, timed, warm=2, budget_s=0.0)
     assert len(calls) == 12  # 3 rounds
     np.testing.assert_allclose(np.asarray(table.seconds)[0], true, rtol=1e-4)
     assert np.asarray(table.batches).tolist() == [8.0]
@@ -415,10 +423,10 @@ def test_a_drafting_window_slow_in_every_round_takes_a_wider_ones_figure():
     def timed(k, warm, n, slow=(1,)):
         return (0.05 + true[k] * n * (1.5 if k in slow else 1.0)), n
 
-    table = engine_mod.measure_cost(SimpleNamespace(windows=(1, 2, 3, 4)), 8, timed, warm=2, budget_s=0.0)
+    table = measure_cost(SimpleNamespace(windows=(1, 2, 3, 4)), 8, timed, warm=2, budget_s=0.0)
     np.testing.assert_allclose(np.asarray(table.seconds)[0], [1e-3, 2.1e-3, 2.1e-3, 2.2e-3], rtol=1e-4)
-    np.testing.assert_allclose(engine_mod.monotone_costs([3.0, 2.0, 2.5, 2.4]), [3.0] * 4)
-    np.testing.assert_allclose(engine_mod.monotone_costs([1.0, 2.0, 3.0, 2.9]), [1.0, 2.0, 2.9, 2.9])
+    np.testing.assert_allclose(monotone_costs([3.0, 2.0, 2.5, 2.4]), [3.0] * 4)
+    np.testing.assert_allclose(monotone_costs([1.0, 2.0, 3.0, 2.9]), [1.0, 2.0, 2.9, 2.9])
 
 
 def test_stream_and_batch_jobs_run_auto_depth():
@@ -476,10 +484,10 @@ def test_a_row_at_window_1_forgets_an_estimate_resting_on_few_verdicts():
     (dict(depth=DepthPolicy((1, 3), fill=0.5)), r"DepthPolicy.fill=0.5 is invalid: must be True or False"),
 ])
 def test_bad_depth_settings_are_rejected_before_compile(kwargs, match):
-    before = engine_mod._TRACES["generate"]
+    before = TRACES["generate"]
     with pytest.raises(ValueError, match=match):
         generate(TARGET, PROMPTS, max_new_tokens=4, drafter="ngram", **kwargs)
-    assert engine_mod._TRACES["generate"] == before
+    assert TRACES["generate"] == before
 
 
 def test_the_auto_loop_updates_the_caches_in_place():
@@ -487,13 +495,11 @@ def test_the_auto_loop_updates_the_caches_in_place():
     cache-sized copies than a fixed depth's (a ``lax.switch`` dispatch held 20 against 4 here)."""
     import re
 
-    from specjax.engine import _generate, _setup, placeholder_cost
-
     def copies(depth):
-        eng, params, args = _setup(TARGET, PROMPTS, 20, "ngram", None, depth, None, "dense", 0.0, None, None, 0, None,
-                                   3, "xla", 2, None)
-        auto = None if eng.policy is None else auto_state(eng, placeholder_cost(eng, len(PROMPTS)), len(PROMPTS))
-        text = _generate.lower(eng, params, *args, auto, jnp.int32(eng.max_steps)).compile().as_text()
+        cfg = GenerationConfig(max_new_tokens=20, drafter="ngram", depth=depth, attention_impl="xla", max_depth=2)
+        eng, params, args = setup(TARGET, PROMPTS, cfg)
+        auto = None if eng.controller is None else auto_state(eng, placeholder_cost(eng, len(PROMPTS)), len(PROMPTS))
+        text = compiled_loop(eng, params, (*args, auto, jnp.int32(eng.max_steps)))[0].as_text()
         shape = f"[{len(PROMPTS)},{TARGET.config.n_kv_heads},{eng.capacity},{TARGET.config.head_dim}]"
         return len(re.findall(rf"= f32{re.escape(shape)}\S* copy\(", text))
 

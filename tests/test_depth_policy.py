@@ -1,5 +1,5 @@
 """Load-adaptive depth in the simulator: estimates, cost tables, the policies' choices and
-the crossover they must track (``specjax.depth_policy``, ``specjax.sim.simulate_policy``)."""
+the crossover they must track (``specjax.auto.policy``, ``specjax.sim.simulate_policy``)."""
 
 import json
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specjax import cli
-from specjax.depth_policy import (
+from specjax.auto.policy import (
     EARLY_VERDICTS,
     RELAX_EARLY,
     CostTable,
@@ -457,7 +457,7 @@ def test_the_knob_sweeps_hold_other_knobs_with_with(monkeypatch):
     import sys
     from pathlib import Path
 
-    from specjax.depth_policy import KNOBS
+    from specjax.auto.policy import KNOBS
 
     monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
     import _report

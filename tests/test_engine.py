@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from specjax import engine as engine_mod
-from specjax.depth_policy import DepthPolicy
+from specjax.auto.policy import DepthPolicy
 from specjax.drafter import DraftModelDrafter, MtpDrafter
-from specjax.engine import generate
+from specjax.engine.loop import TRACES
+from specjax.generation import generate
 from specjax.model import logits
 
 from engine_models import GLOBAL, SLIDING, TINY, noisy, sharp
@@ -308,9 +308,9 @@ def test_sampling_rows_are_batch_invariant_and_seeded(tiny):
         (dict(temperature=float("nan")), r"temperature=nan is invalid: must be a finite float >= 0"),
         (dict(depth=0), r"depth=0 is invalid: must be an int in \[1, 8\]"),
         (dict(depth=9), r"depth=9 is invalid"),
-        (dict(drafter="eagle"), r"drafter='eagle' is invalid: must be one of \['mtp', 'draft_model', 'ngram'\]"),
+        (dict(drafter="eagle"), r"drafter='eagle' is invalid: must be one of \['auto', 'mtp', 'draft_model',"),
         (dict(cache="ring"), r"cache='ring' is invalid: must be 'dense' or 'paged'"),
-        (dict(kv_advance="min"), r"kv_advance must be one of \['cohort', 'per_sequence'\], got 'min'"),
+        (dict(kv_advance="min"), r"kv_advance='min' is invalid: must be 'per_sequence', 'cohort' or None"),
         (dict(drafter="draft_model", draft_model=sharp(TINY)), r"draft_model='vocab_size 4' is invalid"),
         (dict(drafter="draft_model"), r"draft_model=None is invalid: drafter='draft_model' needs a draft model"),
         (dict(top_p=0.0), r"top_p=0.0 is invalid: must lie in \(0, 1\]"),
@@ -320,12 +320,12 @@ def test_sampling_rows_are_batch_invariant_and_seeded(tiny):
     ],
 )
 def test_bad_input_is_rejected_before_compile(kwargs, match):
-    before = engine_mod._TRACES["generate"]
+    before = TRACES["generate"]
     args = dict(prompts=[[1, 2, 3, 4, 5]], max_new_tokens=4, drafter="ngram") | kwargs
     prompts = args.pop("prompts")
     with pytest.raises(ValueError, match=match):
         generate(MODELS["global"], prompts, **args)
-    assert engine_mod._TRACES["generate"] == before
+    assert TRACES["generate"] == before
 
 
 def _prefilled(drafter, rule, prompts, budget=30, model=None, **kw):

@@ -66,3 +66,27 @@ def test_the_kernels_package_exports_kernels_and_references():
                  "paged_reference", "visible"):
         assert name in pallas_kernels.__all__ and callable(getattr(pallas_kernels, name)), name
     assert pallas_kernels.MASK_VALUE <= -1e9
+
+
+def test_no_module_imports_another_modules_private_names():
+    """What one module uses of another is public (``from specjax.x import _name`` is how a
+    private name leaks into another module's code; tests may reach inside)."""
+    bad = []
+    for pkg in PACKAGES + ("benchmarks", "scripts"):
+        for p in (ROOT / pkg).rglob("*.py"):
+            for node in ast.walk(ast.parse(p.read_text())):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in PACKAGES:
+                    bad += [f"{p.relative_to(ROOT)}: {node.module}.{a.name}" for a in node.names
+                            if a.name.startswith("_")]
+    assert not bad, bad
+
+
+def test_the_engine_knows_no_depth_policy():
+    """The engine package imports nothing from ``specjax.auto`` (depth="auto" plugs in as a
+    step controller), and the step names no policy, estimate, prior or cost."""
+    import re
+
+    for p in (ROOT / "specjax" / "engine").rglob("*.py"):
+        assert not [m for m in _imports(p) if m.startswith("specjax.auto")], p
+    step = (ROOT / "specjax" / "engine" / "step.py").read_text()
+    assert not re.findall(r"\b(policy|policies|auto|est|estimates?|prior|cost|choose|DepthPolicy)\b", step)

@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 import specjax.engine as engine_mod
-from specjax import generate, stream
+from specjax import generate, generation, stream
+from specjax.advance import KvAdvance
 from specjax.engine import make_engine, request_capacity
+from specjax.engine.loop import TRACES
 from specjax.model import ModelConfig, with_layer_loop
 
 from engine_models import noisy, sharp
@@ -74,7 +76,7 @@ def test_capacity_follows_the_request_not_the_declared_context():
     a = generate(small, prompts, max_new_tokens=9, drafter="ngram", ngram_n=2)
     b = generate(big, prompts, max_new_tokens=9, drafter="ngram", ngram_n=2)
     assert a.tokens == b.tokens
-    eng = make_engine(big, drafter="mtp", draft_model=None, depth=3, kv_advance_rule=engine_mod.KvAdvance.COHORT,
+    eng = make_engine(big, drafter="mtp", draft_model=None, depth=3, kv_advance_rule=KvAdvance.COHORT,
                       cache="dense", greedy=True,
                       capacity=request_capacity(8, 9, 3))
     st = engine_mod.prefill(eng, {"target": big.params}, np.ones((2, 8), np.int32), np.array([3, 8], np.int32),
@@ -143,8 +145,8 @@ def test_capacity_is_exact_for_a_finished_row_under_a_draft_model():
 
 
 def test_a_refused_write_is_an_error_not_silence(monkeypatch):
-    exact = engine_mod.request_capacity
-    monkeypatch.setattr(engine_mod, "request_capacity", lambda *a, **k: exact(*a, bucket=False) - 10)
+    exact = generation.request_capacity
+    monkeypatch.setattr(generation, "request_capacity", lambda *a, **k: exact(*a, bucket=False) - 10)
     with pytest.raises(RuntimeError, match=r"KV cache refused a write or advance.*capacity exceeded"):
         generate(MODELS["global"], [[1, 2, 3, 4, 5, 6, 7, 8]], max_new_tokens=6, drafter="ngram", ngram_n=2)
 
@@ -161,10 +163,10 @@ def test_stream_reads_back_only_new_tokens_and_matches_generate():
 
 
 def test_bad_attention_impl_is_rejected_before_compile():
-    before = engine_mod._TRACES["generate"]
+    before = TRACES["generate"]
     with pytest.raises(ValueError, match=r"attention_impl='cuda' is invalid: must be one of \['xla', 'pallas', 'au"):
         generate(MODELS["global"], [[1, 2]], max_new_tokens=3, attention_impl="cuda")
-    assert engine_mod._TRACES["generate"] == before
+    assert TRACES["generate"] == before
 
 
 @pytest.mark.parametrize("backend,expected", [("tpu", "pallas"), ("gpu", "xla"), ("cuda", "xla"), ("cpu", "xla")])
@@ -210,7 +212,7 @@ def test_the_layer_scan_writes_the_caches_in_place(kind, cache):
 
     model = with_layer_loop(MODELS[kind], "scan")
     eng = make_engine(model, drafter="mtp", draft_model=None, depth=3, cache=cache, capacity=128,
-                      kv_advance_rule=engine_mod.KvAdvance.PER_SEQUENCE)
+                      kv_advance_rule=KvAdvance.PER_SEQUENCE)
     assert eng.target.layer_loop == "scan"
     params = {"target": model.params}
     st = engine_mod.prefill(eng, params, np.ones((2, 8), np.int32), np.array([3, 8], np.int32),
@@ -234,7 +236,7 @@ def test_one_row_one_token_writes_the_caches_in_place(kind, cache, loop):
 
     model = with_layer_loop(MODELS[kind], loop)
     eng = make_engine(model, drafter=None, draft_model=None, depth=0, cache=cache, capacity=128,
-                      kv_advance_rule=engine_mod.KvAdvance.PER_SEQUENCE)
+                      kv_advance_rule=KvAdvance.PER_SEQUENCE)
     params = {"target": model.params}
     st = engine_mod.prefill(eng, params, np.ones((1, 8), np.int32), np.array([5], np.int32), np.array([40], np.int32),
                             np.full(1, -1, np.int32), np.zeros(1, np.uint32))

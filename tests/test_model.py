@@ -206,15 +206,15 @@ def test_a_bounded_prefill_wider_than_the_ring(name):
 
 def _per_layer_loop(model, tokens):
     """Oracle for the layer scan: a Python loop over layers with static indices."""
-    from specjax.model.llama import _causal_attention, _finish_block, _qkv, embed, head, layer_params
+    from specjax.model.llama import _causal_attention, block_finish, block_qkv, embed, head, layer_params
 
     cfg, params = model.config, model.params
     pos = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
     x = embed(params, cfg, tokens)
     for i in range(cfg.n_layers):
         p = layer_params(params, i)
-        q, k, v = _qkv(p, x, pos, cfg, i)
-        x = _finish_block(p, x, _causal_attention(q, k, v, cfg.sliding_window if cfg.is_local(i) else None), cfg)
+        q, k, v = block_qkv(p, x, pos, cfg, i)
+        x = block_finish(p, x, _causal_attention(q, k, v, cfg.sliding_window if cfg.is_local(i) else None), cfg)
     return head(params, cfg, x)
 
 

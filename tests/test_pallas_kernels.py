@@ -367,7 +367,11 @@ def test_engine_with_pallas_attention_lowers_for_gpu(cache, sliding, monkeypatch
 
     import pallas_kernels.paged as paged_module
     import pallas_kernels.ragged as ragged_module
-    from specjax import engine
+    from specjax.auto import auto_state
+    from specjax.auto.cost import placeholder_cost
+    from specjax.engine import generate_loop
+    from specjax.generation import setup
+    from specjax.generation_config import GenerationConfig
     from specjax.model import ModelConfig, init_model
 
     for module in (ragged_module, paged_module):
@@ -375,12 +379,12 @@ def test_engine_with_pallas_attention_lowers_for_gpu(cache, sliding, monkeypatch
         monkeypatch.setattr(module, "interpret_arg", lambda interpret: False)
     cfg = ModelConfig(vocab_size=32, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=64,
                       tie_embeddings=False, sliding_window=30 if sliding else None, global_every=2 if sliding else 0)
-    eng, params, args = engine._setup(init_model(cfg), [[1, 2, 3], [4, 5]], 8, "ngram", None, "auto", None, cache,
-                                      0.0, None, None, 0, None, 3, "pallas", 3)
+    settings = GenerationConfig(max_new_tokens=8, drafter="ngram", depth="auto", cache=cache, attention_impl="pallas")
+    eng, params, args = setup(init_model(cfg), [[1, 2, 3], [4, 5]], settings)
     if sliding:  # a ring of 30 + 2w + 2 = 40 slots is held in 48, read in blocks of 16 (a Triton dot's N >= 16)
         assert eng.new_cache(eng.target, 2).local_kv.size == 48
-    auto = engine.auto_state(eng, engine.placeholder_cost(eng, 2), 2)
-    lowered = jax.jit(engine._generate_loop, static_argnums=0).trace(
+    auto = auto_state(eng, placeholder_cost(eng, 2), 2)
+    lowered = jax.jit(generate_loop, static_argnums=0).trace(
         eng, params, *args, auto, np.int32(eng.max_steps)).lower(lowering_platforms=("cuda",))
     assert "triton" in lowered.as_text().lower()
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax import engine
+from specjax.engine import state as engine_state
 from specjax.model import ModelConfig, init_model, logits, with_layer_loop
 from specjax.sharding import (
     PARAM_RULES,
@@ -170,8 +170,8 @@ def test_generate_brings_back_no_cache(monkeypatch):
     cfg = ModelConfig(vocab_size=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=64)
     model = init_model(cfg, seed=2)
     fetched = []
-    real = engine.local_rows
-    monkeypatch.setattr(engine, "local_rows", lambda x: fetched.append(x.shape) or real(x))
+    real = engine_state.local_rows
+    monkeypatch.setattr(engine_state, "local_rows", lambda x: fetched.append(x.shape) or real(x))
     with jax.transfer_guard("disallow"):
         out = specjax.generate(model, [[1, 2, 3], [4, 5]], max_new_tokens=6, depth=2, mesh=make_mesh(1, 1))
     assert len(out.tokens) == 2 and fetched

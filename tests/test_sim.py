@@ -8,7 +8,7 @@ import pytest
 
 from specjax import sim
 from specjax.advance import KvAdvance
-from specjax.depth_policy import CostTable, DepthPolicy
+from specjax.auto.policy import CostTable, DepthPolicy
 from specjax.plan import plan_cohort_step
 from specjax.sim import Bernoulli, BetaRows, Matches, PositionDecay, Trace, simulate, simulate_alone, simulate_policy
 
@@ -182,7 +182,7 @@ def test_matches_keep_rows_batch_invariant():
 
 
 def test_policy_narrows_to_what_rows_offer():
-    """As ``engine._choice``: drafting is free (one cost for every window), so rows that offer
+    """As ``AutoDepth.choose``: drafting is free (one cost for every window), so rows that offer
     every draft run the widest window from the first step; rows that never match run window 1
     from the first step (their estimates have not learned it yet: the offer narrows it)."""
     flat = CostTable.create((1, 2, 4), [8], [[1.0, 1.0, 1.0]])

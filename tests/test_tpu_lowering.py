@@ -61,7 +61,9 @@ def test_the_generate_loop_with_pallas_attention_lowers_for_tpu(tpu, cache, draf
     attention a Mosaic kernel (the grid body, as on a TPU)."""
     import pallas_kernels.paged as paged_module
     import pallas_kernels.ragged as ragged_module
-    from specjax import engine
+    from specjax.engine import generate_loop
+    from specjax.generation import setup
+    from specjax.generation_config import GenerationConfig
     from specjax.model import ModelConfig, init_model
 
     for module in (ragged_module, paged_module):
@@ -71,9 +73,9 @@ def test_the_generate_loop_with_pallas_attention_lowers_for_tpu(tpu, cache, draf
                       max_seq_len=512, mtp_depth=3, sliding_window=64 if sliding else None,
                       global_every=2 if sliding else 0)
     model = init_model(cfg, dtype=jnp.bfloat16)
-    eng, params, args = engine._setup(model, [[1, 2, 3], [4, 5]], 8, drafter, None, 3, None, cache, 0.0, None, None,
-                                      0, None, 3, "pallas", 3)
-    lowered = jax.jit(engine._generate_loop, static_argnums=0).trace(
+    settings = GenerationConfig(max_new_tokens=8, drafter=drafter, depth=3, cache=cache, attention_impl="pallas")
+    eng, params, args = setup(model, [[1, 2, 3], [4, 5]], settings)
+    lowered = jax.jit(generate_loop, static_argnums=0).trace(
         eng, params, *args, None, np.int32(eng.max_steps)).lower(lowering_platforms=("tpu",))
     text = lowered.as_text()
     assert text.count("tpu_custom_call") >= cfg.n_layers

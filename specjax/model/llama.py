@@ -252,7 +252,7 @@ def embed(params: dict, cfg: ModelConfig, tokens: jax.Array) -> jax.Array:
     return x if cfg.embed_scale == 1.0 else x * jnp.asarray(cfg.embed_scale, x.dtype)
 
 
-def _qkv(p: dict, x: jax.Array, positions: jax.Array, cfg: ModelConfig, layer: int | None):
+def block_qkv(p: dict, x: jax.Array, positions: jax.Array, cfg: ModelConfig, layer: int | None):
     """q ``[B, t, Hq, hd]``, k, v ``[B, t, Hkv, hd]`` of block ``p`` (``layer`` picks the RoPE;
     ``None``: the MTP block). The attention scale's departure from ``hd ** -0.5`` rides on q."""
     b, t, _ = x.shape
@@ -274,7 +274,7 @@ def _qkv(p: dict, x: jax.Array, positions: jax.Array, cfg: ModelConfig, layer: i
     return q, k, qkv[..., nq + nkv :].reshape(b, t, cfg.n_kv_heads, hd)
 
 
-def _finish_block(p: dict, x: jax.Array, attn: jax.Array, cfg: ModelConfig) -> jax.Array:
+def block_finish(p: dict, x: jax.Array, attn: jax.Array, cfg: ModelConfig) -> jax.Array:
     """Residual after attention, then the gated MLP (SwiGLU or GeGLU) residual; with
     ``sandwich_norm`` each branch is normed again before its residual add."""
     b, t = x.shape[:2]
@@ -419,7 +419,7 @@ def forward_hidden(
     def layer_fn(x, caches, kind_layer, layer, idx):
         glob, loc, mem = caches
         p = layer_params(params, layer)
-        q, k, v = _qkv(p, x, positions, config, kind_layer)
+        q, k, v = block_qkv(p, x, positions, config, kind_layer)
         if config.is_compressed(kind_layer):  # XLA path only (no Pallas kernel for this kind yet)
             mem, attn = mem.write_attend(idx, q, k, v)
         elif config.is_local(kind_layer) and k.shape[1] > loc.slack:  # a prefill wider than the ring: XLA
@@ -430,7 +430,7 @@ def forward_hidden(
         else:
             glob = glob.write(idx, k, v)
             attn = per_shard(attend, glob, q, idx)
-        return _finish_block(p, x, attn, config), (glob, loc, mem)
+        return block_finish(p, x, attn, config), (glob, loc, mem)
 
     caches = (cache.global_kv, cache.local_kv, cache.memory_kv)
     x, caches = _run_layers(config, embed(params, config, tokens), caches, layer_fn, loop)
@@ -471,12 +471,12 @@ def hidden_states(model: Model, tokens: jax.Array) -> tuple[jax.Array, jax.Array
 
     def layer_fn(x, carry, kind_layer, layer, _):
         p = layer_params(params, layer)
-        q, k, v = _qkv(p, x, positions, cfg, kind_layer)
+        q, k, v = block_qkv(p, x, positions, cfg, kind_layer)
         if cfg.is_compressed(kind_layer):
             attn = compressed_attention(q, k, v, window=cfg.compress_window, block=cfg.compress_block)
         else:
             attn = _causal_attention(q, k, v, cfg.sliding_window if cfg.is_local(kind_layer) else None)
-        return _finish_block(p, x, attn, cfg), carry
+        return block_finish(p, x, attn, cfg), carry
 
     x, _ = _run_layers(cfg, embed(params, cfg, tokens), (), layer_fn, layer_loop(params))
     return head(params, cfg, x), x
@@ -525,7 +525,7 @@ def mtp_hidden(
     """
     m = params["mtp"]
     x = mtp_input(params, config, hidden, next_tokens)
-    q, k, v = _qkv(m["block"], x, positions, config, None)
+    q, k, v = block_qkv(m["block"], x, positions, config, None)
     if cache is None:
         attn = _causal_attention(q, k, v, None)
     else:
@@ -535,7 +535,7 @@ def mtp_hidden(
             one = lambda a: jnp.take_along_axis(a, at.reshape((-1, 1) + (1,) * (a.ndim - 2)), axis=1)  # noqa: E731
             q, x, view = one(q), one(x), cache.replace(lengths=cache.lengths + at)
         attn = per_shard(lambda c, q, layer: c.attend(q, layer, impl=attention_impl), view, q)
-    out = _finish_block(m["block"], x, attn, config)
+    out = block_finish(m["block"], x, attn, config)
     return (out if at is None else out[:, 0]), cache
 
 

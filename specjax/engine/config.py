@@ -1,0 +1,140 @@
+"""The static engine: ``EngineConfig`` (everything a compile depends on), how big its caches
+are (``request_capacity``, ``prompt_bucket``) and ``make_engine``, which builds one."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from specjax.advance import KvAdvance
+from specjax.cache.base import CAPACITY_BLOCK, resolve_attention_impl
+from specjax.drafter import drafter_kind, resolve_drafter
+from specjax.engine.controller import StepController
+from specjax.protocols import Decoder, DecoderModel, check_model
+from specjax.sharding import data_shards
+
+__all__ = ["PAGE_SIZE", "EngineConfig", "make_engine", "prompt_bucket", "request_capacity"]
+
+PAGE_SIZE = 16  # tokens per page of a paged cache
+
+
+def request_capacity(prompt_width: int, max_new_tokens: int, depth: int, *, bucket: bool = True) -> int:
+    """Cache slots per row for one request batch (``prompt_width`` = the padded prompt).
+
+    The largest slot any write touches: a row's committed length reaches at most
+    ``max_len - 1`` (``max_len = prompt + max_new_tokens``; a finished row stays there and
+    keeps receiving masked writes), and past it a step writes the verify window ``w`` and a
+    draft model reserves ``2w`` (its window plus ``d`` chained feeds). So
+    ``prompt_width + max_new_tokens + 2w - 1`` slots, exactly (tested at the boundary).
+
+    With ``bucket`` the result rounds up to a multiple of ``CAPACITY_BLOCK`` (eight buckets
+    per octave above 1024 slots), so nearby requests share one compile and kernel blocks
+    divide it. The model's ``max_seq_len`` is only a validation bound, never a size.
+    """
+    w = depth + 1
+    need = max(prompt_width, 1) + max_new_tokens + 2 * w - 1
+    if not bucket:
+        return need
+    step = CAPACITY_BLOCK if need <= 1024 else max(CAPACITY_BLOCK, (1 << (need - 1).bit_length()) // 8)
+    return -(-need // step) * step
+
+
+def prompt_bucket(prompts: list[list[int]]) -> int:
+    """Padded prompt width of a batch: the longest prompt rounded up to a power of two (>= 8).
+    Each bucket is its own compile (warm every bucket before timing)."""
+    return max(8, 1 << (max(len(p) for p in prompts) - 1).bit_length())
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """The static configuration of a generation: everything a compile depends on (hashable;
+    a static argument of every jitted function). The state that changes is ``EngineState``."""
+
+    target: Decoder  # the target model's static half (``specjax.protocols``); its params are ``params["target"]``
+    drafter: Any
+    depth: int
+    kv_rule: KvAdvance
+    cache_kind: str
+    greedy: bool  # every row greedy: argmax, no distributions (else per-row ``RowSampling``)
+    capacity: int  # cache slots per row (request-sized: ``request_capacity``)
+    max_steps: int  # trace length (a step emits >= 1 token per active row, so capacity bounds it)
+    draft: Decoder | None = None  # a draft model's (drafter "draft_model"); its params are ``params["draft"]``
+    attention_impl: str = "xla"  # resolved: "xla" | "pallas"
+    num_pages: int | None = None  # paged pool size (None: every row's full capacity)
+    # picks each step's window among several and each row's draft count (depth="auto":
+    # ``specjax.auto.AutoDepth``); None: a fixed depth, one window, every row drafts all it can
+    controller: StepController | None = None
+    mesh: Any = None  # a ("data", "model") jax.sharding.Mesh (specjax.sharding), or None: one device
+    pool_groups: int = 1  # paged pools: one per data shard (the mesh's data axis; ``PagedKVCache.split_pool``)
+
+    @property
+    def window(self) -> int:
+        """The widest verify window (every step's, without a controller)."""
+        return self.depth + 1
+
+    @property
+    def windows(self) -> tuple[int, ...]:
+        return (self.window,) if self.controller is None else self.controller.windows
+
+    @property
+    def dtype(self) -> Any:
+        return self.target.dtype
+
+    def at_window(self, w: int) -> EngineConfig:
+        """The engine a step at verify window ``w`` (one of ``windows``) hands its drafter:
+        depth ``w - 1``, no controller (the drafter drafts exactly that many)."""
+        return self if w == self.window else dataclasses.replace(self, depth=w - 1, controller=None)
+
+    def new_cache(self, dec: Decoder, batch: int) -> Any:
+        """Empty caches of ``dec`` (the target or the draft model) for ``batch`` rows. Rolling and
+        compressed caches reach a window plus chained draft writes (``2w + 2``) past the committed
+        length; the prefill, however wide, is bounded per row (``bound_write``), so it does not
+        size their rings. A paged pool is split into ``pool_groups`` pools (one per data shard)
+        when the cache can be (``split_pool``)."""
+        cache = dec.init_cache(batch, self.capacity, kind=self.cache_kind, slack=2 * self.window + 2,
+                               page_size=PAGE_SIZE, num_pages=self.num_pages)
+        if self.pool_groups > 1 and hasattr(cache, "split_pool"):
+            cache = cache.split_pool(self.pool_groups)
+        return cache
+
+
+def make_engine(model: DecoderModel, *, drafter, draft_model, depth, kv_advance_rule, cache, greedy: bool = True,
+                ngram_n: int = 3, capacity: int | None = None, attention_impl: str = "xla",
+                num_pages: int | None = None, controller: StepController | None = None, mesh=None,
+                pool_groups: int | None = None) -> EngineConfig:
+    """The static engine. ``capacity`` (cache slots per row; ``request_capacity``) defaults to
+    what the model's longest sequence would need; ``generate`` passes the request's.
+    ``greedy``: every row decodes greedily (no distributions are built); otherwise each row
+    samples under its own ``RowSampling`` (a temperature-0 row stays exactly greedy).
+    ``controller`` (``depth="auto"``: ``specjax.auto.AutoDepth(policy)``): the step picks its
+    window from ``controller.windows`` and ``depth`` must be the widest minus one. ``mesh``: the
+    ``("data", "model")`` mesh the model was sharded for (``specjax.sharding``; ``None``: one
+    device). ``pool_groups``: paged pools per batch (default: the mesh's data axis, one pool per
+    data shard; 1 without). ``model`` and ``draft_model`` follow the model protocol
+    (``specjax.protocols``); ``drafter`` is a name, ``None`` or a drafter object
+    (``specjax.protocols.Drafter``)."""
+    kind = drafter_kind(drafter)
+    d = 0 if kind is None else depth
+    if kind is None:
+        controller = None
+    if controller is not None and controller.windows[-1] != d + 1:
+        raise ValueError(f"controller windows {controller.windows} must end at depth + 1 = {d + 1}")
+    target = check_model("model", model)
+    if capacity is None:
+        capacity = request_capacity(0, target.max_seq_len, d)
+    return EngineConfig(
+        target=target,
+        drafter=resolve_drafter(drafter, ngram_n),
+        depth=d,
+        kv_rule=kv_advance_rule,
+        cache_kind=cache,
+        greedy=bool(greedy),
+        capacity=capacity,
+        max_steps=capacity,
+        draft=None if draft_model is None or kind != "draft_model" else check_model("draft_model", draft_model),
+        attention_impl=resolve_attention_impl(attention_impl),
+        num_pages=num_pages,
+        controller=controller,
+        mesh=mesh,
+        pool_groups=data_shards(mesh) if pool_groups is None else pool_groups,
+    )

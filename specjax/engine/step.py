@@ -1,0 +1,108 @@
+"""One speculative step at one verify window: draft, verify, commit. Pure: ``state -> state``.
+
+Per row (window ``w = depth + 1``): the row enters with ``u`` known tokens not yet in its
+cache; the drafter proposes ``w - u`` drafts (or the count a step controller asked for); the
+target runs once over the ``w``-token window at the row's own cache offset; verification
+accepts ``a`` drafts and yields one more token; the production plan function (``plan_step``,
+under the latched ``KvAdvance`` rule) says how far each row's caches advance and how many
+tokens it re-feeds next step. Finished rows stay in the batch at static shape: they present
+``committed = w`` (so they never set the cohort minimum) and do not advance.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from specjax.engine.config import EngineConfig
+from specjax.engine.state import EngineState
+from specjax.plan import plan_step
+from specjax.protocols import reachable_positions
+from specjax.verify import greedy_verify, rejection_verify
+
+__all__ = ["StepVerdicts", "step_window"]
+
+
+class StepVerdicts(NamedTuple):
+    """What one step revealed per row (int32 ``[B]`` each): what a step controller learns from."""
+
+    asked: jax.Array  # drafts the row was asked for (those it could not offer count as rejected)
+    accepted: jax.Array  # drafts the target accepted
+    token: jax.Array  # the target's own token after them
+
+
+def step_window(eng: EngineConfig, params: dict, st: EngineState, w: int,
+                drafts: tuple[jax.Array, jax.Array] | None = None) -> tuple[EngineState, StepVerdicts]:
+    """The step at verify window ``w`` (static, one of ``eng.windows``). ``drafts``: ``(asked,
+    offered)`` int32 ``[B]``, the drafts each row was asked for and offers to verify (a step
+    controller's choice); ``None``: every slot of the window. State arrays keep the engine's
+    ``depth``; the step counts its verdicts (``seen_pos``) and nothing else a controller keeps."""
+    d, dmax = w - 1, eng.depth
+    b, c = st.seq.shape
+    lengths, u, active = st.cache.lengths, st.u, ~st.done
+    at_w = eng.at_window(w)
+
+    # draft: the drafter's proposals, then each row's count
+    proposals, draft_probs, dstate = eng.drafter.propose(at_w, params, st)
+    proposals = proposals[:, :d]  # an MTP chain yields its first draft even at depth 0
+    draft_probs = None if draft_probs is None else draft_probs[:, :d]
+    asked, proposed = (w - u, w - u) if drafts is None else drafts
+
+    # verify: u known tokens, then w - u drafts, at this row's own offset, in one target forward
+    j = jnp.arange(w, dtype=jnp.int32)[None]
+    pos = lengths[:, None] + j
+    known_tok = jnp.take_along_axis(st.seq, jnp.clip(pos, 0, c - 1), axis=1)
+    if d:
+        draft_tok = jnp.take_along_axis(proposals, jnp.clip(j - u[:, None], 0, d - 1), axis=1)
+        window = jnp.where(j < u[:, None], known_tok, draft_tok)
+    else:
+        window = known_tok
+    hidden, cache = eng.target.forward_hidden(params["target"], window, reachable_positions(pos, st.max_len),
+                                              st.cache.reserve(w, st.live),
+                                              attention_impl=eng.attention_impl)
+    logits = eng.target.head(params["target"], hidden)  # [B, w, V]
+    if eng.greedy:
+        a, nxt = greedy_verify(logits, proposals, u, proposed)
+    else:
+        a, nxt = rejection_verify(logits, proposals, draft_probs, u, lengths, st.seeds, st.sampling, proposed)
+
+    # emit drafts[:a] + nxt at positions known .. known + a, cut at EOS / the token budget
+    k = jnp.arange(d + 1, dtype=jnp.int32)[None]
+    padded = jnp.concatenate([proposals, jnp.zeros((b, 1), jnp.int32)], axis=1)
+    new_tok = jnp.where(k < a[:, None], padded, nxt[:, None])
+    valid = (k <= a[:, None]) & (k < (st.max_len - st.known)[:, None]) & active[:, None]
+    is_eos = valid & jnp.any(new_tok[:, :, None] == st.eos[:, None, :], axis=2)
+    first_eos = jnp.min(jnp.where(is_eos, k, d + 1), axis=1)
+    valid &= k <= first_eos[:, None]
+    n_new = jnp.sum(valid, axis=1).astype(jnp.int32)
+    dest = jnp.where(valid, st.known[:, None] + k, c)  # explicit out-of-range: dropped
+    seq = st.seq.at[jnp.arange(b)[:, None], dest].set(new_tok, mode="drop")
+    known = st.known + n_new
+    done = st.done | (first_eos <= d) | (known >= st.max_len)
+
+    # commit through the production plan function; finished rows neither set the min nor move
+    plan = plan_step(u, jnp.where(active, a, w - u), w, eng.kv_rule)
+    advance = jnp.where(active, plan.advance, 0)
+    st = st.replace(seq=seq, known=known, u=jnp.where(active, plan.next_uncached, u), cache=cache.advance(advance),
+                    done=done)
+    dstate = eng.drafter.commit(at_w, params, st, dstate, hidden, lengths, u, jnp.where(active, a, 0), advance)
+
+    # the row's counters: a verdict at draft position k is an acceptance or the first rejection
+    act = active.astype(jnp.int32)
+    kd = jnp.arange(dmax, dtype=jnp.int32)[None]
+    verdict = kd < jnp.minimum(a + 1, asked)[:, None]
+    out = st.replace(
+        dstate=dstate,
+        steps=st.steps + act,
+        emitted=st.emitted + n_new,
+        accepted=st.accepted + jnp.minimum(a, n_new) * act,  # drafts emitted: none cut by EOS/budget
+        proposed=st.proposed + proposed * act,
+        acc_pos=st.acc_pos + ((kd < a[:, None]) & active[:, None]).astype(jnp.int32),
+        prop_pos=st.prop_pos + ((kd < asked[:, None]) & active[:, None]).astype(jnp.int32),
+        seen_pos=st.seen_pos + (verdict & active[:, None]).astype(jnp.int32),
+        trace=st.trace.at[jnp.arange(b), jnp.where(active, st.steps, eng.max_steps)].set(a, mode="drop"),
+        i=st.i + 1,
+    )
+    return out, StepVerdicts(asked, a, nxt)

@@ -1,0 +1,170 @@
+"""``GenerationConfig``: every setting of a generation (sampling, drafter, depth, cache, rule,
+attention, stops, token budget) in one frozen value, checked once when it is made.
+
+``generate``, ``stream``, ``batch_generate``, ``Bundle.generate``, ``generate_text`` and the
+CLI all take one (``config=``) and, as before, the same settings as keywords (a keyword
+overrides the config's field). What depends on the model (token ids in its vocabulary, a
+drafter it can serve, prompts that fit its context) is checked against it before any compile
+(``specjax.validate``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from specjax.advance import KvAdvance, parse_kv_advance
+from specjax.auto.policy import CostTable, DepthPolicy
+from specjax.cache.base import ATTENTION_IMPLS
+from specjax.drafter import AUTO, DRAFTERS, resolve_drafter
+from specjax.protocols import Drafter
+
+__all__ = ["MAX_DEPTH", "GenerationConfig", "check_sampling", "takes_settings"]
+
+MAX_DEPTH = 8
+CACHES = ("dense", "paged")
+
+
+def _fail(arg: str, value: object, allowed: str) -> None:
+    raise ValueError(f"{arg}={value!r} is invalid: {allowed}")
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int | np.integer) and not isinstance(x, bool)
+
+
+def check_sampling(where: str, temperature: object, top_k: object, top_p: object) -> None:
+    """One row's sampling settings (``where`` prefixes the names in errors: ``""`` for the
+    config's own fields, ``"requests[3] (id 7)."`` for one request of a batch job)."""
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not math.isfinite(temperature) \
+            or temperature < 0:
+        _fail(f"{where}temperature", temperature, "must be a finite float >= 0")
+    if top_k is not None and (not _is_int(top_k) or top_k < 1):
+        _fail(f"{where}top_k", top_k, "must be an int >= 1 or None")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, int | float) or not 0 < top_p <= 1):
+        _fail(f"{where}top_p", top_p, "must lie in (0, 1]")
+
+
+def _shown(value: object) -> object:
+    """A tuple the config made from a list, shown as the list the caller gave (errors)."""
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _ints(value: object) -> object:
+    """A list of ints as a tuple (a frozen config holds no mutable list); anything else as is."""
+    return tuple(value) if isinstance(value, list | np.ndarray) else value
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationConfig:
+    """The settings of a generation. Made once, checked once (``ValueError`` naming the field,
+    its value and what is allowed); ``replace(**changes)`` makes a checked copy.
+
+    * ``max_new_tokens``: per prompt (one int, or one per prompt for ``generate`` / ``stream``;
+      a batch job's default for requests that give none, and their bound for a stream).
+    * ``drafter``: ``"auto"`` (``"mtp"`` if the model has an MTP module, else ``"draft_model"``
+      if a draft model is given, else ``"ngram"``), one of those names, ``None`` (plain
+      decoding on the same step: the baseline) or a drafter object (``specjax.protocols.Drafter``).
+    * ``depth``: drafts per step (``1 .. MAX_DEPTH``), ``"auto"`` (each step picks its window
+      from 1 .. ``max_depth + 1`` and each row its draft count: ``specjax.auto``), or a
+      ``DepthPolicy``. ``cost``: ``depth="auto"``'s step-cost table (a ``CostTable`` or a JSON
+      file; default: measured at warm-up and cached on disk). ``ngram_n``: the n-gram drafter's n.
+    * ``kv_advance``: ``"per_sequence"`` | ``"cohort"`` | ``None`` (the latched rule).
+    * ``cache``: ``"dense"`` | ``"paged"``. ``attention_impl``: ``"xla"`` | ``"pallas"`` |
+      ``"auto"`` (Pallas on TPU, XLA elsewhere).
+    * ``temperature`` (0: greedy), ``top_k``, ``top_p``: data, never a recompile.
+    * ``seed``: one int (each row's seed derived from it and the row, or for a batch job the
+      request id) or one per prompt (used as given).
+    * ``eos_id``: a stop id or several (a row stops at the first of any); ``None``: none.
+    """
+
+    max_new_tokens: int | tuple[int, ...] = 64
+    drafter: str | Drafter | None = "auto"
+    depth: int | str | DepthPolicy = 3
+    max_depth: int = 3
+    cost: CostTable | str | os.PathLike | None = None
+    ngram_n: int = 3
+    kv_advance: str | KvAdvance | None = None
+    cache: str = "dense"
+    attention_impl: str = "auto"
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | tuple[int, ...] = 0
+    eos_id: int | tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "seed", "eos_id"):
+            object.__setattr__(self, name, _ints(getattr(self, name)))
+        news = self.max_new_tokens
+        if not (_is_int(news) and news >= 1) and not (
+                isinstance(news, tuple) and news and all(_is_int(n) and n >= 1 for n in news)):
+            _fail("max_new_tokens", _shown(news), "must be an int >= 1 or one per prompt")
+        d = self.drafter
+        if isinstance(d, str) and d not in (AUTO, *DRAFTERS):
+            _fail("drafter", d, f"must be one of {[AUTO, *DRAFTERS]}, None or a drafter object (specjax.protocols)")
+        if not isinstance(d, str | type(None)):
+            resolve_drafter(d)  # a user's drafter: name, propose and a hash
+        if isinstance(self.depth, DepthPolicy):
+            self.depth.check(MAX_DEPTH)
+        elif self.depth != "auto" and not (_is_int(self.depth) and 1 <= self.depth <= MAX_DEPTH):
+            _fail("depth", self.depth, f"must be an int in [1, {MAX_DEPTH}], 'auto' or a DepthPolicy")
+        if not (_is_int(self.max_depth) and 1 <= self.max_depth <= MAX_DEPTH):
+            _fail("max_depth", self.max_depth,
+                  f"must be an int in [1, {MAX_DEPTH}] (the widest depth='auto' may draft)")
+        if not (_is_int(self.ngram_n) and self.ngram_n >= 1):
+            _fail("ngram_n", self.ngram_n, "must be an int >= 1")
+        if self.kv_advance is not None:
+            try:
+                parse_kv_advance(self.kv_advance)
+            except ValueError:
+                _fail("kv_advance", self.kv_advance, "must be 'per_sequence', 'cohort' or None (the latched rule)")
+        if self.cache not in CACHES:
+            _fail("cache", self.cache, "must be 'dense' or 'paged'")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            _fail("attention_impl", self.attention_impl, f"must be one of {list(ATTENTION_IMPLS)}")
+        check_sampling("", self.temperature, self.top_k, self.top_p)
+        seed = self.seed
+        if not (_is_int(seed) and 0 <= seed < 2**32) and not (
+                isinstance(seed, tuple) and seed and all(_is_int(s) and 0 <= s < 2**32 for s in seed)):
+            _fail("seed", _shown(seed), "must be an int in [0, 2**32) or one per prompt")
+        eos = self.eos_id
+        if eos is not None and not _is_int(eos) and not (isinstance(eos, tuple) and all(_is_int(i) for i in eos)):
+            _fail("eos_id", _shown(eos), "must be an int token id, a list of them, or None")
+
+    def replace(self, **changes: Any) -> GenerationConfig:
+        """A checked copy with ``changes`` (a name that is not a field is a ``TypeError``)."""
+        unknown = sorted(set(changes) - FIELDS)
+        if unknown:
+            raise TypeError(f"unknown setting {unknown[0]!r}; the settings are {sorted(FIELDS)}")
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def of(cls, config: GenerationConfig | None, **settings: Any) -> GenerationConfig:
+        """``config`` (default: the defaults) with ``settings`` over it."""
+        if config is not None and not isinstance(config, GenerationConfig):
+            _fail("config", config, "must be a GenerationConfig or None")
+        base = config or DEFAULT
+        return base.replace(**settings) if settings else base
+
+
+FIELDS = frozenset(f.name for f in dataclasses.fields(GenerationConfig))
+DEFAULT = GenerationConfig()
+
+
+def takes_settings(fn: Callable) -> Callable:
+    """Show ``GenerationConfig``'s fields as ``fn``'s keyword arguments (``help(generate)``, IDEs
+    reading ``__signature__``): ``fn`` takes them as ``**settings``."""
+    sig = inspect.signature(fn)
+    params = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    taken = {p.name for p in params}
+    params += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
+               for f in dataclasses.fields(GenerationConfig) if f.name not in taken]
+    fn.__signature__ = sig.replace(parameters=params)
+    return fn
