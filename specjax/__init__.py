@@ -4,7 +4,7 @@ Data flows plan -> cache -> mask -> attention (-> model -> drafter -> verify -> 
 """
 
 from specjax.advance import KvAdvance, kv_advance
-from specjax.attention import ragged_attention
+from specjax.attention import reference_attention
 from specjax.auto import CostTable, DepthPolicy
 from specjax.batch import Completion, Request, batch_generate
 from specjax.cache import (
@@ -86,7 +86,7 @@ __all__ = [
     "plan_cohort_step",
     "plan_per_sequence_step",
     "plan_step",
-    "ragged_attention",
+    "reference_attention",
     "simulate",
     "simulate_alone",
 ]

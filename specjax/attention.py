@@ -2,7 +2,7 @@
 
 The reference (visibility, one masked pass, slot positions) lives with the kernels it is the
 oracle of, in ``pallas_kernels.reference`` (JAX only); this module re-exports it:
-``attend_visible``, ``attention_with_positions``, ``ragged_attention`` (the dense layout),
+``attend_visible``, ``attention_with_positions``, ``reference_attention`` (the dense layout),
 ``gather_pages``, ``ring_positions``. Shapes: ``q [B, t_q, Hq, D]``, ``k, v [B, Hkv, T, D]``
 (head-major everywhere: with the batch and head axes leading, XLA's batched dot reads the cache
 as stored; a ``[B, T, Hkv, D]`` cache made XLA:CPU transpose the whole cache in every layer).
@@ -34,7 +34,7 @@ from pallas_kernels.reference import (
     weighted_values,
 )
 from pallas_kernels.reference import (
-    dense_reference as ragged_attention,  # the dense layout: the kernels' oracle
+    dense_reference as reference_attention,  # the dense layout: the kernels' oracle
 )
 
 __all__ = [
@@ -44,7 +44,7 @@ __all__ = [
     "live_attention",
     "live_block_bounds",
     "masked_attention",
-    "ragged_attention",
+    "reference_attention",
     "ring_positions",
 ]
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specjax.attention import live_attention, live_block_bounds, masked_attention, ragged_attention
+from specjax.attention import live_attention, live_block_bounds, masked_attention, reference_attention
 from specjax.masks import MASK_VALUE, make_left_padded_causal_mask
 
 from refs import ref_attention, ref_visible
@@ -36,7 +36,7 @@ def test_mask_matches_loop_reference(case):
     assert np.isfinite(m).all() and (m[~vis[:, None]] <= -1e9).all()
 
 
-_attn = jax.jit(ragged_attention, static_argnames=("window",))
+_attn = jax.jit(reference_attention, static_argnames=("window",))
 
 
 @pytest.mark.parametrize("hq,hkv", [(2, 2), (4, 1), (8, 2)])
@@ -58,7 +58,7 @@ def test_query_with_no_visible_key_returns_zeros():
     q = rng.standard_normal((2, 3, 2, D)).astype(np.float32)
     k = rng.standard_normal((2, 2, T, D)).astype(np.float32)
     lead = np.array([0, 20], np.int32)  # row 1: lead pad past every query position
-    out = np.asarray(ragged_attention(q, k, k, lead, np.array([4, 4], np.int32)))
+    out = np.asarray(reference_attention(q, k, k, lead, np.array([4, 4], np.int32)))
     assert np.isfinite(out).all()
     np.testing.assert_array_equal(out[1], 0.0)
     assert np.abs(out[0]).sum() > 0
@@ -69,8 +69,8 @@ def test_bfloat16_inputs_softmax_in_float32():
     q = rng.standard_normal((B, 4, 4, D)).astype(np.float32)
     k = rng.standard_normal((B, 2, T, D)).astype(np.float32)
     lead, qs = np.zeros(B, np.int32), np.array([0, 5, 10, 20], np.int32)
-    ref = np.asarray(ragged_attention(q, k, k, lead, qs))
-    bf = ragged_attention(*(jnp.asarray(x, jnp.bfloat16) for x in (q, k, k)), lead, qs)
+    ref = np.asarray(reference_attention(q, k, k, lead, qs))
+    bf = reference_attention(*(jnp.asarray(x, jnp.bfloat16) for x in (q, k, k)), lead, qs)
     assert bf.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(bf, np.float32), ref, atol=5e-2)
 
@@ -83,18 +83,18 @@ def test_zero_filled_prefix_is_not_a_masked_prefix():
     k = rng.standard_normal((1, 1, T, D)).astype(np.float32)
     v = rng.standard_normal((1, 1, T, D)).astype(np.float32) + 2.0
     q_start = np.array([12], np.int32)
-    masked = np.asarray(ragged_attention(q, k, v, np.array([lead], np.int32), q_start))
+    masked = np.asarray(reference_attention(q, k, v, np.array([lead], np.int32), q_start))
     kz, vz = k.copy(), v.copy()
     kz[:, :, :lead] = 0.0
     vz[:, :, :lead] = 0.0
-    zeroed = np.asarray(ragged_attention(q, kz, vz, np.array([0], np.int32), q_start))
+    zeroed = np.asarray(reference_attention(q, kz, vz, np.array([0], np.int32), q_start))
     # zero keys score exp(0) each: 6 dead slots take real softmax weight
     s = (q[0, 0, 0] @ k[0, 0, lead:13].T) * D**-0.5
     dead_weight = lead / (lead + np.exp(s - 0).sum())
     assert dead_weight > 0.05
     assert np.abs(masked - zeroed).max() > 1e-2
     # while the masked run equals attention over the live slots alone
-    live = np.asarray(ragged_attention(q, k[:, :, lead:], v[:, :, lead:], np.array([0], np.int32), q_start - lead))
+    live = np.asarray(reference_attention(q, k[:, :, lead:], v[:, :, lead:], np.array([0], np.int32), q_start - lead))
     np.testing.assert_allclose(masked, live, atol=1e-6)
 
 
@@ -122,7 +122,7 @@ def test_attention_bad_input(kwargs, match):
     args = dict(q=np.zeros((B, 2, 4, D), np.float32), k=np.zeros((B, 2, T, D), np.float32))
     args |= kwargs
     with pytest.raises(ValueError, match=match):
-        ragged_attention(args["q"], args["k"], args["k"], np.zeros(B, np.int32), np.zeros(B, np.int32))
+        reference_attention(args["q"], args["k"], args["k"], np.zeros(B, np.int32), np.zeros(B, np.int32))
 
 
 # ----------------------------------------------------------------------------- live range
