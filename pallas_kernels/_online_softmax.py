@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.reference import MASK_VALUE
+from pallas_kernels.reference import MASK_VALUE, online_softmax_step
 
 __all__ = ["MASK_VALUE", "block_update", "finalize", "group_queries", "init_carry", "key_positions",
            "live_block_range", "query_rows", "stack_query_rows", "unstack_query_rows"]
@@ -92,11 +92,7 @@ def block_update(
     ok = (kp >= lead) & (kp <= q_pos) & (kp >= 0)
     if window is not None:
         ok &= kp > q_pos - window
-    s = jnp.where(ok, s, MASK_VALUE)
-    m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
-    p = jnp.where(ok, jnp.exp(s - m_new), 0.0)
-    alpha = jnp.exp(m_prev - m_new)
-    l_new = alpha * l_prev + jnp.sum(p, axis=1, keepdims=True)
+    m_new, l_new, p, alpha = online_softmax_step(m_prev, l_prev, s, ok, axis=1)
     # a masked slot may hold anything (a model's NaN at a padding position, seen by the padding
     # queries after it): its weight is 0, but 0 * NaN is NaN, so non-finite values are dropped
     v = v.astype(jnp.float32)

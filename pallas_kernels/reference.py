@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 __all__ = [
+    "online_softmax_step",
     "MASK_VALUE",
     "attend_visible",
     "attention_with_positions",
@@ -104,6 +105,20 @@ def finite_values(v: jax.Array) -> jax.Array:
     token that made it carries NaN in its own hidden state (and a NaN key it makes is a NaN score)."""
     v = v.astype(jnp.float32)
     return jnp.where(jnp.isfinite(v), v, 0.0)
+
+
+def online_softmax_step(m_prev: jax.Array, l_prev: jax.Array, s: jax.Array, ok: jax.Array,
+                        axis: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """One block of the online softmax, the one recurrence every blocked attention path runs
+    (the kernels' ``block_update``, query-major; the model's ``live_attention``, key-major):
+    scores ``s`` of one key block, keys along ``axis``, visible where ``ok``; the running max
+    ``m_prev`` and sum ``l_prev`` (keepdims along ``axis``). Returns ``(m_new, l_new, p,
+    alpha)``: the caller's accumulator becomes ``alpha * acc + p @ v``."""
+    s = jnp.where(ok, s, MASK_VALUE)
+    m_new = jnp.maximum(m_prev, jnp.max(s, axis=axis, keepdims=True))
+    p = jnp.where(ok, jnp.exp(s - m_new), 0.0)
+    alpha = jnp.exp(m_prev - m_new)
+    return m_new, alpha * l_prev + jnp.sum(p, axis=axis, keepdims=True), p, alpha
 
 
 def attend_visible(q: jax.Array, k: jax.Array, v: jax.Array, ok: jax.Array, scale: float | None = None) -> jax.Array:

@@ -27,6 +27,7 @@ from pallas_kernels.reference import (
     gather_pages,
     group_mask,
     key_major_scores,
+    online_softmax_step,
     ring_positions,
     stack_groups,
     unstack_groups,
@@ -107,11 +108,8 @@ def live_attention(
         m_prev, l_prev, acc_prev = carry  # m, l [B, Hkv, 1, R] (key-major), acc [B, Hkv, R, D]
         k, v, key_pos = read_block(j)
         ok = group_mask(visible(q_pos, key_pos, lead_pad, window), g)  # [B, 1, block, G * t_q]
-        s = jnp.where(ok, key_major_scores(qg, k.astype(jnp.float32), scale), MASK_VALUE)
-        m_new = jnp.maximum(m_prev, jnp.max(s, axis=2, keepdims=True))
-        p = jnp.where(ok, jnp.exp(s - m_new), 0.0)
-        alpha = jnp.exp(m_prev - m_new)
-        l_new = alpha * l_prev + jnp.sum(p, axis=2, keepdims=True)
+        s = key_major_scores(qg, k.astype(jnp.float32), scale)
+        m_new, l_new, p, alpha = online_softmax_step(m_prev, l_prev, s, ok, axis=2)
         acc_new = alpha.swapaxes(2, 3) * acc_prev + weighted_values(p, finite_values(v))
         return m_new, l_new, acc_new
 

@@ -248,7 +248,7 @@ class MtpDrafter:
     name: str = "mtp"
     # R: window-1 commits the block may defer (0: it runs on every commit). A settle is one block
     # call over R positions, whose fixed cost a batch of one feels: forced window-1 steps at B=1
-    # cost 1.08x plain decoding at R = 16, 1.04x at 64 (benchmarks/window_one.py). The settle
+    # cost 1.08x plain decoding at R = 16, 1.04x at 64 (forced window-1 steps, B=1). The settle
     # writes only the pending slots (``mtp_hidden_at``), so the block's cache is the target's size
     backlog_limit: int = 64
 

@@ -56,27 +56,11 @@ def generate(model: DecoderModel, prompts: list[list[int]], config: GenerationCo
     speculative decoding. One static batch: it runs until its slowest row finishes (for a
     stream of requests refilling finished rows, see ``batch_generate``).
 
-    ``config`` (``GenerationConfig``) holds the settings; each keyword setting (its fields:
-    ``max_new_tokens``, ``drafter``, ``depth``, ``temperature``, ...) overrides it.
-
-    ``drafter``: ``"auto"`` (``"mtp"`` if the model has an MTP module, else ``"draft_model"``
-    if ``draft_model`` is given, else ``"ngram"``), one of those names, ``None`` (plain
-    autoregressive decoding on the same step: the baseline) or a drafter object of your own
-    (``specjax.protocols.Drafter``). ``model`` and
-    ``draft_model`` follow the model protocol (``specjax.protocols``: specjax's ``Model``, a
-    Flax NNX module through ``specjax.nnx_model``, or your own).
-    ``kv_advance``: ``"per_sequence"`` | ``"cohort"`` | ``None`` (the latched rule).
-    ``attention_impl``: ``"xla"`` | ``"pallas"`` | ``"auto"`` (Pallas on TPU, XLA on GPU and CPU).
-    ``seed``: one int (each row's seed is derived from it and the row index, so rows
-    differ) or one seed per prompt (used as given: a row with an explicit seed gives the
-    same tokens alone or in any batch). ``temperature``, ``top_k`` and ``top_p`` are data.
-    ``eos_id``: one stop id or a list (a row stops at the first of any; Llama-3-Instruct's
-    ``<|end_of_text|>`` and ``<|eot_id|>``).
-    ``depth="auto"``: each step picks its verify window from 1 .. ``max_depth + 1`` and each row
-    its draft count, maximising expected tokens per second (``specjax.auto``: per-row
-    acceptance estimates on device, a step-cost table). ``cost``: that table (a ``CostTable``
-    or a JSON file); by default it is measured at warm-up (a few timed steps per window) and
-    kept on disk (``specjax.auto.cost_cache_path()``). Greedy tokens never depend on the
+    ``config`` (``GenerationConfig``: drafter, depth, cache, rule, attention, sampling, seeds,
+    stops, token budget; its docstring says what each takes) holds the settings, and each
+    keyword setting overrides its field. ``model`` and ``draft_model`` follow the model
+    protocol (``specjax.protocols``: specjax's ``Model``, a Flax NNX module through
+    ``specjax.nnx_model``, or your own). Greedy tokens never depend on ``depth="auto"``'s
     choices; sampled rows stay lossless, but their draws follow the batch's window choices.
     Caches hold ``request_capacity(prompt bucket, max(max_new_tokens), depth)`` slots per row,
     whatever the model's ``max_seq_len``. Compiles once per (batch, prompt-width bucket,

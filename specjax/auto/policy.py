@@ -196,7 +196,7 @@ class DepthPolicy:
         A drafter that does not (n-gram) gets ``spread = 1``: whether a row's context repeats
         splits its rows into truly different rates that come in bursts, so a static batch's
         slowest row lands well behind its expected steps (``choose``). Priced by steps x each
-        run's cost table (``benchmarks/policy_steps.py --knob spread``, bench prompts, B = 8-64,
+        run's cost table (a since-retired experiment script: bench prompts, B = 8-64,
         where no fixed n-gram depth beats plain): 0.90-0.96x plain with 0, 0.98-0.99x with 1.
         MTP's alike rows lost up to 19% with it (their noisy per-row estimates already make the
         slowest one pessimistic), so they keep 0."""
@@ -436,7 +436,7 @@ def choose(
             # a row's own estimate counts as its verdicts do: its first verdicts (0.7 -> 0.35
             # after one rejection) held a B=8 MTP batch at window 1 on 2 of 8 prompt groups where
             # depth 2 ran 1.14x plain; pool 8 drafted on both. Off by default: in the simulator
-            # (benchmarks/policy_grid.py, rows that truly differ) it hid the slowest rows: 0.975 vs 0.985
+            # (a grid of rows that truly differ) it hid the slowest rows: 0.975 vs 0.985
             n = seen.astype(jnp.float32)
             own = own * n / (n + pool)
         pooled = own * est + (1.0 - own) * mean[None]
