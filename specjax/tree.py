@@ -1,0 +1,203 @@
+"""Token trees for tree verification (#51, the data layer): a per-row tree of ``N`` window
+nodes as data, its ancestor mask, the attention visibility it implies, greedy verification
+by walking it, and where the accepted path's K/V come from when the row's window is compacted.
+
+Layout, per row: the verify window holds ``N`` nodes in topological order (a node's parent
+comes before it). ``parents [B, N]`` int32: ``parents[:, 0] = -1`` (the root), ``0 <=
+parents[j] < j`` otherwise, and ``-1`` for an unused node past the row's tree (``valid``
+says which are used). The first ``u`` nodes are the row's known, not yet cached tokens, a
+chain (``parents[j] = j - 1``); the drafts hang below node ``u - 1``. A chain of ``d``
+drafts is the tree ``parents = [-1, 0, 1, ..., N - 2]``: every function here gives it
+exactly what the chain engine computes (tested).
+
+Node ``j`` is written at cache slot ``lengths + j`` (window order) and runs at position
+``lengths + depth[j]`` (its RoPE position: its place on its own branch). It attends to the
+row's committed prefix and to its own ancestors in the window (itself included), never to a
+sibling's branch. Every shape is static; a row's tree shape is data (no recompile).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["accepted_sources", "ancestors", "chain_parents", "depths", "preset_parents", "tree_greedy_verify",
+           "tree_positions", "tree_rejection_verify", "tree_visible"]
+
+
+def chain_parents(batch: int, n: int) -> jax.Array:
+    """int32 ``[B, N]``: the chain ``[-1, 0, 1, ..., N - 2]`` in every row."""
+    return jnp.broadcast_to(jnp.arange(-1, n - 1, dtype=jnp.int32), (batch, n))
+
+
+def preset_parents(branching: tuple[int, ...]) -> np.ndarray:
+    """A static tree (Medusa/SpecInfer style) below a root: ``branching[k]`` children for every
+    node at draft depth ``k``, e.g. ``(2, 2, 1)``: 2 first drafts, 2 children each, 1 child each
+    (1 + 2 + 4 + 4 = 11 nodes). int32 ``[N]``, breadth-first (topological). The first child of
+    each node is its drafter's top candidate; ``(1, 1, 1)`` is the depth-3 chain."""
+    if not branching or any(not isinstance(b, int | np.integer) or b < 1 for b in branching):
+        raise ValueError(f"branching={branching!r} is invalid: a non-empty tuple of ints >= 1")
+    parents, level = [-1], [0]
+    for b in branching:
+        nxt = []
+        for p in level:
+            for _ in range(b):
+                nxt.append(len(parents))
+                parents.append(p)
+        level = nxt
+    return np.asarray(parents, np.int32)
+
+
+def ancestors(parents: jax.Array) -> jax.Array:
+    """bool ``[B, N, N]``: ``anc[b, i, j]`` when node ``j`` is node ``i`` or one of its ancestors
+    (``parents [B, N]``; an unused node, parent ``-1`` past the root, has only itself). Built by
+    pointer doubling: ``ceil(log2 N)`` steps of ``[B, N]`` gathers, whatever the trees' shapes."""
+    b, n = parents.shape
+    idx = jnp.arange(n, dtype=jnp.int32)
+    anc = idx[None, :, None] == idx[None, None, :]  # itself
+    anc = jnp.broadcast_to(anc, (b, n, n))
+    hop = parents  # 2^k-th ancestor, -1 past the root
+    reach = anc | ((hop[:, :, None] == idx[None, None, :]) & (hop[:, :, None] >= 0))
+    for _ in range(max(int(np.ceil(np.log2(max(n, 2)))), 1)):
+        # everything within 2^(k+1) hops: within 2^k of me, or within 2^k of my 2^k-th ancestor
+        via = jnp.take_along_axis(reach, jnp.clip(hop, 0, n - 1)[:, :, None], axis=1)
+        reach = reach | (via & (hop >= 0)[:, :, None])
+        hop = jnp.where(hop >= 0, jnp.take_along_axis(hop, jnp.clip(hop, 0, n - 1), axis=1), -1)
+    return reach
+
+
+def depths(parents: jax.Array) -> jax.Array:
+    """int32 ``[B, N]``: each node's ancestors, itself excluded (the root 0; a chain ``0 .. N-1``)."""
+    return jnp.sum(ancestors(parents), axis=2).astype(jnp.int32) - 1
+
+
+def tree_positions(lengths: jax.Array, parents: jax.Array) -> jax.Array:
+    """int32 ``[B, N]``: each node's position, ``lengths + depth`` (its place on its branch)."""
+    return lengths[:, None] + depths(parents)
+
+
+def tree_visible(q_pos: jax.Array, key_pos: jax.Array, lead_pad: jax.Array, lengths: jax.Array,
+                 parents: jax.Array, window: int | None = None) -> jax.Array:
+    """bool ``[B, N, T]``: may window node ``i`` of row ``b`` (at ``q_pos [B, N]``,
+    ``tree_positions``) read cache slot ``s`` (holding ``key_pos [B, T]``, slot order). A
+    committed slot (``s < lengths``) by the usual rule (``lead_pad``, causal, ``window``); a
+    window slot ``lengths + j`` only when node ``j`` is ``i`` or an ancestor of ``i``."""
+    b, n = parents.shape
+    t = key_pos.shape[1]
+    slot = jnp.arange(t, dtype=jnp.int32)[None, :]  # [1, T]
+    kp = key_pos[:, None, :]
+    qp = q_pos[:, :, None]
+    committed = (slot < lengths[:, None])[:, None, :]
+    prefix = committed & (kp >= lead_pad[:, None, None]) & (kp >= 0) & (kp <= qp)
+    if window is not None:
+        prefix &= kp > qp - window
+    j = jnp.clip(slot - lengths[:, None], 0, n - 1)  # [B, T]: window node held at slot s
+    in_window = (slot >= lengths[:, None]) & (slot < lengths[:, None] + n)
+    anc = ancestors(parents)
+    own = jnp.take_along_axis(anc, jnp.broadcast_to(j[:, None, :], (b, n, t)), axis=2)  # [B, N, T]
+    if window is not None:  # an ancestor too far up the branch is out of a sliding window
+        dep = jnp.sum(anc, axis=2) - 1
+        own &= (dep[:, :, None] - jnp.take_along_axis(dep, j, axis=1)[:, None, :]) < window
+    return prefix | (in_window[:, None, :] & own)
+
+
+def tree_greedy_verify(logits: jax.Array, tokens: jax.Array, parents: jax.Array, u: jax.Array,
+                       valid: jax.Array | None = None, max_depth: int | None = None
+                       ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Greedy verification of a tree: from the last known node (``u - 1``), take the child whose
+    token is the target's argmax, while there is one.
+
+    ``logits [B, N, V]`` (node ``j``'s logits predict the token after it, on its branch),
+    ``tokens [B, N]`` (each node's token), ``parents [B, N]``, ``u [B]`` known nodes (a chain
+    prefix), ``valid [B, N]`` the nodes in use (default all). Among children with the same token
+    the first in window order wins. Returns ``(a [B]`` accepted drafts, ``path [B, D]`` the
+    accepted nodes in order (``-1`` past ``a``), ``bonus [B])``: the target's token after the
+    last accepted node. ``D = max_depth`` (default ``N - 1``): the deepest draft a tree holds."""
+    b, n, _ = logits.shape
+    d = n - 1 if max_depth is None else max_depth
+    tgt = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B, N]
+    valid = jnp.ones((b, n), bool) if valid is None else valid
+    node = jnp.arange(n, dtype=jnp.int32)[None]
+    drafts = valid & (node >= u[:, None])
+    cur = u - 1
+    going = jnp.ones((b,), bool)
+    a = jnp.zeros((b,), jnp.int32)
+    path = []
+    for _ in range(d):
+        want = jnp.take_along_axis(tgt, cur[:, None], axis=1)  # [B, 1]
+        hit = drafts & (parents == cur[:, None]) & (tokens == want) & going[:, None]
+        found = jnp.any(hit, axis=1)
+        child = jnp.argmax(hit, axis=1).astype(jnp.int32)  # the first match in window order
+        cur = jnp.where(found, child, cur)
+        a = a + found.astype(jnp.int32)
+        path.append(jnp.where(found, child, -1))
+        going = going & found
+    bonus = jnp.take_along_axis(tgt, cur[:, None], axis=1)[:, 0]
+    return a, (jnp.stack(path, axis=1) if path else jnp.zeros((b, 0), jnp.int32)), bonus
+
+
+def accepted_sources(path: jax.Array, u: jax.Array, n: int) -> jax.Array:
+    """int32 ``[B, N]``: for each window slot ``k`` after compaction, the node whose K/V it
+    takes: the known nodes stay (``k < u``), then the accepted path in order
+    (``u + i <- path[i]``), and every other slot keeps its own node (masked out by the row's
+    lengths after the advance; never zero-filled). A chain's accepted nodes are already in
+    place: its sources are the identity."""
+    b, d = path.shape
+    k = jnp.arange(n, dtype=jnp.int32)[None]
+    i = k - u[:, None]  # path index a slot takes
+    from_path = jnp.take_along_axis(path, jnp.clip(i, 0, max(d - 1, 0)), axis=1) if d else jnp.full((b, n), -1)
+    take = (i >= 0) & (i < d) & (from_path >= 0)
+    return jnp.where(take, from_path, jnp.broadcast_to(k, (b, n))).astype(jnp.int32)
+
+
+def tree_rejection_verify(p: jax.Array, tokens: jax.Array, parents: jax.Array, u: jax.Array, uniform: jax.Array,
+                          valid: jax.Array | None = None, max_depth: int | None = None
+                          ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Lossless verification of a tree of deterministic drafts (each draft one-hot in its
+    drafter, as top-k candidates are): recursive rejection over a node's children (SpecInfer,
+    Miao et al. 2024, multi-step speculative sampling with one-hot proposals).
+
+    From the last known node, with ``r`` its target distribution: its children are tried in
+    window order; child ``c`` (token ``x``) is accepted with probability ``r(x)``
+    (``uniform[c] < r(x)``), and then the walk moves to ``c`` with ``r = p[c]``; a rejected
+    child's token leaves the residual, ``r <- norm(r - r(x) e_x)``. When no child is accepted
+    the row stops, and its next token is to be drawn from the returned ``r``: the emitted
+    sequence is distributed exactly as the target's own samples (tested by chi-square).
+
+    ``p [B, N, V]``: the target's sampling distribution at each node (temperature, top-k/p
+    applied), ``tokens [B, N]``, ``parents [B, N]``, ``u [B]``, ``uniform [B, N]``: one uniform
+    per node (each node is tested at most once, against its parent's residual), ``valid
+    [B, N]``. Returns ``(a [B], path [B, D], r [B, V])``."""
+    b, n, v = p.shape
+    d = n - 1 if max_depth is None else max_depth
+    valid = jnp.ones((b, n), bool) if valid is None else valid
+    node = jnp.arange(n, dtype=jnp.int32)
+    drafts = valid & (node[None] >= u[:, None])
+    cur = u - 1
+    r = jnp.take_along_axis(p, cur[:, None, None], axis=1)[:, 0]  # [B, V]
+    going = jnp.ones((b,), bool)
+    a = jnp.zeros((b,), jnp.int32)
+    path = []
+    rows = jnp.arange(b)
+    for _ in range(d):
+        moved = jnp.zeros((b,), bool)
+        nxt = cur
+        for j in range(1, n):  # children in window order: each tests against what is left
+            x = tokens[:, j]
+            test = going & ~moved & drafts[:, j] & (parents[:, j] == cur)
+            rx = r[rows, x]
+            take = test & (uniform[:, j] < rx)
+            left = test & ~take
+            # rejected: remove x from the residual (and renormalise); accepted: its own distribution
+            cut = r.at[rows, x].set(jnp.where(left, 0.0, rx))
+            mass = jnp.sum(cut, axis=-1, keepdims=True)
+            cut = jnp.where(mass > 0, cut / jnp.where(mass > 0, mass, 1.0), r)
+            r = jnp.where(left[:, None], cut, jnp.where(take[:, None], p[:, j], r))
+            nxt = jnp.where(take, j, nxt)
+            moved = moved | take
+        cur = nxt
+        a = a + moved.astype(jnp.int32)
+        path.append(jnp.where(moved, cur, -1))
+        going = going & moved
+    return a, (jnp.stack(path, axis=1) if path else jnp.zeros((b, 0), jnp.int32)), r
