@@ -44,12 +44,12 @@ import numpy as np
 from specjax.advance import kv_advance as resolve_kv_advance
 from specjax.auto import AutoDepth, auto_state
 from specjax.auto.cost import SLICES, check_cost, cost_key, cost_table, placeholder_cost, slice_timer, warm_steps
-from specjax.cache import describe_status
 from specjax.drafter import default_drafter
 from specjax.engine import (
     PAGE_SIZE,
     EngineConfig,
     EngineState,
+    check_status,
     make_engine,
     new_state,
     prefill_rows,
@@ -59,7 +59,7 @@ from specjax.engine import (
     run_steps,
 )
 from specjax.generation import check_mesh, mesh_context
-from specjax.generation_config import GenerationConfig, check_sampling, takes_settings
+from specjax.generation_config import GenerationConfig, check_sampling, is_int, shown, takes_settings
 from specjax.protocols import DecoderModel, check_model
 from specjax.sampling import RowSampling, derive_seed
 from specjax.sharding import constrain, data_shards, shard_model, shardings, state_specs
@@ -180,10 +180,6 @@ def _empty(eng: EngineConfig, slots: int, width: int, eos_width: int) -> EngineS
 # ----------------------------------------------------------------------------- validation
 
 
-def _is_int(x: object) -> bool:
-    return isinstance(x, int | np.integer) and not isinstance(x, bool)
-
-
 def _as_request(r: Any, index: int) -> Request:
     if isinstance(r, Request):
         return r if r.id is not None else dataclasses.replace(r, id=index)
@@ -234,10 +230,10 @@ class _Job:
         if len(bad):
             fail(f"{where}.prompt[{int(bad[0])}]", int(arr[bad[0]]), f"token ids must lie in [0, {cfg.vocab_size})")
         n_new = self.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens
-        if self.bounded and (not _is_int(n_new) or not 1 <= n_new <= self.max_new_tokens):
+        if self.bounded and (not is_int(n_new) or not 1 <= n_new <= self.max_new_tokens):
             fail(f"{where}.max_new_tokens", n_new, f"must be an int in [1, {self.max_new_tokens}] (for a stream "
                   "of requests the job's max_new_tokens bounds every request)")
-        if not _is_int(n_new) or n_new < 1:
+        if not is_int(n_new) or n_new < 1:
             fail(f"{where}.max_new_tokens", n_new, "must be an int >= 1")
         if self.bounded and len(arr) > self.max_prompt_len:
             fail(f"{where}.prompt", f"{len(arr)} tokens", f"at most max_prompt_len={self.max_prompt_len} tokens")
@@ -251,10 +247,9 @@ class _Job:
         top_k = self.top_k if r.top_k is None else r.top_k
         top_p = self.top_p if r.top_p is None else r.top_p
         check_sampling(f"{where}.", temp, top_k, top_p)
-        if r.seed is not None and (not _is_int(r.seed) or not 0 <= r.seed < 2**32):
+        if r.seed is not None and (not is_int(r.seed) or not 0 <= r.seed < 2**32):
             fail(f"{where}.seed", r.seed, "must be an int in [0, 2**32)")
-        eos = check_eos(f"{where}.eos_id", list(self.eos_id) if r.eos_id is None and isinstance(self.eos_id, tuple)
-                        else self.eos_id if r.eos_id is None else r.eos_id, cfg.vocab_size)
+        eos = check_eos(f"{where}.eos_id", shown(self.eos_id) if r.eos_id is None else r.eos_id, cfg.vocab_size)
         if self.eos_width is not None and len(eos) > self.eos_width:
             fail(f"{where}.eos_id", list(eos), f"at most {self.eos_width} stop ids in a streamed job (the job's "
                   "widest list, at least EOS_WIDTH, sizes every row's stops)")
@@ -320,17 +315,17 @@ def batch_generate(
     cfg = GenerationConfig.of(config, **settings)
     max_new_tokens, seed, cache = cfg.max_new_tokens, cfg.seed, cfg.cache
     for name, val, lo in (("slots", slots, 1), ("max_new_tokens", max_new_tokens, 1), ("sync_every", sync_every, 1)):
-        if not _is_int(val) or val < lo:
+        if not is_int(val) or val < lo:
             fail(name, val, f"must be an int >= {lo}")
-    if not _is_int(seed):
+    if not is_int(seed):
         fail("seed", seed, "must be one int in [0, 2**32) (each request's seed is derived from it and its id)")
     drafter = default_drafter(cfg.drafter, model, draft_model)
     check_drafter_models(drafter, model, draft_model)
     d, policy = resolve_depth(cfg.depth, cfg.max_depth, drafter)
     check_cost(cfg.cost, policy)
-    if pages is not None and (cache != "paged" or not _is_int(pages) or pages < 1):
+    if pages is not None and (cache != "paged" or not is_int(pages) or pages < 1):
         fail("pages", pages, "is the paged pool's size: an int >= 1, with cache='paged'")
-    if refill_rows is not None and (not _is_int(refill_rows) or not 1 <= refill_rows <= slots):
+    if refill_rows is not None and (not is_int(refill_rows) or not 1 <= refill_rows <= slots):
         fail("refill_rows", refill_rows, f"must be an int in [1, slots={slots}]")
     check_mesh(mesh, slots, "slots", slots)
     groups = data_shards(mesh)
@@ -348,7 +343,7 @@ def batch_generate(
         fail("max_new_tokens", max_new_tokens, f"must be < the model's max_seq_len={model_cfg.max_seq_len}")
     rule = resolve_kv_advance(cfg.kv_advance)
     bound = max_prompt_len if max_prompt_len is not None else max(1, model_cfg.max_seq_len - max_new_tokens)
-    if not _is_int(bound) or bound < 1:
+    if not is_int(bound) or bound < 1:
         fail("max_prompt_len", bound, "must be an int >= 1")
     job = _Job(model, max_new_tokens, bound if not listed else model_cfg.max_seq_len - 1, d, float(cfg.temperature),
                cfg.top_k, cfg.top_p, seed, cfg.eos_id, pages, bounded=not listed,
@@ -500,9 +495,7 @@ def _harvest(eng: EngineConfig, st: EngineState, held: list[_Row | None]) -> Ite
     host = jax.device_get((st.seq, st.prompt_len, st.known, st.steps, st.emitted, st.accepted, st.proposed, st.trace,
                            row_status(eng, st)))
     seq, plen, known, steps, emitted, accepted, proposed, trace, status = (np.asarray(x) for x in host)
-    bad = {s: describe_status(status)[s] for s in finished if status[s]}
-    if bad:
-        raise RuntimeError(f"KV cache refused a write or advance (engine bug or undersized cache): slots {bad}")
+    check_status(np.where(np.isin(np.arange(len(held)), finished), status, 0), "slots")  # only the finished slots are judged
     out = []
     for s in finished:
         r = held[s]

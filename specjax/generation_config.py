@@ -25,17 +25,19 @@ from specjax.cache.base import ATTENTION_IMPLS
 from specjax.drafter import AUTO, DRAFTERS, resolve_drafter
 from specjax.protocols import Drafter
 
-__all__ = ["MAX_DEPTH", "GenerationConfig", "check_sampling", "takes_settings"]
+__all__ = ["MAX_DEPTH", "GenerationConfig", "check_sampling", "fail", "is_int", "shown", "takes_settings"]
 
 MAX_DEPTH = 8
 CACHES = ("dense", "paged")
 
 
-def _fail(arg: str, value: object, allowed: str) -> None:
+def fail(arg: str, value: object, allowed: str) -> None:
+    """Raise ``ValueError('<arg>=<value> is invalid: <allowed>')``: every argument check's error."""
     raise ValueError(f"{arg}={value!r} is invalid: {allowed}")
 
 
-def _is_int(x: object) -> bool:
+def is_int(x: object) -> bool:
+    """An int (NumPy's too), not a bool."""
     return isinstance(x, int | np.integer) and not isinstance(x, bool)
 
 
@@ -44,14 +46,14 @@ def check_sampling(where: str, temperature: object, top_k: object, top_p: object
     config's own fields, ``"requests[3] (id 7)."`` for one request of a batch job)."""
     if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not math.isfinite(temperature) \
             or temperature < 0:
-        _fail(f"{where}temperature", temperature, "must be a finite float >= 0")
-    if top_k is not None and (not _is_int(top_k) or top_k < 1):
-        _fail(f"{where}top_k", top_k, "must be an int >= 1 or None")
+        fail(f"{where}temperature", temperature, "must be a finite float >= 0")
+    if top_k is not None and (not is_int(top_k) or top_k < 1):
+        fail(f"{where}top_k", top_k, "must be an int >= 1 or None")
     if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, int | float) or not 0 < top_p <= 1):
-        _fail(f"{where}top_p", top_p, "must lie in (0, 1]")
+        fail(f"{where}top_p", top_p, "must lie in (0, 1]")
 
 
-def _shown(value: object) -> object:
+def shown(value: object) -> object:
     """A tuple the config made from a list, shown as the list the caller gave (errors)."""
     return list(value) if isinstance(value, tuple) else value
 
@@ -103,40 +105,40 @@ class GenerationConfig:
         for name in ("max_new_tokens", "seed", "eos_id"):
             object.__setattr__(self, name, _ints(getattr(self, name)))
         news = self.max_new_tokens
-        if not (_is_int(news) and news >= 1) and not (
-                isinstance(news, tuple) and news and all(_is_int(n) and n >= 1 for n in news)):
-            _fail("max_new_tokens", _shown(news), "must be an int >= 1 or one per prompt")
+        if not (is_int(news) and news >= 1) and not (
+                isinstance(news, tuple) and news and all(is_int(n) and n >= 1 for n in news)):
+            fail("max_new_tokens", shown(news), "must be an int >= 1 or one per prompt")
         d = self.drafter
         if isinstance(d, str) and d not in (AUTO, *DRAFTERS):
-            _fail("drafter", d, f"must be one of {[AUTO, *DRAFTERS]}, None or a drafter object (specjax.protocols)")
+            fail("drafter", d, f"must be one of {[AUTO, *DRAFTERS]}, None or a drafter object (specjax.protocols)")
         if not isinstance(d, str | type(None)):
             resolve_drafter(d)  # a user's drafter: name, propose and a hash
         if isinstance(self.depth, DepthPolicy):
             self.depth.check(MAX_DEPTH)
-        elif self.depth != "auto" and not (_is_int(self.depth) and 1 <= self.depth <= MAX_DEPTH):
-            _fail("depth", self.depth, f"must be an int in [1, {MAX_DEPTH}], 'auto' or a DepthPolicy")
-        if not (_is_int(self.max_depth) and 1 <= self.max_depth <= MAX_DEPTH):
-            _fail("max_depth", self.max_depth,
+        elif self.depth != "auto" and not (is_int(self.depth) and 1 <= self.depth <= MAX_DEPTH):
+            fail("depth", self.depth, f"must be an int in [1, {MAX_DEPTH}], 'auto' or a DepthPolicy")
+        if not (is_int(self.max_depth) and 1 <= self.max_depth <= MAX_DEPTH):
+            fail("max_depth", self.max_depth,
                   f"must be an int in [1, {MAX_DEPTH}] (the widest depth='auto' may draft)")
-        if not (_is_int(self.ngram_n) and self.ngram_n >= 1):
-            _fail("ngram_n", self.ngram_n, "must be an int >= 1")
+        if not (is_int(self.ngram_n) and self.ngram_n >= 1):
+            fail("ngram_n", self.ngram_n, "must be an int >= 1")
         if self.kv_advance is not None:
             try:
                 parse_kv_advance(self.kv_advance)
             except ValueError:
-                _fail("kv_advance", self.kv_advance, "must be 'per_sequence', 'cohort' or None (the latched rule)")
+                fail("kv_advance", self.kv_advance, "must be 'per_sequence', 'cohort' or None (the latched rule)")
         if self.cache not in CACHES:
-            _fail("cache", self.cache, "must be 'dense' or 'paged'")
+            fail("cache", self.cache, "must be 'dense' or 'paged'")
         if self.attention_impl not in ATTENTION_IMPLS:
-            _fail("attention_impl", self.attention_impl, f"must be one of {list(ATTENTION_IMPLS)}")
+            fail("attention_impl", self.attention_impl, f"must be one of {list(ATTENTION_IMPLS)}")
         check_sampling("", self.temperature, self.top_k, self.top_p)
         seed = self.seed
-        if not (_is_int(seed) and 0 <= seed < 2**32) and not (
-                isinstance(seed, tuple) and seed and all(_is_int(s) and 0 <= s < 2**32 for s in seed)):
-            _fail("seed", _shown(seed), "must be an int in [0, 2**32) or one per prompt")
+        if not (is_int(seed) and 0 <= seed < 2**32) and not (
+                isinstance(seed, tuple) and seed and all(is_int(s) and 0 <= s < 2**32 for s in seed)):
+            fail("seed", shown(seed), "must be an int in [0, 2**32) or one per prompt")
         eos = self.eos_id
-        if eos is not None and not _is_int(eos) and not (isinstance(eos, tuple) and all(_is_int(i) for i in eos)):
-            _fail("eos_id", _shown(eos), "must be an int token id, a list of them, or None")
+        if eos is not None and not is_int(eos) and not (isinstance(eos, tuple) and all(is_int(i) for i in eos)):
+            fail("eos_id", shown(eos), "must be an int token id, a list of them, or None")
 
     def replace(self, **changes: Any) -> GenerationConfig:
         """A checked copy with ``changes`` (a name that is not a field is a ``TypeError``)."""
@@ -149,7 +151,7 @@ class GenerationConfig:
     def of(cls, config: GenerationConfig | None, **settings: Any) -> GenerationConfig:
         """``config`` (default: the defaults) with ``settings`` over it."""
         if config is not None and not isinstance(config, GenerationConfig):
-            _fail("config", config, "must be a GenerationConfig or None")
+            fail("config", config, "must be a GenerationConfig or None")
         base = config or DEFAULT
         return base.replace(**settings) if settings else base
 

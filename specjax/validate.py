@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from specjax.auto.policy import DepthPolicy
-from specjax.drafter import DRAFTERS, drafter_kind, resolve_drafter
-from specjax.generation_config import MAX_DEPTH, GenerationConfig
+from specjax.drafter import drafter_kind
+from specjax.generation_config import MAX_DEPTH, GenerationConfig, fail, shown
 from specjax.protocols import check_model
 from specjax.sampling import derive_seed
 
@@ -17,31 +17,21 @@ __all__ = ["EOS_WIDTH", "MAX_DEPTH", "check_drafter_models", "check_eos", "eos_t
 EOS_WIDTH = 4  # stop ids a row holds on device (a longer list widens every row: one more compile)
 
 
-def fail(arg: str, value: object, allowed: str) -> None:
-    """Raise ``ValueError('<arg>=<value> is invalid: <allowed>')``."""
-    raise ValueError(f"{arg}={value!r} is invalid: {allowed}")
-
-
-def resolve_depth(depth: object, max_depth: object, drafter: object,
+def resolve_depth(depth: object, max_depth: int, drafter: object,
                   static_batch: bool = False) -> tuple[int, DepthPolicy | None]:
-    """``depth`` (an int, ``"auto"`` with ``max_depth``, or a ``DepthPolicy``) -> (the engine's
-    depth, its policy). Plain decoding (``drafter=None``) has neither. ``"auto"`` chooses by
-    ``"makespan"`` for a ``static_batch`` (``generate``, ``stream``: the batch lasts as long as
-    its slowest row) and by ``"goodput"`` otherwise (``batch_generate``: a finished row's slot
-    takes new work, so tokens per second summed over rows is what counts)."""
+    """``depth`` (an int, ``"auto"`` with ``max_depth``, or a ``DepthPolicy``, as a
+    ``GenerationConfig`` checked them) -> (the engine's depth, its policy). Plain decoding
+    (``drafter=None``) has neither. ``"auto"`` chooses by ``"makespan"`` for a ``static_batch``
+    (``generate``, ``stream``: the batch lasts as long as its slowest row) and by ``"goodput"``
+    otherwise (``batch_generate``: a finished row's slot takes new work, so tokens per second
+    summed over rows is what counts)."""
     if drafter_kind(drafter) is None:
         return 0, None
     if isinstance(depth, DepthPolicy):
-        depth.check(MAX_DEPTH)
         return depth.windows[-1] - 1, depth
     if depth == "auto":
-        if isinstance(max_depth, bool) or not isinstance(max_depth, int | np.integer) \
-                or not 1 <= max_depth <= MAX_DEPTH:
-            fail("max_depth", max_depth, f"must be an int in [1, {MAX_DEPTH}] (the widest depth='auto' may draft)")
         return int(max_depth), DepthPolicy.auto(int(max_depth), "makespan" if static_batch else "goodput",
                                                 always_offers=drafter_kind(drafter) != "ngram")
-    if isinstance(depth, bool) or not isinstance(depth, int | np.integer) or not 1 <= depth <= MAX_DEPTH:
-        fail("depth", depth, f"must be an int in [1, {MAX_DEPTH}], 'auto' or a DepthPolicy")
     return int(depth), None
 
 
@@ -71,7 +61,7 @@ def validate(model, prompts, cfg: GenerationConfig, drafter, draft_model) -> tup
     per_row = isinstance(max_new_tokens, tuple)
     news = list(max_new_tokens) if per_row else [max_new_tokens] * len(prompts)
     if len(news) != len(prompts):
-        fail("max_new_tokens", _listed(max_new_tokens), f"must be an int >= 1 or one per prompt ({len(prompts)})")
+        fail("max_new_tokens", shown(max_new_tokens), f"must be an int >= 1 or one per prompt ({len(prompts)})")
     lens = [len(p) for p in prompts]
     longest = max(lens)
     which = lens.index(longest)
@@ -86,7 +76,7 @@ def validate(model, prompts, cfg: GenerationConfig, drafter, draft_model) -> tup
         fail(f"max_new_tokens[{i}]", news[i], f"prompt length {lens[i]} (prompts[{i}]) + max_new_tokens must be "
              f"<= the model's max_seq_len={limit}: at most {limit - lens[i]} new tokens fit")
     if over:
-        fail("max_new_tokens", _listed(max_new_tokens),
+        fail("max_new_tokens", shown(max_new_tokens),
              f"prompt length {longest} (prompts[{which}]) + max_new_tokens must be <= the model's "
              f"max_seq_len={limit}: at most {limit - longest} new tokens fit")
     check_drafter_models(drafter, model, draft_model, need_context=True)
@@ -96,23 +86,15 @@ def validate(model, prompts, cfg: GenerationConfig, drafter, draft_model) -> tup
         fail("seed", list(seed), f"must be an int in [0, 2**32) or one per prompt ({len(prompts)})")
     if isinstance(seed, int | np.integer):  # one base seed: each row's own stream, from (seed, row)
         seeds = [derive_seed(int(seed), i) for i in range(len(prompts))]
-    stops = check_eos("eos_id", _listed(cfg.eos_id), model_cfg.vocab_size)
+    stops = check_eos("eos_id", shown(cfg.eos_id), model_cfg.vocab_size)
     return [int(s) for s in seeds], [int(n) for n in news], stops
 
 
-def _listed(value):
-    """A config's tuple as the list the caller gave (how errors show it)."""
-    return list(value) if isinstance(value, tuple) else value
-
-
 def check_drafter_models(drafter, model, draft_model, need_context: bool = False) -> None:
-    """``drafter`` is ``None``, a name in ``DRAFTERS`` or a drafter object, and the models give it
-    what it needs: an MTP module for ``"mtp"``; for ``"draft_model"`` a draft model (the model
-    protocol) with the target's vocabulary (and, with ``need_context``, at least its context)."""
-    if isinstance(drafter, str) and drafter not in DRAFTERS:
-        fail("drafter", drafter, f"must be one of {list(DRAFTERS)}, None or a drafter object (specjax.protocols)")
-    if not isinstance(drafter, str | type(None)):
-        resolve_drafter(drafter)  # a user's drafter: name, propose and a hash
+    """The models give ``drafter`` (a name, ``None`` or a drafter object, as a
+    ``GenerationConfig`` checked it, ``"auto"`` resolved) what it needs: an MTP module for
+    ``"mtp"``; for ``"draft_model"`` a draft model (the model protocol) with the target's
+    vocabulary (and, with ``need_context``, at least its context)."""
     kind = drafter_kind(drafter)
     cfg = check_model("model", model)
     if kind == "mtp" and cfg.mtp_depth < 1:

@@ -138,16 +138,21 @@ def _blocked_reader(k, v, block, touched):
     return read
 
 
+def _random_case(t_q, q_start, seed):
+    """Random ``q [B, t_q, 4, D]``, ``k, v [B, 2, T, D]`` and the queries' positions from ``q_start``."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((B, t_q, 4, D)).astype(np.float32)
+    k = rng.standard_normal((B, 2, T, D)).astype(np.float32)
+    v = rng.standard_normal((B, 2, T, D)).astype(np.float32)
+    return q, k, v, (q_start[:, None] + np.arange(t_q)[None]).astype(np.int32)
+
+
 @pytest.mark.parametrize("block", [4, 8, 24])
 @given(case=ragged(), seed=st.integers(0, 2**16))
 def test_live_attention_matches_loop_reference(block, case, seed):
     """The XLA live-range path (online softmax over live blocks) equals the NumPy reference."""
     t_q, q_start, lead, window = case
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((B, t_q, 4, D)).astype(np.float32)
-    k = rng.standard_normal((B, 2, T, D)).astype(np.float32)
-    v = rng.standard_normal((B, 2, T, D)).astype(np.float32)
-    q_pos = (q_start[:, None] + np.arange(t_q)[None]).astype(np.int32)
+    q, k, v, q_pos = _random_case(t_q, q_start, seed)
     out = live_attention(jnp.asarray(q), _blocked_reader(jnp.asarray(k), jnp.asarray(v), block, []),
                          jnp.asarray(q_pos), jnp.asarray(lead), block=block, num_blocks=T // block, window=window)
     ref = ref_attention(q, k, v, q_pos, np.broadcast_to(np.arange(T), (B, T)), lead, window)
@@ -205,11 +210,7 @@ def test_non_finite_values_in_unseen_slots_never_reach_a_row(value, case, seed, 
     the live-range path give what they give with zeros there (``0 * NaN`` is NaN, so the zero
     weight alone would not hide it)."""
     t_q, q_start, lead, window = case
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((B, t_q, 4, D)).astype(np.float32)
-    k0 = rng.standard_normal((B, 2, T, D)).astype(np.float32)
-    v0 = rng.standard_normal((B, 2, T, D)).astype(np.float32)
-    q_pos = (q_start[:, None] + np.arange(t_q)[None]).astype(np.int32)
+    q, k0, v0, q_pos = _random_case(t_q, q_start, seed)
     key_pos = np.broadcast_to(np.arange(T, dtype=np.int32), (B, T))
     k, v, seen = _poison_unseen(k0, v0, q_pos, key_pos, lead, window, value)
     ref = ref_attention(q, np.where(np.isfinite(k), k, 0), np.where(np.isfinite(v), v, 0), q_pos, key_pos, lead,
