@@ -495,7 +495,8 @@ def _harvest(eng: EngineConfig, st: EngineState, held: list[_Row | None]) -> Ite
     host = jax.device_get((st.seq, st.prompt_len, st.known, st.steps, st.emitted, st.accepted, st.proposed, st.trace,
                            row_status(eng, st)))
     seq, plen, known, steps, emitted, accepted, proposed, trace, status = (np.asarray(x) for x in host)
-    check_status(np.where(np.isin(np.arange(len(held)), finished), status, 0), "slots")  # only the finished slots are judged
+    # only the finished slots are judged
+    check_status(np.where(np.isin(np.arange(len(held)), finished), status, 0), "slots")
     out = []
     for s in finished:
         r = held[s]
