@@ -18,12 +18,15 @@ it) is dropped, never multiplied by a zero weight (``0 * NaN`` is NaN).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
 __all__ = [
     "online_softmax_step",
     "MASK_VALUE",
+    "TreeMask",
     "attend_visible",
     "attention_with_positions",
     "check_shapes",
@@ -36,6 +39,7 @@ __all__ = [
     "ring_positions",
     "ring_reference",
     "stack_groups",
+    "tree_mask_visible",
     "unstack_groups",
     "visible",
     "weighted_values",
@@ -53,6 +57,38 @@ def visible(q_pos: jax.Array, key_pos: jax.Array, lead_pad: jax.Array, window: i
     if window is not None:
         ok &= kp > qp - window
     return ok
+
+
+class TreeMask(NamedTuple):
+    """A token tree in a verify window: ``N`` nodes written at slots ``start .. start + N - 1``
+    of each row (window order), each node running at its own position (its place on its
+    branch). A query reads the committed prefix (slots before ``start``) by the usual rule at its
+    tree position, and a window node only where ``anc`` allows (itself and its ancestors: never
+    a sibling's branch). A chain (``anc`` lower-triangular, positions ``start + j``) is exactly
+    the causal mask."""
+
+    start: jax.Array  # int32 [B]: the window's first slot (the committed length)
+    anc: jax.Array  # bool [B, t_q, N]: query i may read window node j
+    q_pos: jax.Array  # int32 [B, t_q]: the queries' positions
+    node_pos: jax.Array  # int32 [B, N]: the window nodes' positions
+
+
+def tree_mask_visible(key_slot: jax.Array, key_pos: jax.Array, lead_pad: jax.Array, tree: TreeMask,
+                      window: int | None = None) -> jax.Array:
+    """Boolean ``[B, t_q, T]`` under a ``TreeMask``: key ``j`` sits at slot ``key_slot [B, T]``
+    and holds ``key_pos [B, T]`` (``-1``: empty). Slots before ``tree.start`` by ``visible`` at the
+    queries' tree positions; window slots by ``tree.anc`` (and, with a window ``W``, only nodes
+    less than ``W`` positions up the branch); nothing past the window."""
+    n = tree.anc.shape[2]
+    prefix = visible(tree.q_pos, key_pos, lead_pad, window) & (key_slot < tree.start[:, None])[:, None, :]
+    j = key_slot - tree.start[:, None]  # [B, T]: the window node a slot holds
+    jc = jnp.clip(j, 0, n - 1)
+    own = jnp.take_along_axis(tree.anc, jnp.broadcast_to(jc[:, None, :], (*tree.anc.shape[:2], jc.shape[1])), axis=2)
+    own &= ((j >= 0) & (j < n))[:, None, :]
+    if window is not None:
+        node = jnp.take_along_axis(tree.node_pos, jc, axis=1)
+        own &= tree.q_pos[:, :, None] - node[:, None, :] < window
+    return prefix | own
 
 
 def check_shapes(q: jax.Array, k: jax.Array, v: jax.Array) -> None:

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 from pallas_kernels.reference import (
     MASK_VALUE,
+    TreeMask,
     attend_visible,
     attention_with_positions,
     finite_values,
@@ -30,6 +31,7 @@ from pallas_kernels.reference import (
     online_softmax_step,
     ring_positions,
     stack_groups,
+    tree_mask_visible,
     unstack_groups,
     visible,
     weighted_values,
@@ -47,6 +49,7 @@ __all__ = [
     "masked_attention",
     "reference_attention",
     "ring_positions",
+    "TreeMask",
 ]
 
 
@@ -86,20 +89,32 @@ def live_attention(
     num_blocks: int,
     window: int | None = None,
     scale: float | None = None,
+    tree: TreeMask | None = None,
 ) -> jax.Array:
     """Attention over key blocks ``[first, stop)`` of ``live_block_bounds`` only.
 
     ``read_block(j) -> (k, v [B, Hkv, block, D], key_pos [B, block])`` reads key block
     ``j`` (slots ``j * block ..``, holding positions ``key_pos``; ``-1`` = empty). With
     one block there is no loop (one fused pass); otherwise a ``fori_loop`` with a dynamic
-    trip count and an online softmax, float32 accumulation.
+    trip count and an online softmax, float32 accumulation. ``q_pos``: the queries' slots.
+
+    ``tree``: the queries are nodes of a token tree (``TreeMask``) and ``key_pos`` names each
+    key's slot (the dense position layout of the dense and paged caches).
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     b, t_q, hq, d = q.shape
+
+    def mask(key_pos):
+        if tree is None:
+            return visible(q_pos, key_pos, lead_pad, window)
+        return tree_mask_visible(key_pos, key_pos, lead_pad, tree, window)
+
     if num_blocks == 1:
         k, v, key_pos = read_block(jnp.int32(0))
-        return attend_visible(q, k, v, visible(q_pos, key_pos, lead_pad, window), scale)
+        return attend_visible(q, k, v, mask(key_pos), scale)
     first, stop = live_block_bounds(q_pos, lead_pad, window, block, num_blocks)
+    if tree is not None:  # a node's position may lie below its slot: the window's reach starts there
+        first = jnp.minimum(first, live_block_bounds(tree.q_pos, lead_pad, window, block, num_blocks)[0])
     hkv = jax.eval_shape(read_block, jnp.int32(0))[0].shape[1]
     g = hq // hkv
     qg = stack_groups(q.astype(jnp.float32), hkv)
@@ -107,7 +122,7 @@ def live_attention(
     def body(j, carry):
         m_prev, l_prev, acc_prev = carry  # m, l [B, Hkv, 1, R] (key-major), acc [B, Hkv, R, D]
         k, v, key_pos = read_block(j)
-        ok = group_mask(visible(q_pos, key_pos, lead_pad, window), g)  # [B, 1, block, G * t_q]
+        ok = group_mask(mask(key_pos), g)  # [B, 1, block, G * t_q]
         s = key_major_scores(qg, k.astype(jnp.float32), scale)
         m_new, l_new, p, alpha = online_softmax_step(m_prev, l_prev, s, ok, axis=2)
         acc_new = alpha.swapaxes(2, 3) * acc_prev + weighted_values(p, finite_values(v))

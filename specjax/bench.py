@@ -98,9 +98,24 @@ def mixed_prompts(prompts: Sequence[str]) -> list[str]:
     return [p[: max(1, len(p) // 2)] * 2 if i % 2 == 0 else p for i, p in enumerate(prompts)]
 
 
-def _configs(drafters: Sequence[str], depth: int, workload: str) -> list[tuple[str, str, int | str]]:
+TREE = "tree:"  # a tree row's depth: "tree:2x2x1"
+
+
+def _tree_of(depth: int | str) -> tuple[int, ...] | None:
+    """The tree a row verifies (its depth ``"tree:2x2x1"``), or None (a chain)."""
+    return tuple(int(k) for k in depth[len(TREE):].split("x")) if str(depth).startswith(TREE) else None
+
+
+def _positions(k: int | str, depth: int) -> int:
+    """Draft positions a row reports: its depth, a tree's depth, ``depth`` for "auto"."""
+    tree = _tree_of(k)
+    return depth if k == "auto" else len(tree) if tree else k
+
+
+def _configs(drafters: Sequence[str], depth: int, workload: str,
+             trees: Sequence[str] = ()) -> list[tuple[str, str, int | str]]:
     """(drafter, rule, depth) per row: plain and both rules at ``depth`` (``code`` only), then
-    the depth rows of ``DEPTH_DRAFTERS`` under the per-sequence rule."""
+    the depth rows of ``DEPTH_DRAFTERS`` under the per-sequence rule, then each tree (mtp)."""
     rows: list[tuple[str, str, int | str]] = [("none", "per_sequence", 0)]
     if workload == "code":
         rows += [(d, r, depth) for d in drafters for r in RULES]
@@ -108,6 +123,7 @@ def _configs(drafters: Sequence[str], depth: int, workload: str) -> list[tuple[s
         if d in DEPTH_DRAFTERS:
             fixed = range(1, depth + 1) if workload == "mixed" else range(1, depth)
             rows += [(d, "per_sequence", k) for k in fixed] + [(d, "per_sequence", "auto")]
+    rows += [("mtp", "per_sequence", TREE + t) for t in trees]
     return rows
 
 
@@ -117,6 +133,10 @@ def _run(bundle, token_prompts, drafter, rule, depth, max_new_tokens, temperatur
     from specjax.generation import generate
 
     kw = bundle.generate_kwargs({"drafter": None if drafter == "none" else drafter})
+    tree = _tree_of(depth)
+    if tree:
+        kw.update(tree=tree)
+        depth = len(tree)
     return generate(bundle.model, token_prompts, max_new_tokens=max_new_tokens, depth=depth or 1, kv_advance=rule,
                     temperature=temperature, top_p=SAMPLED_TOP_P if temperature > 0 else None,
                     seed=list(range(first, first + len(token_prompts))), max_depth=max_depth, **kw)
@@ -136,8 +156,8 @@ def _cell(bundle, toks, t, wl, b, configs, depth, max_new_tokens, rounds, bar) -
             bar.update()
     tally = {c: collections.Counter() for c in configs}
     shares = {c: np.zeros(depth + 1) for c in configs}
-    acc_pos = {c: np.zeros(depth, np.int64) for c in configs}
-    prop_pos = {c: np.zeros(depth, np.int64) for c in configs}
+    acc_pos = {c: np.zeros(_positions(c[2], depth), np.int64) for c in configs}
+    prop_pos = {c: np.zeros(_positions(c[2], depth), np.int64) for c in configs}
     per_round = {c: [] for c in configs}  # each pass's seconds (the row keeps the fastest)
     for rnd in range(rounds):
         wall = dict.fromkeys(configs, 0.0)
@@ -158,7 +178,7 @@ def _cell(bundle, toks, t, wl, b, configs, depth, max_new_tokens, rounds, bar) -
                 if k == "auto":
                     shares[c] += np.asarray(m["window_share"]) * m["steps"]
                 if d != "none":
-                    positions = depth if k == "auto" else k  # draft positions this row's runs report
+                    positions = _positions(k, depth)  # draft positions this row's runs report
                     acc_pos[c][:positions] += m["accepted_per_position_count"]
                     prop_pos[c][:positions] += m["proposed_per_position_count"]
         for c in configs:
@@ -167,7 +187,7 @@ def _cell(bundle, toks, t, wl, b, configs, depth, max_new_tokens, rounds, bar) -
     rows = []
     for c in configs:
         d, r, k = c
-        n, positions, steps = tally[c], depth if k == "auto" else k, max(tally[c]["row_steps"], 1)
+        n, positions, steps = tally[c], _positions(k, depth), max(tally[c]["row_steps"], 1)
         rows.append({
             "temperature": float(t), "workload": wl, "drafter": d, "kv_advance": r if d != "none" else "n/a",
             "depth": k, "batch": b, "mean_proposed_drafts": n["proposed"] / steps,
@@ -196,6 +216,7 @@ def bench(
     temperatures: Sequence[float] = (0.0, 0.8),
     workloads: Sequence[str] = WORKLOADS,
     rounds: int = 1,
+    trees: Sequence[str] = (),
 ) -> dict:
     """Measure every (temperature, workload, batch, drafter, rule, depth) over the prompt set;
     returns ``{"machine", "settings", "rows": [...]}``. Temperature 0 is greedy; a sampled row
@@ -206,7 +227,9 @@ def bench(
     prompts runs under every configuration in turn (the order rotating from batch to batch),
     so a slow spell of a shared machine falls on all of them, not on whichever row it met;
     with ``rounds`` > 1 the pass repeats and each row keeps its fastest (``seconds_per_round``
-    and ``speedup_vs_plain_per_round`` keep every pass: the spread one run shows)."""
+    and ``speedup_vs_plain_per_round`` keep every pass: the spread one run shows). ``trees``:
+    token-tree rows (``"2x2x1"``: the MTP drafter, per-sequence) beside the chains; each gets
+    ``vs_best_chain``, its tok/s over the best of plain and every chain depth of the MTP drafter."""
     from tqdm import tqdm
 
     from specjax.drafter import DRAFTERS
@@ -222,6 +245,12 @@ def bench(
         raise ValueError(f"rounds={rounds!r} is invalid: must be an int >= 1")
     if not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
         raise ValueError(f"depth={depth!r} is invalid: must be an int in [1, {MAX_DEPTH}]")
+    from specjax.generation_config import GenerationConfig
+
+    for t in trees:
+        GenerationConfig(tree=t)  # a bad tree is an error before anything runs
+    if trees and "mtp" not in drafters:
+        raise ValueError(f"trees={list(trees)} needs the mtp drafter among drafters={list(drafters)}")
     prompts = bench_prompts(n_prompts)
     for b in batches:
         if not isinstance(b, int) or b < 1 or len(prompts) % b:
@@ -240,11 +269,13 @@ def bench(
     runs = 0
     for _, wl, b in cells:  # the progress bar counts generate calls: warm-ups and timed ones
         groups = [toks[wl][i : i + b] for i in range(0, len(toks[wl]), b)]
-        runs += len(_configs(drafters, depth, wl)) * (len({prompt_bucket(g) for g in groups}) + rounds * len(groups))
+        runs += len(_configs(drafters, depth, wl, trees)) * (len({prompt_bucket(g) for g in groups})
+                                                              + rounds * len(groups))
     bar = tqdm(total=runs, desc="bench", disable=not progress, file=sys.stderr)
     rows = []
     for t, wl, b in cells:
-        rows += _cell(bundle, toks[wl], t, wl, b, _configs(drafters, depth, wl), depth, max_new_tokens, rounds, bar)
+        rows += _cell(bundle, toks[wl], t, wl, b, _configs(drafters, depth, wl, trees), depth, max_new_tokens,
+                      rounds, bar)
     bar.close()
     for row in rows:
         plain = next(x for x in rows if x["batch"] == row["batch"] and x["drafter"] == "none"
@@ -256,15 +287,23 @@ def bench(
     for row in rows:
         if row["depth"] == "auto":  # auto vs the best of plain and every fixed depth of its drafter
             peers = [x for x in rows if x["batch"] == row["batch"] and x["temperature"] == row["temperature"]
-                     and x["workload"] == row["workload"] and x["depth"] != "auto"
+                     and x["workload"] == row["workload"] and x["depth"] != "auto" and not _tree_of(x["depth"])
                      and (x["drafter"] == "none" or (x["drafter"] == row["drafter"]
                                                      and x["kv_advance"] == "per_sequence"))]
             best = max(peers, key=lambda x: x["tok_per_s"])
             row["vs_best_fixed"] = row["tok_per_s"] / best["tok_per_s"]
             row["best_fixed"] = "plain" if best["drafter"] == "none" else f"depth {best['depth']}"
+    for row in rows:
+        if _tree_of(row["depth"]):  # a tree vs the best of plain and every chain depth of the MTP drafter
+            peers = [x for x in rows if x["batch"] == row["batch"] and x["temperature"] == row["temperature"]
+                     and x["workload"] == row["workload"] and isinstance(x["depth"], int)
+                     and (x["drafter"] == "none" or (x["drafter"] == "mtp" and x["kv_advance"] == "per_sequence"))]
+            best = max(peers, key=lambda x: x["tok_per_s"])
+            row["vs_best_chain"] = row["tok_per_s"] / best["tok_per_s"]
+            row["best_chain"] = "plain" if best["drafter"] == "none" else f"depth {best['depth']}"
     settings = {"batches": list(batches), "drafters": list(drafters), "depth": depth, "workloads": list(workloads),
                 "max_new_tokens": max_new_tokens, "prompts": len(prompts), "temperatures": list(temperatures),
-                "sampled_top_p": SAMPLED_TOP_P, "rounds": rounds,
+                "sampled_top_p": SAMPLED_TOP_P, "rounds": rounds, "trees": list(trees),
                 "bundle": str(bundle.path)}
     return {"machine": machine(), "settings": settings, "rows": rows}
 
@@ -275,9 +314,10 @@ def table(result: dict) -> str:
     lines = [result["machine"], head, "-" * len(head)]
     for r in result["rows"]:
         acc = "/".join(f"{x:.2f}" for x in r["acceptance_per_position"]) or "-"
-        best = f"{r['vs_best_fixed']:>7.2f}x" if "vs_best_fixed" in r else f"{'':>8}"
+        vs = r.get("vs_best_fixed", r.get("vs_best_chain"))
+        best = f"{vs:>7.2f}x" if vs is not None else f"{'':>8}"
         lines.append(f"{r['temperature']:>4.1f} {r['workload']:<5} {r['drafter']:<12} {r['kv_advance']:<13} "
-                     f"{r['depth'] or '-':>5} {r['batch']:>3} {r['tok_per_step']:>9.3f} "
+                     f"{str(r['depth'] or '-').removeprefix(TREE):>5} {r['batch']:>3} {r['tok_per_step']:>9.3f} "
                      f"{r['mean_accepted_length']:>8.3f} {acc:>16} {r['tok_per_s']:>9.1f} "
                      f"{r['speedup_vs_plain']:>8.2f}x {best}")
     return "\n".join(lines)

@@ -339,7 +339,7 @@ def _settings(args: argparse.Namespace, run: _TextRunner, drafter) -> Generation
     return GenerationConfig(max_new_tokens=args.max_new_tokens, drafter=drafter, depth=args.depth,
                             max_depth=args.max_depth, cost=args.cost, kv_advance=args.kv_advance, cache=args.cache,
                             attention_impl=args.attention, temperature=args.temperature, top_k=args.top_k,
-                            top_p=args.top_p, seed=args.seed, eos_id=run.eos)
+                            top_p=args.top_p, seed=args.seed, eos_id=run.eos, tree=args.tree)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -512,7 +512,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         result = bench(bundle, batches=batches, drafters=drafters, depth=args.depth,
                        max_new_tokens=args.max_new_tokens or 128, n_prompts=args.prompts, progress=not args.json,
                        temperatures=[float(x) for x in args.temperatures.split(",") if x.strip()],
-                       workloads=[x.strip() for x in args.workloads.split(",") if x.strip()], rounds=args.rounds or 1)
+                       workloads=[x.strip() for x in args.workloads.split(",") if x.strip()], rounds=args.rounds or 1,
+                       trees=[x.strip() for x in (args.trees or "").split(",") if x.strip()])
     except (ValueError, CheckpointError) as e:
         print(f"specjax bench: error: {e}", file=sys.stderr)
         return 2
@@ -663,6 +664,9 @@ def _add_decoding_args(p: argparse.ArgumentParser) -> None:
                    help="drafts per step, or 'auto': each step picks its window (1 .. --max-depth + 1) and each "
                         "row its drafts by expected tokens per second")
     p.add_argument("--max-depth", type=int, default=3, help="the most drafts --depth auto may propose")
+    p.add_argument("--tree", default=None, metavar="K1xK2x...",
+                   help="verify a token tree each step instead of a chain: children per node at each draft depth, "
+                        "e.g. 2x2x1 (10 nodes, depth 3; the MTP drafter; --depth is the tree's)")
     p.add_argument("--cost", default=None, metavar="FILE",
                    help="--depth auto: a step-cost table (JSON: windows, batches, seconds); default: measured at "
                         "warm-up and kept in $SPECJAX_CACHE_DIR (~/.cache/specjax)")
@@ -786,6 +790,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--batches", default=None, help="default 1,8,32,64 (--shape: 1,4)")
     b.add_argument("--drafters", default=None, help="default mtp,draft_model,ngram")
     b.add_argument("--depth", type=int, default=3)
+    b.add_argument("--trees", default=None, metavar="T1,T2",
+                   help="token-tree rows beside the chains (mtp, per_sequence), e.g. 2x2x1,3x2x2x1x1")
     b.add_argument("--max-new-tokens", type=int, default=None, help="default 128 (--shape: 64)")
     b.add_argument("--prompts", type=int, default=None, help="use the first N of the 64 fixed prompts")
     b.add_argument("--rounds", type=int, default=None,

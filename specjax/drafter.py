@@ -36,6 +36,7 @@ from specjax.cache import DenseKVCache
 from specjax.cache.base import CAPACITY_BLOCK
 from specjax.protocols import DraftContext, check_drafter, reachable_positions
 from specjax.sampling import draft_token
+from specjax.tree import TreeMask, ancestors, preset_depths, preset_parents, tree_levels
 
 __all__ = ["DRAFTERS", "DraftModelDrafter", "MtpDrafter", "NgramDrafter", "NoDrafter", "PluggedDrafter", "drafter_kind",
            "pick", "resolve_drafter", "AUTO", "default_drafter"]
@@ -326,6 +327,49 @@ class MtpDrafter:
             probs_all.append(probs_k)
         cache = cache.replace(lengths=s.cache.lengths)
         return jnp.stack(drafts, axis=1), _stack_probs(probs_all, eng.greedy), s.replace(cache=cache)
+
+    def propose_tree(self, eng, params, st):
+        """The preset tree ``eng.tree`` (``specjax.tree.preset_parents``), breadth-first: each
+        node's children are the top-``k`` tokens of the block's output on the node's own branch
+        (``k = eng.tree[depth]``; deterministic drafts, so sampled verification stays lossless).
+        One block call per depth over all its nodes, each attending to its own ancestors only
+        (a ``TreeMask`` over the block's scratch slots ``base + node - 1``). A chain preset is
+        exactly ``propose``'s greedy chain. Returns ``(tokens [B, T], dstate)``."""
+        dec, tp = eng.target, params["target"]
+        s: MtpState = st.dstate
+        preset, levels = preset_parents(eng.tree), tree_levels(eng.tree)
+        t = len(preset) - 1
+        base = st.known - 1  # MTP position of (h, first): the root
+        # draft node i (1-based) runs at position base + depth - 1, written at slot base + i - 1
+        node_pos = base[:, None] + jnp.asarray(preset_depths(eng.tree)[1:] - 1)[None]
+        anc = ancestors(jnp.asarray(preset)[None])[:, 1:, 1:]  # [1, T, T]: among the draft nodes
+        b = base.shape[0]
+        h = s.h[:, None]  # [B, 1, d]: the root's
+        tokens = [self._top(dec, tp, h, eng.tree[0])]  # [B, k1]: the first drafts
+        cache = s.cache
+        prev_first = 0  # the root
+        for depth, (first, n) in enumerate(levels[:-1], start=1):
+            par = jnp.asarray(preset[first:first + n] - prev_first)  # each node's parent within the level above
+            pos = jnp.broadcast_to(base[:, None] + depth - 1, (b, n))
+            mask = TreeMask(base, jnp.broadcast_to(anc[:, first - 1:first - 1 + n], (b, n, t)), pos, node_pos)
+            h, cache = dec.mtp_hidden(tp, h[:, par], tokens[-1], reachable_positions(pos, st.max_len),
+                                      cache.replace(lengths=base + first - 1), attention_impl=eng.attention_impl,
+                                      tree=mask)
+            tokens.append(self._top(dec, tp, h, eng.tree[depth]))
+            prev_first = first
+        return jnp.concatenate(tokens, axis=1), s.replace(cache=cache.replace(lengths=s.cache.lengths))
+
+    @staticmethod
+    def _top(dec, tp, h, k: int) -> jax.Array:
+        """int32 ``[B, n * k]``: the top ``k`` tokens of the block's head at each of ``h [B, n, d]``
+        (node-major: node 0's children first), as target ids."""
+        if hasattr(dec, "mtp_head"):
+            logits, ids = dec.mtp_head(tp, h)
+        else:
+            logits, ids = dec.head(tp, h), None
+        top = jax.lax.top_k(logits, k)[1].astype(jnp.int32)  # [B, n, k]
+        top = top if ids is None else ids[top]
+        return top.reshape(top.shape[0], -1)
 
     def commit(self, eng, params, st, dstate, hidden, old_lengths, u, a, advance):
         r = dstate.pending.shape[1]

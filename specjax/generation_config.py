@@ -28,6 +28,7 @@ from specjax.protocols import Drafter
 __all__ = ["MAX_DEPTH", "GenerationConfig", "check_sampling", "fail", "is_int", "shown", "takes_settings"]
 
 MAX_DEPTH = 8
+MAX_TREE_NODES = 64  # draft nodes a tree may hold (the verify window is one more)
 CACHES = ("dense", "paged")
 
 
@@ -84,6 +85,10 @@ class GenerationConfig:
     * ``seed``: one int (each row's seed derived from it and the row, or for a batch job the
       request id) or one per prompt (used as given).
     * ``eos_id``: a stop id or several (a row stops at the first of any); ``None``: none.
+    * ``tree``: verify a token tree each step instead of a chain: children per node at each
+      draft depth (``(2, 2, 1)``: 2 first drafts, 2 children each, 1 child each: 10 nodes), or
+      that as a string (``"2x2x1"``); its depth is ``len(tree)`` (``depth`` is not used). The
+      MTP drafter proposes the tree; ``None``: a chain of ``depth`` drafts.
     """
 
     max_new_tokens: int | tuple[int, ...] = 64
@@ -100,10 +105,15 @@ class GenerationConfig:
     top_p: float | None = None
     seed: int | tuple[int, ...] = 0
     eos_id: int | tuple[int, ...] | None = None
+    tree: tuple[int, ...] | str | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_new_tokens", "seed", "eos_id"):
             object.__setattr__(self, name, _ints(getattr(self, name)))
+        object.__setattr__(self, "tree", _tree(self.tree))
+        if self.tree is not None and not is_int(self.depth):
+            fail("tree", shown(self.tree), f"does not combine with depth={self.depth!r} yet: a tree sets its own "
+                 "depth (len(tree))")
         news = self.max_new_tokens
         if not (is_int(news) and news >= 1) and not (
                 isinstance(news, tuple) and news and all(is_int(n) and n >= 1 for n in news)):
@@ -154,6 +164,27 @@ class GenerationConfig:
             fail("config", config, "must be a GenerationConfig or None")
         base = config or DEFAULT
         return base.replace(**settings) if settings else base
+
+
+def _tree(value: object) -> tuple[int, ...] | None:
+    """``tree`` as a tuple (``"2x2x1"`` and lists too), checked: 1 .. ``MAX_DEPTH`` levels of
+    ints >= 1 and at most ``MAX_TREE_NODES`` draft nodes."""
+    if value is None:
+        return None
+    given = value
+    if isinstance(value, str):
+        try:
+            value = tuple(int(k) for k in value.lower().split("x"))
+        except ValueError:
+            fail("tree", given, "must be children per depth, like (2, 2, 1) or '2x2x1'")
+    value = _ints(value)
+    if not (isinstance(value, tuple) and 1 <= len(value) <= MAX_DEPTH and all(is_int(k) and k >= 1 for k in value)):
+        fail("tree", shown(given), f"must be 1 .. {MAX_DEPTH} ints >= 1 (children per node at each draft depth), "
+             "like (2, 2, 1) or '2x2x1'")
+    value = tuple(int(k) for k in value)
+    if sum(math.prod(value[:i + 1]) for i in range(len(value))) > MAX_TREE_NODES:
+        fail("tree", shown(given), f"holds more than {MAX_TREE_NODES} draft nodes")
+    return value
 
 
 FIELDS = frozenset(f.name for f in dataclasses.fields(GenerationConfig))

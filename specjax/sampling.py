@@ -20,10 +20,10 @@ import numpy as np
 
 from specjax._pytree import pytree_dataclass
 
-__all__ = ["ACCEPT", "DRAFT", "SAMPLE", "RowSampling", "derive_seed", "draft_token", "position_keys", "probs",
+__all__ = ["ACCEPT", "DRAFT", "SAMPLE", "TREE", "RowSampling", "derive_seed", "draft_token", "position_keys", "probs",
            "sample"]
 
-ACCEPT, SAMPLE, DRAFT = 0, 1, 2  # purpose tags
+ACCEPT, SAMPLE, DRAFT, TREE = 0, 1, 2, 3  # purpose tags (TREE: a tree node's acceptance test)
 
 
 @pytree_dataclass

@@ -22,8 +22,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["accepted_sources", "ancestors", "chain_parents", "depths", "preset_parents", "tree_greedy_verify",
-           "tree_positions", "tree_rejection_verify", "tree_visible"]
+from pallas_kernels.reference import TreeMask, tree_mask_visible
+
+__all__ = ["TreeMask", "accepted_sources", "ancestors", "chain_parents", "depths", "preset_depths", "preset_parents",
+           "tree_greedy_verify", "tree_levels", "tree_mask", "tree_positions", "tree_rejection_verify", "tree_size",
+           "tree_visible"]
 
 
 def chain_parents(batch: int, n: int) -> jax.Array:
@@ -47,6 +50,28 @@ def preset_parents(branching: tuple[int, ...]) -> np.ndarray:
                 parents.append(p)
         level = nxt
     return np.asarray(parents, np.int32)
+
+
+def preset_depths(branching: tuple[int, ...]) -> np.ndarray:
+    """int32 ``[N]``: each preset node's draft depth (the root 0), ``preset_parents``' order."""
+    return np.concatenate([[0]] + [[k + 1] * n for k, (_, n) in enumerate(tree_levels(branching))]).astype(np.int32)
+
+
+def tree_levels(branching: tuple[int, ...]) -> list[tuple[int, int]]:
+    """``[(first, count), ...]``: the preset's nodes at draft depth ``1 .. len(branching)``
+    (breadth-first indices, ``preset_parents``): depth ``k`` holds ``prod(branching[:k])``."""
+    out, first, count = [], 1, 1
+    for b in branching:
+        count *= b
+        out.append((first, count))
+        first += count
+    return out
+
+
+def tree_size(branching: tuple[int, ...]) -> int:
+    """Draft nodes of the preset (its root excluded): a verify window of ``tree_size + 1``."""
+    first, count = tree_levels(branching)[-1]
+    return first + count - 1
 
 
 def ancestors(parents: jax.Array) -> jax.Array:
@@ -77,29 +102,23 @@ def tree_positions(lengths: jax.Array, parents: jax.Array) -> jax.Array:
     return lengths[:, None] + depths(parents)
 
 
+def tree_mask(lengths: jax.Array, parents: jax.Array) -> TreeMask:
+    """The ``TreeMask`` of a verify window of ``N`` nodes (``parents [B, N]``) written at each
+    row's ``lengths [B]``: every node a query, at its tree position."""
+    pos = tree_positions(lengths, parents)
+    return TreeMask(lengths, ancestors(parents), pos, pos)
+
+
 def tree_visible(q_pos: jax.Array, key_pos: jax.Array, lead_pad: jax.Array, lengths: jax.Array,
                  parents: jax.Array, window: int | None = None) -> jax.Array:
     """bool ``[B, N, T]``: may window node ``i`` of row ``b`` (at ``q_pos [B, N]``,
     ``tree_positions``) read cache slot ``s`` (holding ``key_pos [B, T]``, slot order). A
     committed slot (``s < lengths``) by the usual rule (``lead_pad``, causal, ``window``); a
     window slot ``lengths + j`` only when node ``j`` is ``i`` or an ancestor of ``i``."""
-    b, n = parents.shape
-    t = key_pos.shape[1]
-    slot = jnp.arange(t, dtype=jnp.int32)[None, :]  # [1, T]
-    kp = key_pos[:, None, :]
-    qp = q_pos[:, :, None]
-    committed = (slot < lengths[:, None])[:, None, :]
-    prefix = committed & (kp >= lead_pad[:, None, None]) & (kp >= 0) & (kp <= qp)
-    if window is not None:
-        prefix &= kp > qp - window
-    j = jnp.clip(slot - lengths[:, None], 0, n - 1)  # [B, T]: window node held at slot s
-    in_window = (slot >= lengths[:, None]) & (slot < lengths[:, None] + n)
-    anc = ancestors(parents)
-    own = jnp.take_along_axis(anc, jnp.broadcast_to(j[:, None, :], (b, n, t)), axis=2)  # [B, N, T]
-    if window is not None:  # an ancestor too far up the branch is out of a sliding window
-        dep = jnp.sum(anc, axis=2) - 1
-        own &= (dep[:, :, None] - jnp.take_along_axis(dep, j, axis=1)[:, None, :]) < window
-    return prefix | (in_window[:, None, :] & own)
+    b, t = key_pos.shape
+    slot = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    node_pos = tree_positions(lengths, parents)
+    return tree_mask_visible(slot, key_pos, lead_pad, TreeMask(lengths, ancestors(parents), q_pos, node_pos), window)
 
 
 def tree_greedy_verify(logits: jax.Array, tokens: jax.Array, parents: jax.Array, u: jax.Array,

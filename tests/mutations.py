@@ -156,7 +156,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "cohort surplus not re-fed",
-        "step_window",
+        "_commit",
         "u=jnp.where(active, plan.next_uncached, u)",
         "u=jnp.where(active, 1, u)",
         ("tests/test_engine.py::test_greedy_speculative_equals_plain",),
@@ -171,7 +171,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "finished rows take part in the cohort minimum",
-        "step_window",
+        "_commit",
         "plan = plan_step(u, jnp.where(active, a, w - u), w, eng.kv_rule)",
         "plan = plan_step(u, jnp.where(active, a, 0), w, eng.kv_rule)",
         ("tests/test_engine.py::test_finished_rows_do_not_hold_back_the_cohort",),
@@ -366,7 +366,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "accepted drafts cut by EOS or the budget still counted",
-        "step_window",
+        "_commit",
         "accepted=st.accepted + jnp.minimum(a, n_new) * act,",
         "accepted=st.accepted + a * act,",
         ("tests/test_default_bundle.py::test_accepted_drafts_count_only_emitted_ones",),
@@ -491,7 +491,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "the engine stops only on a row's first stop id",
-        "step_window",
+        "_commit",
         "jnp.any(new_tok[:, :, None] == st.eos[:, None, :], axis=2)",
         "(new_tok == st.eos[:, :1])",
         ("tests/test_hf_families.py::test_eos_list_stops_on_any_id",),
@@ -807,7 +807,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "auto depth: the engine never counts a position's verdicts (seen_pos stays 0)",
-        "step_window",
+        "_commit",
         "        seen_pos=st.seen_pos + (verdict & active[:, None]).astype(jnp.int32),\n",
         "        seen_pos=st.seen_pos,\n",
         ("tests/test_depth_auto.py::test_each_row_drafts_its_own_count",),
@@ -984,7 +984,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "engine: the target's logits taken from the draft model's decoder",
-        "step_window",
+        "_chain_verify",
         "    logits = eng.target.head(params[\"target\"], hidden)  # [B, w, V]\n",
         "    logits = (eng.draft or eng.target).head(params[\"draft\" if eng.draft else \"target\"], hidden)\n",
         ("tests/test_plugins.py::test_nnx_decoder_speculates_its_own_greedy_tokens",),
@@ -1078,7 +1078,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "ngram auto: the estimates learn only from the drafts offered",
-        "step_window",
+        "_commit",
         "    return out, StepVerdicts(asked, a, nxt)",
         "    return out, StepVerdicts(proposed, a, nxt)",
         ("tests/test_depth_auto.py::test_ngram_rows_without_a_match_offer_no_drafts",),
@@ -1375,7 +1375,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "engine: verify windows hand the model positions past the row's end",
-        "step_window",
+        "_chain_verify",
         "window, reachable_positions(pos, st.max_len),",
         "window, pos,",
         ("tests/test_plugins.py::test_positions_stay_reachable_and_padding_nans_stay_masked",),
@@ -1466,10 +1466,12 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "tree: a node attends to its earlier siblings' branches (window order, not ancestry)",
-        "tree_visible",
-        "    return prefix | (in_window[:, None, :] & own)\n",
-        "    return prefix | (in_window[:, None, :] & (j[:, None, :] <= jnp.arange(n)[None, :, None]))\n",
-        ("tests/test_tree.py::test_each_node_attends_to_the_prefix_and_its_own_branch",),
+        "tree_mask_visible",
+        "    own = jnp.take_along_axis(tree.anc, jnp.broadcast_to(jc[:, None, :], (*tree.anc.shape[:2], jc.shape[1])), "
+        "axis=2)\n",
+        "    own = jc[:, None, :] <= jnp.arange(tree.anc.shape[1])[None, :, None]\n",
+        ("tests/test_tree.py::test_each_node_attends_to_the_prefix_and_its_own_branch",
+         "tests/test_tree_engine.py::test_tree_forward_equals_each_branch_alone"),
     ),
     Mutation(
         "tree: the greedy walk takes a child whatever its token",
@@ -1498,5 +1500,41 @@ MUTATIONS: list[Mutation] = [
         "            r = jnp.where(left[:, None], cut, jnp.where(take[:, None], p[:, j], r))\n",
         "            r = jnp.where(take[:, None], p[:, j], r)\n",
         ("tests/test_tree.py::test_tree_rejection_sampling_is_lossless",),
+    ),
+    Mutation(
+        "tree engine: the accepted path's K/V left in tree order (no compaction)",
+        "_tree_verify",
+        "cache.compact(src)",
+        "cache",
+        ("tests/test_tree_engine.py::test_after_tree_steps_the_caches_hold_what_a_fresh_prefill_holds",
+         "tests/test_tree_engine.py::test_greedy_tree_equals_plain"),
+    ),
+    Mutation(
+        "tree engine: the MTP block commits the window's hidden in tree order (a rejected branch's, read next step)",
+        "_tree_verify",
+        "    hidden = jnp.take_along_axis(hidden, src[:, :, None], axis=1)\n",
+        "",
+        ("tests/test_tree_engine.py::test_after_tree_steps_the_caches_hold_what_a_fresh_prefill_holds",),
+    ),
+    Mutation(
+        "tree engine: a node's acceptance uniform keyed by its window slot (reused by the next step)",
+        "_tree_verify",
+        "position_keys(st.seeds, pos, TREE), rank)",
+        "position_keys(st.seeds, lengths[:, None] + j, TREE), 0 * rank)",
+        ("tests/test_tree_engine.py::test_tree_sampling_matches_the_target_distribution",),
+    ),
+    Mutation(
+        "MTP tree: every node's children drafted from the first node's hidden of its level",
+        "MtpDrafter.propose_tree",
+        "h[:, par]",
+        "h[:, par * 0]",
+        ("tests/test_tree_engine.py::test_mtp_tree_drafts_each_branch_as_its_own_chain",),
+    ),
+    Mutation(
+        "MTP tree: the block's tree mask lets a node see its siblings' scratch slots",
+        "MtpDrafter.propose_tree",
+        "jnp.broadcast_to(anc[:, first - 1:first - 1 + n], (b, n, t))",
+        "jnp.broadcast_to(jnp.tril(jnp.ones((1, t, t), bool))[:, first - 1:first - 1 + n], (b, n, t))",
+        ("tests/test_tree_engine.py::test_mtp_tree_drafts_each_branch_as_its_own_chain",),
     ),
 ]

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy import stats
 
 from specjax.auto.policy import DepthPolicy
 from specjax.drafter import DraftModelDrafter, MtpDrafter
@@ -16,7 +15,7 @@ from specjax.engine.loop import TRACES
 from specjax.generation import generate
 from specjax.model import logits
 
-from engine_models import GLOBAL, SLIDING, TINY, noisy, sharp
+from engine_models import GLOBAL, SLIDING, TINY, chi2_pvalue, exact_continuations, noisy, sharp
 
 MODELS = {"global": sharp(GLOBAL), "sliding": sharp(SLIDING, seed=1)}
 DRAFTS = {name: noisy(m, 0.3) for name, m in MODELS.items()}
@@ -197,57 +196,6 @@ def test_every_engine_cache_carries_row_lengths_and_a_flax_decode_cache_does_not
 # ------------------------------------------------------------------ lossless sampling
 
 
-def _filtered(lg, temperature, top_p):
-    p = np.exp((lg - lg.max()) / temperature)
-    p /= p.sum()
-    order = np.argsort(-p)
-    keep = np.zeros_like(p, bool)
-    mass = 0.0
-    for t in order:  # reference top-p: smallest prefix reaching top_p
-        if mass >= top_p:
-            break
-        keep[t] = True
-        mass += p[t]
-    p = np.where(keep, p, 0.0)
-    return p / p.sum()
-
-
-def _exact(model, prompt, n, temperature, top_p):
-    """Exact distribution over all ``n``-token continuations, by enumeration."""
-    v = model.config.vocab_size
-    out = {}
-
-    def rec(prefix, prob):
-        if len(prefix) == n:
-            out[tuple(prefix)] = prob
-            return
-        lg = np.asarray(logits(model, np.array([prompt + prefix])), np.float64)[0, -1]
-        p = _filtered(lg, temperature, top_p)
-        for t in range(v):
-            if p[t] > 0:
-                rec(prefix + [t], prob * p[t])
-
-    rec([], 1.0)
-    return out
-
-
-def _chi2(samples, exact):
-    keys = sorted(exact)
-    counts = {k: 0 for k in keys}
-    for s in samples:
-        assert tuple(s) in counts, f"sampled {s}, which has probability 0"
-        counts[tuple(s)] += 1
-    n = len(samples)
-    obs = np.array([counts[k] for k in keys], float)
-    exp = np.array([exact[k] * n for k in keys])
-    big = exp >= 5  # pool rare outcomes into one bin
-    obs = np.append(obs[big], obs[~big].sum())
-    exp = np.append(exp[big], exp[~big].sum())
-    if exp[-1] == 0:
-        obs, exp = obs[:-1], exp[:-1]
-    return stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
-
-
 @pytest.fixture(scope="module")
 def tiny():
     target = sharp(TINY, seed=3, s_emb=2.0, s_head=6.0)
@@ -268,7 +216,7 @@ def test_speculative_sampling_matches_the_target_distribution(tiny, drafter, tem
     (alpha = 1e-3, fixed seeds: deterministic)."""
     target, draft = tiny
     prompt = [1, 2, 0]
-    exact = _exact(target, prompt, 3, temperature, top_p or 1.0)
+    exact = exact_continuations(target, prompt, 3, temperature, top_p or 1.0)
     rows, calls = 2000, 10
     samples = []
     for c in range(calls):
@@ -277,7 +225,7 @@ def test_speculative_sampling_matches_the_target_distribution(tiny, drafter, tem
         samples += r.tokens
         if depth is AUTO:  # the policy did vary the draft counts
             assert 0 < r.metrics["proposed_drafts"] < 2 * r.metrics["total_row_steps"]
-    assert _chi2(samples, exact) > 1e-3
+    assert chi2_pvalue(samples, exact) > 1e-3
 
 
 def test_sampling_rows_are_batch_invariant_and_seeded(tiny):

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import ragged_attention as pallas_ragged_attention
+from pallas_kernels.reference import TreeMask
 from specjax._pytree import pytree_dataclass
 from specjax.attention import live_attention
 from specjax.cache.base import (
@@ -112,6 +113,17 @@ class DenseKVCache:
             status=self.status | jnp.where(ok, 0, ROLLBACK_INVALID),
         )
 
+    def compact(self, src: jax.Array) -> DenseKVCache:
+        """Slot ``lengths + k`` takes the K/V of slot ``lengths + src[b, k]`` (``src [B, N]``, a
+        verify window's compaction: ``specjax.tree.accepted_sources`` moves a tree's accepted
+        path into place), in every layer; a slot whose source is itself is not touched."""
+        b, n = src.shape
+        k = jnp.arange(n, dtype=jnp.int32)[None]
+        frm = jnp.clip(self.lengths[:, None] + src, 0, self.capacity - 1)
+        to = self.lengths[:, None] + k
+        to = jnp.where((src != k) & (to < self.capacity), to, self.capacity)  # explicit out-of-range: dropped
+        return self.replace(k=_move(self.k, frm, to), v=_move(self.v, frm, to))
+
     def rows_view(self, rows: jax.Array, width: int) -> DenseKVCache:
         """An empty cache of ``width`` slots for ``rows [R]`` (a refill's prefill writes
         there); ``put_rows`` copies it into those rows' first ``width`` slots."""
@@ -135,11 +147,15 @@ class DenseKVCache:
         window: int | None = None,
         scale: float | None = None,
         impl: str = "xla",
+        tree: TreeMask | None = None,
     ) -> jax.Array:
         """Attention of ``q [B, t_q, Hq, D]`` sitting at ``lengths + [0, t_q)`` (the tokens
         just written) over this layer's cache; ``[B, t_q, Hq, D]``. Reads only key blocks
         up to the batch's longest live row (XLA) or each row's own live blocks (Pallas)."""
         t_q = q.shape[1]
+        if impl == "pallas" and tree is not None:
+            raise ValueError("tree attention runs on the XLA path (attention_impl='xla'); the kernels do not "
+                             "take a tree mask yet")
         if impl == "pallas":
             k, v, at = kernel_operands(self.k, self.v, layer)
             return pallas_ragged_attention(q, k, v, self.start, self.lengths, window=window, scale=scale,
@@ -151,4 +167,13 @@ class DenseKVCache:
             return k, v, (j * block + jnp.arange(block, dtype=jnp.int32))[None]
 
         return live_attention(q, read, positions(self.lengths, t_q), self.start, block=block,
-                              num_blocks=self.capacity // block, window=window, scale=scale)
+                              num_blocks=self.capacity // block, window=window, scale=scale, tree=tree)
+
+
+def _move(buf: Layers, frm: jax.Array, to: jax.Array) -> Layers:
+    """Every layer's ``[b, :, to[b, k]] = [b, :, frm[b, k]]`` (``frm, to [B, N]`` slots; an
+    out-of-range ``to`` is dropped): one gather and one scatter of ``B * N`` entries a layer."""
+    rows = jnp.arange(frm.shape[0], dtype=jnp.int32)[:, None]
+    if isinstance(buf, tuple):
+        return tuple(x.at[rows, :, to].set(x[rows, :, frm], mode="drop") for x in buf)
+    return buf.at[:, rows, :, to].set(buf[:, rows, :, frm], mode="drop")

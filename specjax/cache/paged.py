@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import paged_attention
+from pallas_kernels.reference import TreeMask
 from specjax._pytree import pytree_dataclass
 from specjax.attention import gather_pages, live_attention
 from specjax.cache.base import (
@@ -252,6 +253,32 @@ class PagedKVCache:
         freed = done[:, None] & (m < self.pages_held[:, None])
         return self._push_free(freed).replace(lengths=jnp.where(done, 0, self.lengths))
 
+    def compact(self, src: jax.Array) -> PagedKVCache:
+        """Logical slot ``lengths + k`` takes the K/V of slot ``lengths + src[b, k]`` (``src
+        [B, N]``: ``DenseKVCache.compact``), through the block table, in every layer; a slot
+        whose source is itself, or outside the row's own pages, is not written."""
+        b, n = src.shape
+        table, ps = self._pool_table(), self.page_size
+        k = jnp.arange(n, dtype=jnp.int32)[None]
+
+        def at(slot):  # (pool page, offset) of logical slots [B, N]
+            page = jnp.take_along_axis(table, jnp.clip(slot // ps, 0, self.max_pages - 1), axis=1)
+            return page, slot % ps
+
+        frm_page, frm_off = at(self.lengths[:, None] + src)
+        to = self.lengths[:, None] + k
+        to_page, to_off = at(to)
+        ok = (src != k) & (to < self.pages_held[:, None] * ps) & (frm_page >= 0)
+        to_page = jnp.where(ok, to_page, self.num_pages)  # explicit out-of-range: dropped
+        frm_page = jnp.maximum(frm_page, 0)
+
+        def move(buf):
+            if isinstance(buf, tuple):
+                return tuple(x.at[to_page, :, to_off].set(x[frm_page, :, frm_off], mode="drop") for x in buf)
+            return buf.at[:, to_page, :, to_off].set(buf[:, frm_page, :, frm_off], mode="drop")
+
+        return self.replace(k=move(self.k), v=move(self.v))
+
     def rows_view(self, rows: jax.Array, width: int) -> PagedKVCache:
         """An empty cache over ``rows [R]`` (index ``batch``: a padding row), for refilling
         them: their pages go back to the pool first, and the view shares the pool, so
@@ -304,6 +331,7 @@ class PagedKVCache:
         window: int | None = None,
         scale: float | None = None,
         impl: str = "xla",
+        tree: TreeMask | None = None,
     ) -> jax.Array:
         """Attention of ``q [B, t_q, Hq, D]`` at ``lengths + [0, t_q)`` through the block table.
 
@@ -312,6 +340,9 @@ class PagedKVCache:
         t_q = q.shape[1]
         zeros = jnp.zeros((self.batch,), jnp.int32)
         table = self._pool_table()
+        if impl == "pallas" and tree is not None:
+            raise ValueError("tree attention runs on the XLA path (attention_impl='xla'); the kernels do not "
+                             "take a tree mask yet")
         if impl == "pallas":
             k, v, at = kernel_operands(self.k, self.v, layer)
             return paged_attention(q, k, v, table, zeros, self.lengths, window=window, scale=scale,
@@ -325,4 +356,4 @@ class PagedKVCache:
             return self._gather(layer, bt, first_page=j * ppb)
 
         return live_attention(q, read, positions(self.lengths, t_q), zeros, block=ppb * ps, num_blocks=mp // ppb,
-                              window=window, scale=scale)
+                              window=window, scale=scale, tree=tree)

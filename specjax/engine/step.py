@@ -11,7 +11,7 @@ tokens it re-feeds next step. Finished rows stay in the batch at static shape: t
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +20,16 @@ from specjax.engine.config import EngineConfig
 from specjax.engine.state import EngineState
 from specjax.plan import plan_step
 from specjax.protocols import reachable_positions
+from specjax.sampling import SAMPLE, TREE, position_keys, probs, sample
+from specjax.tree import (
+    TreeMask,
+    accepted_sources,
+    ancestors,
+    preset_depths,
+    preset_parents,
+    tree_greedy_verify,
+    tree_rejection_verify,
+)
 from specjax.verify import greedy_verify, rejection_verify
 
 __all__ = ["StepVerdicts", "step_window"]
@@ -33,15 +43,36 @@ class StepVerdicts(NamedTuple):
     token: jax.Array  # the target's own token after them
 
 
+class _Verified(NamedTuple):
+    """A verify forward's outcome, before the commit (per row)."""
+
+    a: jax.Array  # int32 [B]: drafts accepted
+    path: jax.Array  # int32 [B, d]: the accepted drafts in order (valid below ``a``)
+    nxt: jax.Array  # int32 [B]: the target's token after them
+    hidden: jax.Array  # [B, w, d_model]: the window's hidden, accepted path first (what the drafter commits)
+    cache: Any  # the target's caches, written (and compacted: the accepted path in place)
+    dstate: Any
+    asked: jax.Array  # int32 [B]: draft depths the row was asked for
+    proposed: jax.Array  # int32 [B]: drafts the row offered (a tree's nodes)
+
+
 def step_window(eng: EngineConfig, params: dict, st: EngineState, w: int,
                 drafts: tuple[jax.Array, jax.Array] | None = None) -> tuple[EngineState, StepVerdicts]:
     """The step at verify window ``w`` (static, one of ``eng.windows``). ``drafts``: ``(asked,
     offered)`` int32 ``[B]``, the drafts each row was asked for and offers to verify (a step
     controller's choice); ``None``: every slot of the window. State arrays keep the engine's
-    ``depth``; the step counts its verdicts (``seen_pos``) and nothing else a controller keeps."""
-    d, dmax = w - 1, eng.depth
-    b, c = st.seq.shape
-    lengths, u, active = st.cache.lengths, st.u, ~st.done
+    ``depth``; the step counts its verdicts (``seen_pos``) and nothing else a controller keeps.
+    With ``eng.tree`` the window is a token tree (``_tree_verify``), else a chain."""
+    v = _tree_verify(eng, params, st) if eng.tree is not None else _chain_verify(eng, params, st, w, drafts)
+    return _commit(eng, params, st, w, v)
+
+
+def _chain_verify(eng: EngineConfig, params: dict, st: EngineState, w: int,
+                  drafts: tuple[jax.Array, jax.Array] | None) -> _Verified:
+    """Draft a chain and verify it: ``u`` known tokens, then ``w - u`` drafts."""
+    d = w - 1
+    c = st.seq.shape[1]
+    lengths, u = st.cache.lengths, st.u
     at_w = eng.at_window(w)
 
     # draft: the drafter's proposals, then each row's count
@@ -67,10 +98,69 @@ def step_window(eng: EngineConfig, params: dict, st: EngineState, w: int,
         a, nxt = greedy_verify(logits, proposals, u, proposed)
     else:
         a, nxt = rejection_verify(logits, proposals, draft_probs, u, lengths, st.seeds, st.sampling, proposed)
+    return _Verified(a, proposals, nxt, hidden, cache, dstate, asked, proposed)
+
+
+def _tree_verify(eng: EngineConfig, params: dict, st: EngineState) -> _Verified:
+    """Draft a token tree (``eng.tree``) and verify it in one target forward.
+
+    Window node ``j < u`` is a known token (a chain); the drafter's tree hangs below node
+    ``u - 1``, breadth-first, cut to the ``w - u`` nodes left (a prefix of a breadth-first
+    order is a tree). Node ``j`` is written at slot ``lengths + j`` and runs at its branch
+    position; it attends to the committed prefix and its own ancestors (``TreeMask``).
+    Verification walks the tree (greedy) or tests each node's children against the residual
+    (``tree_rejection_verify``, lossless); the accepted path's K/V and hidden then move into
+    slots ``u ..`` (``accepted_sources``), so the commit is a chain's."""
+    w, depth = eng.window, eng.depth
+    c = st.seq.shape[1]
+    lengths, u = st.cache.lengths, st.u
+    preset, pdepth = preset_parents(eng.tree), preset_depths(eng.tree)  # [w]: the root, then the drafts
+
+    tokens, dstate = eng.drafter.propose_tree(eng, params, st)  # [B, w - 1]: the preset's draft nodes
+    j = jnp.arange(w, dtype=jnp.int32)[None]
+    k = jnp.clip(j - u[:, None] + 1, 1, w - 1)  # the preset node a draft slot holds
+    is_known = j < u[:, None]
+    parents = jnp.where(is_known, j - 1, jnp.asarray(preset)[k] + u[:, None] - 1)
+    node_depth = jnp.where(is_known, j, u[:, None] - 1 + jnp.asarray(pdepth)[k])
+    pos = lengths[:, None] + node_depth
+    known_tok = jnp.take_along_axis(st.seq, jnp.clip(lengths[:, None] + j, 0, c - 1), axis=1)
+    window = jnp.where(is_known, known_tok, jnp.take_along_axis(tokens, k - 1, axis=1))
+
+    mask = TreeMask(lengths, ancestors(parents), pos, pos)
+    hidden, cache = eng.target.forward_hidden(params["target"], window, reachable_positions(pos, st.max_len),
+                                              st.cache.reserve(w, st.live), attention_impl=eng.attention_impl,
+                                              tree=mask)
+    logits = eng.target.head(params["target"], hidden)  # [B, w, V]
+    if eng.greedy:
+        a, path, nxt = tree_greedy_verify(logits, window, parents, u, max_depth=depth)
+    else:
+        # one uniform per node, keyed by its position and its rank among its siblings: the nodes a
+        # walk tests have distinct keys, and a later step (which decides later positions) never
+        # reuses one
+        rank = jnp.sum(jnp.tril(parents[:, :, None] == parents[:, None, :], -1), axis=2)
+        keys = jax.vmap(jax.vmap(jax.random.fold_in))(position_keys(st.seeds, pos, TREE), rank)
+        uniform = jax.vmap(jax.vmap(jax.random.uniform))(keys)
+        a, path, resid = tree_rejection_verify(probs(logits, st.sampling), window, parents, u, uniform,
+                                               max_depth=depth)
+        nxt = sample(position_keys(st.seeds, (lengths + u + a)[:, None], SAMPLE)[:, 0], resid)
+    src = accepted_sources(path, u, w)
+    hidden = jnp.take_along_axis(hidden, src[:, :, None], axis=1)
+    path_tok = jnp.take_along_axis(window, jnp.clip(path, 0, w - 1), axis=1)
+    asked = jnp.max(jnp.where(is_known, 0, node_depth - u[:, None] + 1), axis=1)  # the drafts' deepest level
+    return _Verified(a, path_tok, nxt, hidden, cache.compact(src), dstate, asked, w - u)
+
+
+def _commit(eng: EngineConfig, params: dict, st: EngineState, w: int, v: _Verified
+            ) -> tuple[EngineState, StepVerdicts]:
+    """Emit the accepted drafts and the next token, advance by the rule's plan, count."""
+    dmax = eng.depth
+    b, c = st.seq.shape
+    lengths, u, active = st.cache.lengths, st.u, ~st.done
+    a, nxt, d = v.a, v.nxt, v.path.shape[1]
 
     # emit drafts[:a] + nxt at positions known .. known + a, cut at EOS / the token budget
     k = jnp.arange(d + 1, dtype=jnp.int32)[None]
-    padded = jnp.concatenate([proposals, jnp.zeros((b, 1), jnp.int32)], axis=1)
+    padded = jnp.concatenate([v.path, jnp.zeros((b, 1), jnp.int32)], axis=1)
     new_tok = jnp.where(k < a[:, None], padded, nxt[:, None])
     valid = (k <= a[:, None]) & (k < (st.max_len - st.known)[:, None]) & active[:, None]
     is_eos = valid & jnp.any(new_tok[:, :, None] == st.eos[:, None, :], axis=2)
@@ -85,13 +175,15 @@ def step_window(eng: EngineConfig, params: dict, st: EngineState, w: int,
     # commit through the production plan function; finished rows neither set the min nor move
     plan = plan_step(u, jnp.where(active, a, w - u), w, eng.kv_rule)
     advance = jnp.where(active, plan.advance, 0)
-    st = st.replace(seq=seq, known=known, u=jnp.where(active, plan.next_uncached, u), cache=cache.advance(advance),
-                    done=done)
-    dstate = eng.drafter.commit(at_w, params, st, dstate, hidden, lengths, u, jnp.where(active, a, 0), advance)
+    st = st.replace(seq=seq, known=known, u=jnp.where(active, plan.next_uncached, u),
+                    cache=v.cache.advance(advance), done=done)
+    dstate = eng.drafter.commit(eng.at_window(w), params, st, v.dstate, v.hidden, lengths, u,
+                                jnp.where(active, a, 0), advance)
 
     # the row's counters: a verdict at draft position k is an acceptance or the first rejection
     act = active.astype(jnp.int32)
     kd = jnp.arange(dmax, dtype=jnp.int32)[None]
+    asked, proposed = v.asked, v.proposed
     verdict = kd < jnp.minimum(a + 1, asked)[:, None]
     out = st.replace(
         dstate=dstate,

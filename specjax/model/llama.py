@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax._pytree import pytree_dataclass, static_field
-from specjax.attention import attend_visible
+from specjax.attention import TreeMask, attend_visible
 from specjax.cache import CompressedKVCache, DenseKVCache, RollingKVCache
 from specjax.cache.base import is_stacked
 from specjax.cache.compressed import compressed_attention
@@ -396,9 +396,12 @@ def forward_hidden(
     cache: ModelCache,
     *,
     attention_impl: str = "xla",
+    tree: TreeMask | None = None,
 ) -> tuple[jax.Array, ModelCache]:
     """Run ``tokens [B, t]`` at RoPE ``positions [B, t]``, writing their K/V at each row's
     own ``cache.lengths`` (the lengths do not move: commit with ``cache.apply_plan``).
+    ``tree``: the ``t`` tokens are the nodes of a token tree (``specjax.tree``): each attends
+    to the committed prefix and its own branch (global layers only).
 
     Query ``j`` of row ``b`` attends cache slots up to ``lengths[b] + j`` (and the window
     on local layers); everything else is masked per row. ``attention_impl``: ``"xla"`` or
@@ -413,8 +416,13 @@ def forward_hidden(
         raise ValueError(f"the params' layers are laid out for layer_loop={loop!r} but the cache is "
                          f"{'not ' if loop == 'scan' else ''}stacked: init_cache(..., stacked={loop == 'scan'})")
 
+    extra = {} if tree is None else {"tree": tree}
+    if tree is not None and (cache.local_kv is not None or cache.memory_kv is not None):
+        raise ValueError("tree attention needs every attention layer global (dense or paged); this model has "
+                         "sliding-window or compressed-memory layers")
+
     def attend(c, q, idx):  # one device's rows and heads under a mesh (per_shard)
-        return c.attend(q, idx, impl=attention_impl)
+        return c.attend(q, idx, impl=attention_impl, **extra)
 
     def layer_fn(x, caches, kind_layer, layer, idx):
         glob, loc, mem = caches
@@ -507,6 +515,7 @@ def mtp_hidden(
     *,
     at: jax.Array | None = None,
     attention_impl: str = "xla",
+    tree: TreeMask | None = None,
 ) -> tuple[jax.Array, DenseKVCache | None]:
     """DeepSeek-V3 MTP block: ``concat(RMSNorm(h_i), RMSNorm(emb(t_{i+1}))) -> Linear -> block``.
 
@@ -534,7 +543,8 @@ def mtp_hidden(
         if at is not None:  # one query per row, at lengths + at: it sees the keys written up to its slot
             one = lambda a: jnp.take_along_axis(a, at.reshape((-1, 1) + (1,) * (a.ndim - 2)), axis=1)  # noqa: E731
             q, x, view = one(q), one(x), cache.replace(lengths=cache.lengths + at)
-        attn = per_shard(lambda c, q, layer: c.attend(q, layer, impl=attention_impl), view, q)
+        extra = {} if tree is None else {"tree": tree}  # the t tokens are token-tree nodes (drafting a tree)
+        attn = per_shard(lambda c, q, layer: c.attend(q, layer, impl=attention_impl, **extra), view, q)
     out = block_finish(m["block"], x, attn, config)
     return (out if at is None else out[:, 0]), cache
 
@@ -588,8 +598,8 @@ class LlamaDecoder:
         return init_cache(self.config, batch, capacity, kind=kind, slack=slack, page_size=page_size,
                           num_pages=num_pages, dtype=self.dtype, stacked=self.layer_loop == "scan")
 
-    def forward_hidden(self, params, tokens, positions, cache, *, attention_impl="xla"):
-        return forward_hidden(params, self.config, tokens, positions, cache, attention_impl=attention_impl)
+    def forward_hidden(self, params, tokens, positions, cache, *, attention_impl="xla", tree=None):
+        return forward_hidden(params, self.config, tokens, positions, cache, attention_impl=attention_impl, tree=tree)
 
     def head(self, params, hidden):
         return head(params, self.config, hidden)
@@ -604,8 +614,9 @@ class LlamaDecoder:
         """The MTP block's own per-row cache (one layer)."""
         return DenseKVCache.create(1, batch, capacity, self.config.n_kv_heads, self.config.head_dim, self.dtype)
 
-    def mtp_hidden(self, params, hidden, next_tokens, positions, cache, *, attention_impl="xla"):
-        return mtp_hidden(params, self.config, hidden, next_tokens, positions, cache, attention_impl=attention_impl)
+    def mtp_hidden(self, params, hidden, next_tokens, positions, cache, *, attention_impl="xla", tree=None):
+        return mtp_hidden(params, self.config, hidden, next_tokens, positions, cache, attention_impl=attention_impl,
+                          tree=tree)
 
     def mtp_hidden_at(self, params, hidden, next_tokens, positions, cache, at, *, attention_impl="xla"):
         """``mtp_hidden``'s output at slot ``at [B]`` of each row, ``[B, d]``: attention and MLP
