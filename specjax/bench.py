@@ -101,15 +101,22 @@ def mixed_prompts(prompts: Sequence[str]) -> list[str]:
 TREE = "tree:"  # a tree row's depth: "tree:2x2x1"
 
 
-def _tree_of(depth: int | str) -> tuple[int, ...] | None:
-    """The tree a row verifies (its depth ``"tree:2x2x1"``), or None (a chain)."""
-    return tuple(int(k) for k in depth[len(TREE):].split("x")) if str(depth).startswith(TREE) else None
+def _tree_of(depth: int | str):
+    """``(tree, its depth or None)`` of a tree row (its depth ``"tree:2x2x1"``, or a dynamic tree
+    drafted to ``D``: ``"tree:dynamic:8,2@5"``; without ``@D``, to the bench's depth), else None."""
+    if not str(depth).startswith(TREE):
+        return None
+    from specjax.generation_config import GenerationConfig
+
+    spec, _, d = depth[len(TREE):].partition("@")
+    tree = GenerationConfig(tree=spec).tree
+    return tree, len(tree) if isinstance(tree, tuple) else int(d) if d else None
 
 
 def _positions(k: int | str, depth: int) -> int:
     """Draft positions a row reports: its depth, a tree's depth, ``depth`` for "auto"."""
     tree = _tree_of(k)
-    return depth if k == "auto" else len(tree) if tree else k
+    return (tree[1] or depth) if tree else depth if k == "auto" else k
 
 
 def _configs(drafters: Sequence[str], depth: int, workload: str,
@@ -135,8 +142,8 @@ def _run(bundle, token_prompts, drafter, rule, depth, max_new_tokens, temperatur
     kw = bundle.generate_kwargs({"drafter": None if drafter == "none" else drafter})
     tree = _tree_of(depth)
     if tree:
-        kw.update(tree=tree)
-        depth = len(tree)
+        kw.update(tree=tree[0])
+        depth = tree[1] or max_depth
     return generate(bundle.model, token_prompts, max_new_tokens=max_new_tokens, depth=depth or 1, kv_advance=rule,
                     temperature=temperature, top_p=SAMPLED_TOP_P if temperature > 0 else None,
                     seed=list(range(first, first + len(token_prompts))), max_depth=max_depth, **kw)
@@ -248,7 +255,8 @@ def bench(
     from specjax.generation_config import GenerationConfig
 
     for t in trees:
-        GenerationConfig(tree=t)  # a bad tree is an error before anything runs
+        spec, _, d = t.partition("@")
+        GenerationConfig(tree=spec, depth=int(d) if d.isdigit() else depth)  # a bad tree: an error before any run
     if trees and "mtp" not in drafters:
         raise ValueError(f"trees={list(trees)} needs the mtp drafter among drafters={list(drafters)}")
     prompts = bench_prompts(n_prompts)

@@ -513,7 +513,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                        max_new_tokens=args.max_new_tokens or 128, n_prompts=args.prompts, progress=not args.json,
                        temperatures=[float(x) for x in args.temperatures.split(",") if x.strip()],
                        workloads=[x.strip() for x in args.workloads.split(",") if x.strip()], rounds=args.rounds or 1,
-                       trees=[x.strip() for x in (args.trees or "").split(",") if x.strip()])
+                       trees=(args.trees or "").split())
     except (ValueError, CheckpointError) as e:
         print(f"specjax bench: error: {e}", file=sys.stderr)
         return 2
@@ -790,8 +790,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--batches", default=None, help="default 1,8,32,64 (--shape: 1,4)")
     b.add_argument("--drafters", default=None, help="default mtp,draft_model,ngram")
     b.add_argument("--depth", type=int, default=3)
-    b.add_argument("--trees", default=None, metavar="T1,T2",
-                   help="token-tree rows beside the chains (mtp, per_sequence), e.g. 2x2x1,3x2x2x1x1")
+    b.add_argument("--trees", default=None, metavar="'T1 T2'",
+                   help="token-tree rows beside the chains (mtp, per_sequence), space-separated: presets (2x2x1) "
+                        "and dynamic trees drafted to the bench's --depth or to D (dynamic:8,2@5)")
     b.add_argument("--max-new-tokens", type=int, default=None, help="default 128 (--shape: 64)")
     b.add_argument("--prompts", type=int, default=None, help="use the first N of the 64 fixed prompts")
     b.add_argument("--rounds", type=int, default=None,

@@ -36,7 +36,7 @@ from specjax.cache import DenseKVCache
 from specjax.cache.base import CAPACITY_BLOCK
 from specjax.protocols import DraftContext, check_drafter, reachable_positions
 from specjax.sampling import draft_token
-from specjax.tree import TreeMask, ancestors, preset_depths, preset_parents, tree_levels
+from specjax.tree import DynamicTree, TreeMask, ancestors, preset_depths, preset_parents, tree_levels
 
 __all__ = ["DRAFTERS", "DraftModelDrafter", "MtpDrafter", "NgramDrafter", "NoDrafter", "PluggedDrafter", "drafter_kind",
            "pick", "resolve_drafter", "AUTO", "default_drafter"]
@@ -236,6 +236,20 @@ class MtpState:
     pending_n: jax.Array  # int32 [B]: how many of ``pending`` each row holds (R = 0: nothing is deferred)
 
 
+def _top(dec, tp, h: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """The top ``k`` tokens of the MTP block's head at each of ``h [B, n, d]`` and their
+    log-probabilities (temperature 1): int32 and float32 ``[B, n * k]``, node-major (node 0's
+    children first, most probable first), as target ids."""
+    if hasattr(dec, "mtp_head"):
+        logits, ids = dec.mtp_head(tp, h)
+    else:
+        logits, ids = dec.head(tp, h), None
+    logp, top = jax.lax.top_k(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), k)
+    top = top.astype(jnp.int32)
+    top = top if ids is None else ids[top]
+    return top.reshape(top.shape[0], -1), logp.reshape(logp.shape[0], -1)
+
+
 @dataclasses.dataclass(frozen=True)
 class MtpDrafter:
     """DeepSeek-V3-style MTP head of the target, chained to ``depth`` drafts.
@@ -329,47 +343,111 @@ class MtpDrafter:
         return jnp.stack(drafts, axis=1), _stack_probs(probs_all, eng.greedy), s.replace(cache=cache)
 
     def propose_tree(self, eng, params, st):
-        """The preset tree ``eng.tree`` (``specjax.tree.preset_parents``), breadth-first: each
-        node's children are the top-``k`` tokens of the block's output on the node's own branch
-        (``k = eng.tree[depth]``; deterministic drafts, so sampled verification stays lossless).
-        One block call per depth over all its nodes, each attending to its own ancestors only
-        (a ``TreeMask`` over the block's scratch slots ``base + node - 1``). A chain preset is
-        exactly ``propose``'s greedy chain. Returns ``(tokens [B, T], dstate)``."""
+        """The tree ``eng.tree`` below each row's last known token: ``(tokens [B, T], parents
+        [B, T + 1], dstate)``, parents in tree numbering (node 0 the root, ``-1`` its parent),
+        topological order. Drafts are deterministic (the block's top tokens), so sampled
+        verification stays lossless. A preset's nodes take the top-``k`` children of their
+        own branch's block output (``_preset_tree``); a ``DynamicTree`` expands the most
+        probable branches (``_dynamic_tree``)."""
+        if isinstance(eng.tree, DynamicTree):
+            return self._dynamic_tree(eng, params, st)
+        return self._preset_tree(eng, params, st)
+
+    @staticmethod
+    def _branch_block(eng, params, st, cache, h_par, tok, depth, first, mask_rows, node_pos):
+        """One block call over ``n`` nodes at draft depth ``depth`` (``tok [B, n]``, their
+        parents' block outputs ``h_par [B, n, d]``): each runs at position ``base + depth - 1``,
+        is written at scratch slot ``base + first + i`` and reads the committed prefix and the
+        scratch slots ``mask_rows [B, n, S]`` allows (its own branch; ``node_pos [B, S]``)."""
+        base = st.known - 1
+        b, n = tok.shape
+        pos = jnp.broadcast_to(base[:, None] + depth - 1, (b, n))
+        mask = TreeMask(base, mask_rows, pos, node_pos)
+        return eng.target.mtp_hidden(params["target"], h_par, tok, reachable_positions(pos, st.max_len),
+                                     cache.replace(lengths=base + first), attention_impl=eng.attention_impl,
+                                     tree=mask)
+
+    def _preset_tree(self, eng, params, st):
+        """The preset ``eng.tree`` (``specjax.tree.preset_parents``), breadth-first: each node's
+        children are the top-``k`` tokens of the block's output on the node's own branch
+        (``k = eng.tree[depth]``). One block call per depth over all its nodes, each attending
+        to its own ancestors only (scratch slot ``base + node - 1``). A chain preset is exactly
+        ``propose``'s greedy chain."""
         dec, tp = eng.target, params["target"]
         s: MtpState = st.dstate
         preset, levels = preset_parents(eng.tree), tree_levels(eng.tree)
         t = len(preset) - 1
-        base = st.known - 1  # MTP position of (h, first): the root
+        b = st.known.shape[0]
         # draft node i (1-based) runs at position base + depth - 1, written at slot base + i - 1
-        node_pos = base[:, None] + jnp.asarray(preset_depths(eng.tree)[1:] - 1)[None]
+        node_pos = st.known[:, None] - 1 + jnp.asarray(preset_depths(eng.tree)[1:] - 1)[None]
         anc = ancestors(jnp.asarray(preset)[None])[:, 1:, 1:]  # [1, T, T]: among the draft nodes
-        b = base.shape[0]
         h = s.h[:, None]  # [B, 1, d]: the root's
-        tokens = [self._top(dec, tp, h, eng.tree[0])]  # [B, k1]: the first drafts
+        tokens = [_top(dec, tp, h, eng.tree[0])[0]]  # [B, k1]: the first drafts
         cache = s.cache
         prev_first = 0  # the root
         for depth, (first, n) in enumerate(levels[:-1], start=1):
             par = jnp.asarray(preset[first:first + n] - prev_first)  # each node's parent within the level above
-            pos = jnp.broadcast_to(base[:, None] + depth - 1, (b, n))
-            mask = TreeMask(base, jnp.broadcast_to(anc[:, first - 1:first - 1 + n], (b, n, t)), pos, node_pos)
-            h, cache = dec.mtp_hidden(tp, h[:, par], tokens[-1], reachable_positions(pos, st.max_len),
-                                      cache.replace(lengths=base + first - 1), attention_impl=eng.attention_impl,
-                                      tree=mask)
-            tokens.append(self._top(dec, tp, h, eng.tree[depth]))
+            rows = jnp.broadcast_to(anc[:, first - 1:first - 1 + n], (b, n, t))
+            h, cache = self._branch_block(eng, params, st, cache, h[:, par], tokens[-1], depth, first - 1, rows,
+                                          node_pos)
+            tokens.append(_top(dec, tp, h, eng.tree[depth])[0])
             prev_first = first
-        return jnp.concatenate(tokens, axis=1), s.replace(cache=cache.replace(lengths=s.cache.lengths))
+        parents = jnp.broadcast_to(jnp.asarray(preset), (b, t + 1))
+        return jnp.concatenate(tokens, axis=1), parents, s.replace(cache=cache.replace(lengths=s.cache.lengths))
 
-    @staticmethod
-    def _top(dec, tp, h, k: int) -> jax.Array:
-        """int32 ``[B, n * k]``: the top ``k`` tokens of the block's head at each of ``h [B, n, d]``
-        (node-major: node 0's children first), as target ids."""
-        if hasattr(dec, "mtp_head"):
-            logits, ids = dec.mtp_head(tp, h)
-        else:
-            logits, ids = dec.head(tp, h), None
-        top = jax.lax.top_k(logits, k)[1].astype(jnp.int32)  # [B, n, k]
-        top = top if ids is None else ids[top]
-        return top.reshape(top.shape[0], -1)
+    def _dynamic_tree(self, eng, params, st):
+        """EAGLE-2's expansion (``DynamicTree(nodes, topk)``), per row as data. Depth 1: the
+        root's ``K`` most probable children. Each deeper level: the ``K`` candidates of the level
+        above with the highest cumulative log-probability (the beam) run one block call
+        together, each over its own branch, and each proposes its ``K`` best children (``K**2``
+        candidates, log-probabilities summed along the branch). The ``nodes`` candidates of
+        highest cumulative log-probability are verified: a child never scores above its parent,
+        so they form a tree (ties keep the earlier candidate, the parent). Candidates are
+        numbered level by level, so the kept ones, in candidate order, are topological.
+        Scratch slot ``base + (depth - 1) * K + i`` holds beam node ``i`` of that depth."""
+        dec, tp = eng.target, params["target"]
+        s: MtpState = st.dstate
+        tree, depth = eng.tree, eng.depth
+        k = tree.topk
+        b = st.known.shape[0]
+        scratch = max((depth - 1) * k, 1)  # beam nodes the block runs over (levels 1 .. depth - 1)
+        node_pos = st.known[:, None] - 1 + jnp.repeat(jnp.arange(scratch // k + 1, dtype=jnp.int32), k)[None, :scratch]
+        tok, logp = _top(dec, tp, s.h[:, None], k)  # [B, K]: depth 1
+        cand_tok, cand_par, cand_cum = [tok], [jnp.full((b, k), -1, jnp.int32)], [logp]
+        beam_tok, beam_cum = tok, logp
+        beam_cand = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))  # the beam's candidate ids
+        beam_par = jnp.zeros((b, k), jnp.int32)  # each beam node's parent among the level above's (the root: 0)
+        h_above = s.h[:, None]  # [B, 1 or K, d]: the block outputs of the level above
+        rows_above = jnp.zeros((b, 1, scratch), bool)  # their scratch ancestors
+        cache = s.cache
+        offset = k  # candidate id of the next level's first
+        for lvl in range(1, depth):
+            me = (lvl - 1) * k + jnp.arange(k, dtype=jnp.int32)  # this beam's scratch slots
+            rows = jnp.take_along_axis(rows_above, beam_par[:, :, None], axis=1)
+            rows = rows | (jnp.arange(scratch)[None, None, :] == me[None, :, None])
+            h_par = jnp.take_along_axis(h_above, beam_par[:, :, None], axis=1)
+            h, cache = self._branch_block(eng, params, st, cache, h_par, beam_tok, lvl, (lvl - 1) * k, rows,
+                                          node_pos)
+            kid_tok, kid_logp = _top(dec, tp, h, k)  # [B, K * K], node-major
+            kid_cum = jnp.repeat(beam_cum, k, axis=1) + kid_logp
+            cand_tok.append(kid_tok)
+            cand_par.append(jnp.repeat(beam_cand, k, axis=1))
+            cand_cum.append(kid_cum)
+            beam_cum, best = jax.lax.top_k(kid_cum, k)  # the next beam, among the K * K
+            beam_tok = jnp.take_along_axis(kid_tok, best, axis=1)
+            beam_cand, beam_par = offset + best, best // k
+            h_above, rows_above = h, rows
+            offset += k * k
+        cand_tok, cand_par, cand_cum = (jnp.concatenate(x, axis=1) for x in (cand_tok, cand_par, cand_cum))
+        n = tree.size(depth)
+        keep = jnp.sort(jax.lax.top_k(cand_cum, n)[1], axis=1)  # [B, N] candidate ids, topological
+        rows_b = jnp.arange(b)[:, None]
+        node_of = jnp.zeros_like(cand_par).at[rows_b, keep].set(jnp.arange(1, n + 1, dtype=jnp.int32)[None])
+        par = jnp.take_along_axis(cand_par, keep, axis=1)  # each kept candidate's parent candidate (-1: root)
+        par_node = jnp.where(par < 0, 0, jnp.take_along_axis(node_of, jnp.maximum(par, 0), axis=1))
+        parents = jnp.concatenate([jnp.full((b, 1), -1, jnp.int32), par_node], axis=1)
+        tokens = jnp.take_along_axis(cand_tok, keep, axis=1)
+        return tokens, parents, s.replace(cache=cache.replace(lengths=s.cache.lengths))
 
     def commit(self, eng, params, st, dstate, hidden, old_lengths, u, a, advance):
         r = dstate.pending.shape[1]

@@ -24,6 +24,7 @@ from specjax.auto.policy import CostTable, DepthPolicy
 from specjax.cache.base import ATTENTION_IMPLS
 from specjax.drafter import AUTO, DRAFTERS, resolve_drafter
 from specjax.protocols import Drafter
+from specjax.tree import DynamicTree
 
 __all__ = ["MAX_DEPTH", "GenerationConfig", "check_sampling", "fail", "is_int", "shown", "takes_settings"]
 
@@ -85,10 +86,12 @@ class GenerationConfig:
     * ``seed``: one int (each row's seed derived from it and the row, or for a batch job the
       request id) or one per prompt (used as given).
     * ``eos_id``: a stop id or several (a row stops at the first of any); ``None``: none.
-    * ``tree``: verify a token tree each step instead of a chain: children per node at each
-      draft depth (``(2, 2, 1)``: 2 first drafts, 2 children each, 1 child each: 10 nodes), or
-      that as a string (``"2x2x1"``); its depth is ``len(tree)`` (``depth`` is not used). The
-      MTP drafter proposes the tree; ``None``: a chain of ``depth`` drafts.
+    * ``tree``: verify a token tree each step instead of a chain (the MTP drafter proposes it):
+      a preset, children per node at each draft depth (``(2, 2, 1)``: 2 first drafts, 2
+      children each, 1 child each: 10 nodes; or ``"2x2x1"``), whose depth is ``len(tree)``
+      (``depth`` is not used); or ``"dynamic:N,K"`` (``specjax.tree.DynamicTree``): each step
+      and row, the ``N`` most probable nodes of an expansion to ``depth`` that grows the ``K``
+      best branches by their ``K`` best children (EAGLE-2). ``None``: a chain of ``depth`` drafts.
     """
 
     max_new_tokens: int | tuple[int, ...] = 64
@@ -105,15 +108,15 @@ class GenerationConfig:
     top_p: float | None = None
     seed: int | tuple[int, ...] = 0
     eos_id: int | tuple[int, ...] | None = None
-    tree: tuple[int, ...] | str | None = None
+    tree: tuple[int, ...] | DynamicTree | str | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_new_tokens", "seed", "eos_id"):
             object.__setattr__(self, name, _ints(getattr(self, name)))
         object.__setattr__(self, "tree", _tree(self.tree))
         if self.tree is not None and not is_int(self.depth):
-            fail("tree", shown(self.tree), f"does not combine with depth={self.depth!r} yet: a tree sets its own "
-                 "depth (len(tree))")
+            fail("tree", _shown_tree(self.tree), f"does not combine with depth={self.depth!r} yet: give an int depth "
+                 "(a preset tree sets its own)")
         news = self.max_new_tokens
         if not (is_int(news) and news >= 1) and not (
                 isinstance(news, tuple) and news and all(is_int(n) and n >= 1 for n in news)):
@@ -166,21 +169,37 @@ class GenerationConfig:
         return base.replace(**settings) if settings else base
 
 
-def _tree(value: object) -> tuple[int, ...] | None:
-    """``tree`` as a tuple (``"2x2x1"`` and lists too), checked: 1 .. ``MAX_DEPTH`` levels of
-    ints >= 1 and at most ``MAX_TREE_NODES`` draft nodes."""
+def _shown_tree(tree: object) -> object:
+    return str(tree) if isinstance(tree, DynamicTree) else shown(tree)
+
+
+def _tree(value: object) -> tuple[int, ...] | DynamicTree | None:
+    """``tree`` as a tuple (``"2x2x1"`` and lists too) or a ``DynamicTree`` (``"dynamic:N,K"``),
+    checked: a preset has 1 .. ``MAX_DEPTH`` levels of ints >= 1, and a tree at most
+    ``MAX_TREE_NODES`` draft nodes."""
     if value is None:
         return None
     given = value
+    if isinstance(value, str) and value.startswith("dynamic:"):
+        try:
+            n, k = (int(x) for x in value[len("dynamic:"):].split(","))
+        except ValueError:
+            fail("tree", given, "a dynamic tree is 'dynamic:N,K': N nodes, K children per expanded node")
+        value = DynamicTree(n, k)
+    if isinstance(value, DynamicTree):
+        if not (is_int(value.nodes) and 1 <= value.nodes <= MAX_TREE_NODES and is_int(value.topk)
+                and 1 <= value.topk <= value.nodes):
+            fail("tree", str(given), f"a dynamic tree needs 1 <= K <= N <= {MAX_TREE_NODES}")
+        return value
     if isinstance(value, str):
         try:
             value = tuple(int(k) for k in value.lower().split("x"))
         except ValueError:
-            fail("tree", given, "must be children per depth, like (2, 2, 1) or '2x2x1'")
+            fail("tree", given, "must be children per depth, like (2, 2, 1) or '2x2x1', or 'dynamic:N,K'")
     value = _ints(value)
     if not (isinstance(value, tuple) and 1 <= len(value) <= MAX_DEPTH and all(is_int(k) and k >= 1 for k in value)):
         fail("tree", shown(given), f"must be 1 .. {MAX_DEPTH} ints >= 1 (children per node at each draft depth), "
-             "like (2, 2, 1) or '2x2x1'")
+             "like (2, 2, 1) or '2x2x1', or 'dynamic:N,K'")
     value = tuple(int(k) for k in value)
     if sum(math.prod(value[:i + 1]) for i in range(len(value))) > MAX_TREE_NODES:
         fail("tree", shown(given), f"holds more than {MAX_TREE_NODES} draft nodes")

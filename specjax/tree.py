@@ -18,15 +18,52 @@ sibling's branch. Every shape is static; a row's tree shape is data (no recompil
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels.reference import TreeMask, tree_mask_visible
 
-__all__ = ["TreeMask", "accepted_sources", "ancestors", "chain_parents", "depths", "preset_depths", "preset_parents",
-           "tree_greedy_verify", "tree_levels", "tree_mask", "tree_positions", "tree_rejection_verify", "tree_size",
-           "tree_visible"]
+__all__ = ["DynamicTree", "Tree", "TreeMask", "accepted_sources", "ancestors", "chain_parents", "depths",
+           "max_children", "preset_depths", "preset_parents", "tree_greedy_verify", "tree_levels", "tree_mask",
+           "tree_positions", "tree_rejection_verify", "tree_size", "tree_visible", "tree_window"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicTree:
+    """A per-row tree chosen each step by the drafter's own probabilities (EAGLE-2's expansion,
+    Li et al. 2024): at every draft depth the ``topk`` most probable nodes so far (cumulative
+    probability along the branch) are expanded by their ``topk`` most probable children; the
+    ``nodes`` most probable of all candidates are verified. Its shape is data (no recompile)."""
+
+    nodes: int  # draft nodes verified per row (the window is one more)
+    topk: int  # children per expanded node, and nodes expanded per depth
+
+    def candidates(self, depth: int) -> int:
+        """Candidate nodes drafted to ``depth``: ``topk`` at depth 1, ``topk**2`` below."""
+        return self.topk + (depth - 1) * self.topk**2
+
+    def size(self, depth: int) -> int:
+        """Draft nodes in the window: ``nodes``, or every candidate when there are fewer."""
+        return min(self.nodes, self.candidates(depth))
+
+    def __str__(self) -> str:
+        return f"dynamic:{self.nodes},{self.topk}"
+
+
+Tree = tuple[int, ...] | DynamicTree  # a preset (children per node at each draft depth) or a dynamic tree
+
+
+def tree_window(tree: Tree, depth: int) -> int:
+    """The verify window of a tree drafted to ``depth``: its draft nodes and the root."""
+    return (tree.size(depth) if isinstance(tree, DynamicTree) else tree_size(tree)) + 1
+
+
+def max_children(tree: Tree) -> int:
+    """The most children any node of the tree can have (a bound the sampled walk loops over)."""
+    return tree.topk if isinstance(tree, DynamicTree) else max(tree)
 
 
 def chain_parents(batch: int, n: int) -> jax.Array:
@@ -122,38 +159,42 @@ def tree_visible(q_pos: jax.Array, key_pos: jax.Array, lead_pad: jax.Array, leng
 
 
 def tree_greedy_verify(logits: jax.Array, tokens: jax.Array, parents: jax.Array, u: jax.Array,
-                       valid: jax.Array | None = None, max_depth: int | None = None
+                       valid: jax.Array | None = None, max_depth: int | None = None, anc: jax.Array | None = None
                        ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Greedy verification of a tree: from the last known node (``u - 1``), take the child whose
     token is the target's argmax, while there is one.
 
     ``logits [B, N, V]`` (node ``j``'s logits predict the token after it, on its branch),
     ``tokens [B, N]`` (each node's token), ``parents [B, N]``, ``u [B]`` known nodes (a chain
-    prefix), ``valid [B, N]`` the nodes in use (default all). Among children with the same token
-    the first in window order wins. Returns ``(a [B]`` accepted drafts, ``path [B, D]`` the
-    accepted nodes in order (``-1`` past ``a``), ``bonus [B])``: the target's token after the
-    last accepted node. ``D = max_depth`` (default ``N - 1``): the deepest draft a tree holds."""
+    prefix), ``valid [B, N]`` the nodes in use (default all), ``anc`` the trees' ``ancestors``
+    (computed when not given). Among children with the same token the first in window order
+    wins. Returns ``(a [B]`` accepted drafts, ``path [B, D]`` the accepted nodes in order
+    (``-1`` past ``a``), ``bonus [B])``: the target's token after the last accepted node.
+    ``D = max_depth`` (default ``N - 1``): the deepest draft a tree holds.
+
+    No walk: a draft is accepted when it and every draft above it is the first child of its
+    parent to match the target's token there, and it hangs below ``u - 1``; the accepted ones
+    form one path (at most one such child per node), ordered by their depth."""
     b, n, _ = logits.shape
     d = n - 1 if max_depth is None else max_depth
+    anc = ancestors(parents) if anc is None else anc
     tgt = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B, N]
     valid = jnp.ones((b, n), bool) if valid is None else valid
     node = jnp.arange(n, dtype=jnp.int32)[None]
     drafts = valid & (node >= u[:, None])
-    cur = u - 1
-    going = jnp.ones((b,), bool)
-    a = jnp.zeros((b,), jnp.int32)
-    path = []
-    for _ in range(d):
-        want = jnp.take_along_axis(tgt, cur[:, None], axis=1)  # [B, 1]
-        hit = drafts & (parents == cur[:, None]) & (tokens == want) & going[:, None]
-        found = jnp.any(hit, axis=1)
-        child = jnp.argmax(hit, axis=1).astype(jnp.int32)  # the first match in window order
-        cur = jnp.where(found, child, cur)
-        a = a + found.astype(jnp.int32)
-        path.append(jnp.where(found, child, -1))
-        going = going & found
+    match = drafts & (parents >= 0) & (tokens == jnp.take_along_axis(tgt, jnp.maximum(parents, 0), axis=1))
+    sibling = jnp.tril(parents[:, :, None] == parents[:, None, :], -1)  # [B, j, i]: i an earlier sibling of j
+    first = match & ~jnp.any(sibling & match[:, None, :], axis=2)
+    below_root = jnp.take_along_axis(anc, jnp.broadcast_to((u - 1)[:, None, None], (b, n, 1)), axis=2)[:, :, 0]
+    good = drafts & below_root & jnp.all(~anc | (first | ~drafts)[:, None, :], axis=2)
+    level = jnp.sum(anc & drafts[:, None, :], axis=2)  # drafts on the branch: 1 for the first drafts
+    level = jnp.where(good, level, 0)
+    a = jnp.minimum(jnp.max(level, axis=1), d).astype(jnp.int32)
+    at = level[:, None, :] == jnp.arange(1, d + 1, dtype=jnp.int32)[None, :, None]  # [B, D, N]
+    path = jnp.where(jnp.any(at, axis=2), jnp.argmax(at, axis=2), -1).astype(jnp.int32)
+    cur = jnp.where(a > 0, jnp.take_along_axis(path, jnp.maximum(a - 1, 0)[:, None], axis=1)[:, 0], u - 1)
     bonus = jnp.take_along_axis(tgt, cur[:, None], axis=1)[:, 0]
-    return a, (jnp.stack(path, axis=1) if path else jnp.zeros((b, 0), jnp.int32)), bonus
+    return a, path, bonus
 
 
 def accepted_sources(path: jax.Array, u: jax.Array, n: int) -> jax.Array:
@@ -171,8 +212,8 @@ def accepted_sources(path: jax.Array, u: jax.Array, n: int) -> jax.Array:
 
 
 def tree_rejection_verify(p: jax.Array, tokens: jax.Array, parents: jax.Array, u: jax.Array, uniform: jax.Array,
-                          valid: jax.Array | None = None, max_depth: int | None = None
-                          ) -> tuple[jax.Array, jax.Array, jax.Array]:
+                          valid: jax.Array | None = None, max_depth: int | None = None,
+                          max_children: int | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Lossless verification of a tree of deterministic drafts (each draft one-hot in its
     drafter, as top-k candidates are): recursive rejection over a node's children (SpecInfer,
     Miao et al. 2024, multi-step speculative sampling with one-hot proposals).
@@ -187,7 +228,8 @@ def tree_rejection_verify(p: jax.Array, tokens: jax.Array, parents: jax.Array, u
     ``p [B, N, V]``: the target's sampling distribution at each node (temperature, top-k/p
     applied), ``tokens [B, N]``, ``parents [B, N]``, ``u [B]``, ``uniform [B, N]``: one uniform
     per node (each node is tested at most once, against its parent's residual), ``valid
-    [B, N]``. Returns ``(a [B], path [B, D], r [B, V])``."""
+    [B, N]``, ``max_children``: the most children a node has (default ``N - 1``: each step tests
+    that many candidates, not every node). Returns ``(a [B], path [B, D], r [B, V])``."""
     b, n, v = p.shape
     d = n - 1 if max_depth is None else max_depth
     valid = jnp.ones((b, n), bool) if valid is None else valid
@@ -199,20 +241,26 @@ def tree_rejection_verify(p: jax.Array, tokens: jax.Array, parents: jax.Array, u
     a = jnp.zeros((b,), jnp.int32)
     path = []
     rows = jnp.arange(b)
+    m = n - 1 if max_children is None else min(max_children, n - 1)
     for _ in range(d):
         moved = jnp.zeros((b,), bool)
         nxt = cur
-        for j in range(1, n):  # children in window order: each tests against what is left
-            x = tokens[:, j]
-            test = going & ~moved & drafts[:, j] & (parents[:, j] == cur)
+        is_child = drafts & (parents == cur[:, None])  # [B, N]
+        # the first m children in window order: the m highest of -j over children
+        score = jnp.where(is_child, -node[None], -n - node[None])
+        kids = jax.lax.top_k(score, m)[1].astype(jnp.int32) if m else jnp.zeros((b, 0), jnp.int32)
+        for i in range(m):  # children in window order: each tests against what is left
+            j = kids[:, i]
+            x = jnp.take_along_axis(tokens, j[:, None], axis=1)[:, 0]
+            test = going & ~moved & jnp.take_along_axis(is_child, j[:, None], axis=1)[:, 0]
             rx = r[rows, x]
-            take = test & (uniform[:, j] < rx)
+            take = test & (jnp.take_along_axis(uniform, j[:, None], axis=1)[:, 0] < rx)
             left = test & ~take
             # rejected: remove x from the residual (and renormalise); accepted: its own distribution
             cut = r.at[rows, x].set(jnp.where(left, 0.0, rx))
             mass = jnp.sum(cut, axis=-1, keepdims=True)
             cut = jnp.where(mass > 0, cut / jnp.where(mass > 0, mass, 1.0), r)
-            r = jnp.where(left[:, None], cut, jnp.where(take[:, None], p[:, j], r))
+            r = jnp.where(left[:, None], cut, jnp.where(take[:, None], p[rows, j], r))
             nxt = jnp.where(take, j, nxt)
             moved = moved | take
         cur = nxt

@@ -1476,9 +1476,16 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "tree: the greedy walk takes a child whatever its token",
         "tree_greedy_verify",
-        "(parents == cur[:, None]) & (tokens == want) & going[:, None]",
-        "(parents == cur[:, None]) & going[:, None]",
+        "(tokens == jnp.take_along_axis(tgt, jnp.maximum(parents, 0), axis=1))",
+        "(tokens == tokens)",
         ("tests/test_tree.py::test_greedy_walk_matches_the_reference",),
+    ),
+    Mutation(
+        "tree: greedy verification accepts every matching sibling, not the first in window order",
+        "tree_greedy_verify",
+        "    first = match & ~jnp.any(sibling & match[:, None, :], axis=2)\n",
+        "    first = match\n",
+        ("tests/test_tree.py::test_greedy_verification_follows_the_first_matching_sibling_only",),
     ),
     Mutation(
         "tree: the accepted branch's K/V left in tree order (not compacted)",
@@ -1497,8 +1504,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "tree: sampled verification moves on after a rejected child without the residual update",
         "tree_rejection_verify",
-        "            r = jnp.where(left[:, None], cut, jnp.where(take[:, None], p[:, j], r))\n",
-        "            r = jnp.where(take[:, None], p[:, j], r)\n",
+        "            r = jnp.where(left[:, None], cut, jnp.where(take[:, None], p[rows, j], r))\n",
+        "            r = jnp.where(take[:, None], p[rows, j], r)\n",
         ("tests/test_tree.py::test_tree_rejection_sampling_is_lossless",),
     ),
     Mutation(
@@ -1536,5 +1543,19 @@ MUTATIONS: list[Mutation] = [
         "jnp.broadcast_to(anc[:, first - 1:first - 1 + n], (b, n, t))",
         "jnp.broadcast_to(jnp.tril(jnp.ones((1, t, t), bool))[:, first - 1:first - 1 + n], (b, n, t))",
         ("tests/test_tree_engine.py::test_mtp_tree_drafts_each_branch_as_its_own_chain",),
+    ),
+    Mutation(
+        "dynamic tree: a kept node hangs below the root, not its parent candidate",
+        "MtpDrafter._dynamic_tree",
+        "par_node = jnp.where(par < 0, 0, jnp.take_along_axis(node_of, jnp.maximum(par, 0), axis=1))",
+        "par_node = jnp.zeros_like(par)",
+        ("tests/test_tree_engine.py::test_mtp_dynamic_tree_is_eagle2_expansion_of_each_branch",),
+    ),
+    Mutation(
+        "dynamic tree: the next beam taken by the children's own log-probability, not the branch's",
+        "MtpDrafter._dynamic_tree",
+        "kid_cum = jnp.repeat(beam_cum, k, axis=1) + kid_logp",
+        "kid_cum = kid_logp",
+        ("tests/test_tree_engine.py::test_mtp_dynamic_tree_is_eagle2_expansion_of_each_branch",),
     ),
 ]

@@ -127,6 +127,23 @@ def test_bundle_generate_and_stream_agree(tiny_bundle):
         b.generate("def f(")
 
 
+def test_bench_tree_rows_emit_the_chains_tokens_and_compare_with_them(tiny_bundle):
+    out = bench(tiny_bundle, batches=(1,), drafters=("mtp",), max_new_tokens=10, n_prompts=2, progress=False,
+                workloads=("code",), depth=2, temperatures=(0.0,), trees=("2x1", "dynamic:4,2@3"))
+    trees = [r for r in out["rows"] if str(r["depth"]).startswith("tree:")]
+    assert [r["depth"] for r in trees] == ["tree:2x1", "tree:dynamic:4,2@3"]
+    plain = next(r for r in out["rows"] if r["drafter"] == "none")
+    chains = [r for r in out["rows"] if isinstance(r["depth"], int) and r["drafter"] in ("none", "mtp")
+              and r["kv_advance"] in ("n/a", "per_sequence")]
+    for r in trees:
+        assert r["new_tokens"] == plain["new_tokens"] and r["tok_per_step"] >= 1.0
+        assert len(r["acceptance_per_position"]) == (2 if r["depth"] == "tree:2x1" else 3)
+        best = max(chains, key=lambda x: x["tok_per_s"])
+        assert r["vs_best_chain"] == pytest.approx(r["tok_per_s"] / best["tok_per_s"])
+    with pytest.raises(ValueError, match="tree='3y' is invalid"):
+        bench(tiny_bundle, batches=(1,), drafters=("mtp",), n_prompts=2, progress=False, trees=("3y",))
+
+
 def test_bench_rows_and_batch_invariance(tiny_bundle):
     out = bench(tiny_bundle, batches=(1, 2), drafters=("mtp",), max_new_tokens=10, n_prompts=2, progress=False,
                 workloads=("code",), depth=2)

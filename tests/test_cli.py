@@ -83,6 +83,7 @@ def test_help_shows_every_default(capsys):
     (["simulate", "--steps", "5", "--match", "0.9", "--burst", "2"], "Matches.rate=0.9 needs burst >= rate"),
     (["generate", "x", "--temperature", "nan"], "temperature=nan is invalid"),
     (["generate", "x", "--depth", "deep"], "argument --depth: must be an int or 'auto', got 'deep'"),
+    (["generate", "x", "--tree", "2x0"], "tree='2x0' is invalid: must be 1 .. 8 ints >= 1"),
     (["generate", "y" * 300], "prompts[0]='301 tokens' is invalid"),
     (["batch", "/no/such/jobs.jsonl", "--out", "/tmp/never-written.jsonl"], "/no/such/jobs.jsonl: no such file"),
     (["generate", "x", "--mesh", "4by2"], "argument --mesh: mesh '4by2' must be DATAxMODEL"),

@@ -103,6 +103,20 @@ def test_greedy_walk_matches_the_reference(tree, vocab_extra, seed):
     np.testing.assert_array_equal(np.asarray(bonus), rbonus)
 
 
+def test_greedy_verification_follows_the_first_matching_sibling_only():
+    """Two siblings carry the target's token: the first (window order) is taken, and the walk
+    goes on below it only, even where the second's subtree matches deeper."""
+    parents = np.array([[-1, 0, 0, 2, 1]], np.int32)  # nodes 1, 2 both children of the root
+    tokens = np.array([[0, 1, 1, 2, 3]], np.int32)
+    tgt = np.array([[1, 3, 2, 0, 0]], np.int32)  # after the root: 1; after node 1: 3; after node 2: 2
+    logits = np.eye(4, dtype=np.float32)[tgt]
+    a, path, bonus = tree_greedy_verify(jnp.asarray(logits), jnp.asarray(tokens), jnp.asarray(parents),
+                                        jnp.asarray([1]))
+    assert int(a[0]) == 2 and path.tolist() == [[1, 4, -1, -1]] and int(bonus[0]) == 0
+    ra, rpath, rbonus = walk_ref(tgt, tokens, parents, np.array([1]), np.ones((1, 5), bool))
+    assert int(ra[0]) == 2 and rpath.tolist() == [[1, 4, -1, -1]]
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.integers(1, 4), st.integers(2, 7), st.integers(0, 2**31 - 1))
 def test_a_chain_is_what_the_chain_engine_computes(b, w, seed):

@@ -232,14 +232,15 @@ def test_tree_generation_config_parses_strings():
     assert jax.tree.leaves(GenerationConfig().tree) == []
 
 
-def _engine_and_state(tree, cache="dense", steps=2, b=4, seed=8, width=16, new=24):
+def _engine_and_state(tree, cache="dense", steps=2, b=4, seed=8, width=16, new=24, depth=None):
     import specjax
     from specjax.engine import make_engine, prefill, request_capacity, step
-    from specjax.tree import tree_size
+    from specjax.tree import tree_window
 
-    eng = make_engine(MODEL, drafter="mtp", draft_model=None, depth=len(tree),
+    depth = len(tree) if depth is None else depth
+    eng = make_engine(MODEL, drafter="mtp", draft_model=None, depth=depth,
                       kv_advance_rule=specjax.kv_advance("per_sequence"), cache=cache,
-                      capacity=request_capacity(2 * width, new, tree_size(tree)), tree=tree)
+                      capacity=request_capacity(2 * width, new, tree_window(tree, depth) - 1), tree=tree)
     params = {"target": MODEL.params}
     prompts = _prompts(b, seed=seed)
     toks = np.zeros((b, width), np.int32)
@@ -301,7 +302,7 @@ def test_mtp_tree_drafts_each_branch_as_its_own_chain():
 
     tree = (3, 2, 2)
     eng, params, st = _engine_and_state(tree, steps=2)
-    tokens = np.asarray(eng.drafter.propose_tree(eng, params, st)[0])
+    tokens = np.asarray(eng.drafter.propose_tree(eng, params, st)[0])  # (tokens, parents, dstate)
     dec, tp, s = eng.target, params["target"], st.dstate
     preset = preset_parents(tree)
     base = st.known - 1
@@ -327,3 +328,98 @@ def test_mtp_tree_drafts_each_branch_as_its_own_chain():
             h = out[:, 0]
         kids = [j for j in range(1, len(preset)) if preset[j] == x]
         np.testing.assert_array_equal(tokens[:, np.array(kids) - 1], top(h, tree[len(branch)]), err_msg=f"node {x}")
+
+
+def test_mtp_dynamic_tree_is_eagle2_expansion_of_each_branch():
+    """``DynamicTree`` drafting against a plain reference: every beam node's block output comes
+    from the chain's machinery run along its own branch; candidates, beams and the kept nodes
+    are chosen in NumPy by cumulative log-probability (stable: ties keep the earlier)."""
+    from specjax.protocols import reachable_positions
+    from specjax.tree import DynamicTree
+
+    n_keep, k, depth = 9, 3, 4
+    eng, params, st = _engine_and_state(DynamicTree(n_keep, k), steps=2, depth=depth)
+    tokens, parents, _ = eng.drafter.propose_tree(eng, params, st)
+    tokens, parents = np.asarray(tokens), np.asarray(parents)
+    dec, tp, s = eng.target, params["target"], st.dstate
+    base = st.known - 1
+    b = tokens.shape[0]
+
+    def logp_of(h):
+        logits, _ = dec.mtp_head(tp, h)
+        return np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), np.float64)
+
+    def h_along(branch_tokens):  # [B, L] tokens from depth 1: the block's output at the last
+        h, cache = s.h, s.cache
+        for i in range(branch_tokens.shape[1]):
+            at = base + i
+            out, cache = dec.mtp_hidden(tp, h[:, None], jnp.asarray(branch_tokens[:, i])[:, None],
+                                        reachable_positions(at[:, None], st.max_len), cache.replace(lengths=at))
+            h = out[:, 0]
+        return h
+
+    for r in range(b):
+        lp = logp_of(s.h)[r]
+        top = np.argsort(-lp, kind="stable")[:k]
+        cands = [(int(t), -1, float(lp[t])) for t in top]  # (token, parent candidate, cumulative)
+        beam = list(range(k))
+
+        def branch(c, cands=cands):
+            out = []
+            while c >= 0:
+                out.append(cands[c][0])
+                c = cands[c][1]
+            return out[::-1]
+
+        for _ in range(1, depth):
+            kids = []
+            for c in beam:
+                h = h_along(np.array([branch(c)] * b, np.int32))
+                lp = logp_of(h)[r]
+                for t in np.argsort(-lp, kind="stable")[:k]:
+                    kids.append((int(t), c, cands[c][2] + float(lp[t])))
+            first = len(cands)
+            cands += kids
+            order = np.argsort([-x[2] for x in kids], kind="stable")[:k]
+            beam = [first + int(i) for i in order]
+        keep = sorted(np.argsort([-x[2] for x in cands], kind="stable")[:n_keep].tolist())
+        node = {c: i + 1 for i, c in enumerate(keep)}
+        np.testing.assert_array_equal(tokens[r], [cands[c][0] for c in keep], err_msg=f"row {r}")
+        np.testing.assert_array_equal(parents[r], [-1] + [node.get(cands[c][1], 0) for c in keep],
+                                      err_msg=f"row {r}")
+
+
+@pytest.mark.parametrize("tree,depth,rule,cache", [
+    ("dynamic:8,2", 4, "per_sequence", "dense"),
+    ("dynamic:10,3", 3, "cohort", "paged"),
+    ("dynamic:5,5", 2, "cohort", "dense"),
+    ("dynamic:12,2", 6, "per_sequence", "paged"),
+])
+def test_greedy_dynamic_tree_equals_plain(tree, depth, rule, cache):
+    prompts = _prompts(5, seed=depth + 20)
+    got = generate(MODEL, prompts, max_new_tokens=20, drafter="mtp", tree=tree, depth=depth, kv_advance=rule,
+                   cache=cache)
+    assert got.tokens == _plain(prompts, 20)
+    assert got.metrics["depth"] == depth
+
+
+@pytest.mark.parametrize("tree,depth,rule", [("dynamic:4,2", 3, "per_sequence"), ("dynamic:6,3", 2, "cohort")])
+def test_dynamic_tree_sampling_matches_the_target_distribution(tiny, tree, depth, rule):
+    prompt = [1, 2, 0]
+    exact = exact_continuations(tiny, prompt, 3, 1.0, 1.0)
+    rows, calls = 2000, 5
+    samples = []
+    for c in range(calls):
+        r = generate(tiny, [prompt] * rows, max_new_tokens=3, drafter="mtp", tree=tree, depth=depth, kv_advance=rule,
+                     temperature=1.0, seed=list(range(c * rows, (c + 1) * rows)))
+        samples += r.tokens
+    assert r.metrics["accepted_drafts"] > 0
+    assert chi2_pvalue(samples, exact) > 1e-3
+
+
+def test_dynamic_tree_rows_are_batch_invariant():
+    prompts = _prompts(5, seed=3)
+    kw = dict(max_new_tokens=16, drafter="mtp", tree="dynamic:8,2", depth=4, temperature=1.0)
+    batch = generate(MODEL, prompts, seed=[1, 2, 3, 4, 5], **kw)
+    alone = generate(MODEL, [prompts[2]], seed=[3], **kw)
+    assert alone.tokens[0] == batch.tokens[2]

@@ -12,7 +12,7 @@ from specjax.drafter import drafter_kind, resolve_drafter
 from specjax.engine.controller import StepController
 from specjax.protocols import Decoder, DecoderModel, check_model
 from specjax.sharding import data_shards
-from specjax.tree import preset_parents, tree_size
+from specjax.tree import DynamicTree, Tree, preset_parents, tree_window
 
 __all__ = ["PAGE_SIZE", "EngineConfig", "check_tree", "make_engine", "prompt_bucket", "request_capacity"]
 
@@ -67,15 +67,15 @@ class EngineConfig:
     controller: StepController | None = None
     mesh: Any = None  # a ("data", "model") jax.sharding.Mesh (specjax.sharding), or None: one device
     pool_groups: int = 1  # paged pools: one per data shard (the mesh's data axis; ``PagedKVCache.split_pool``)
-    # a token tree to verify each step (``specjax.tree.preset_parents``: children per node at each
-    # draft depth; ``depth = len(tree)``), or None: a chain of ``depth`` drafts
-    tree: tuple[int, ...] | None = None
+    # a token tree to verify each step: a preset (``specjax.tree.preset_parents``: children per node
+    # at each draft depth; ``depth = len(tree)``) or a ``DynamicTree`` drafted to ``depth``; None: a chain
+    tree: Tree | None = None
 
     @property
     def window(self) -> int:
         """The widest verify window (every step's, without a controller): ``depth + 1`` drafts and
         known token, or a tree's nodes and its root."""
-        return self.depth + 1 if self.tree is None else tree_size(self.tree) + 1
+        return self.depth + 1 if self.tree is None else tree_window(self.tree, self.depth)
 
     @property
     def windows(self) -> tuple[int, ...]:
@@ -106,7 +106,7 @@ class EngineConfig:
 def make_engine(model: DecoderModel, *, drafter, draft_model, depth, kv_advance_rule, cache, greedy: bool = True,
                 ngram_n: int = 3, capacity: int | None = None, attention_impl: str = "xla",
                 num_pages: int | None = None, controller: StepController | None = None, mesh=None,
-                pool_groups: int | None = None, tree: tuple[int, ...] | None = None) -> EngineConfig:
+                pool_groups: int | None = None, tree: Tree | None = None) -> EngineConfig:
     """The static engine. ``capacity`` (cache slots per row; ``request_capacity``) defaults to
     what the model's longest sequence would need; ``generate`` passes the request's.
     ``greedy``: every row decodes greedily (no distributions are built); otherwise each row
@@ -117,13 +117,14 @@ def make_engine(model: DecoderModel, *, drafter, draft_model, depth, kv_advance_
     device). ``pool_groups``: paged pools per batch (default: the mesh's data axis, one pool per
     data shard; 1 without). ``model`` and ``draft_model`` follow the model protocol
     (``specjax.protocols``); ``drafter`` is a name, ``None`` or a drafter object
-    (``specjax.protocols.Drafter``). ``tree``: verify a token tree of this shape each step
-    (``specjax.tree.preset_parents``; ``depth`` must be ``len(tree)``, on the XLA attention path,
-    one device, a drafter that proposes trees: the MTP head)."""
+    (``specjax.protocols.Drafter``). ``tree``: verify a token tree each step, a preset
+    (``specjax.tree.preset_parents``; ``depth`` must be ``len(tree)``) or a ``DynamicTree``
+    drafted to ``depth`` (on the XLA attention path, one device, a drafter that proposes trees:
+    the MTP head)."""
     kind = drafter_kind(drafter)
     d = 0 if kind is None else depth
     if tree is not None:
-        tree = tuple(int(k) for k in tree)
+        tree = tree if isinstance(tree, DynamicTree) else tuple(int(k) for k in tree)
         check_tree(tree, d, resolve_drafter(drafter, ngram_n), controller, resolve_attention_impl(attention_impl),
                    mesh)
     if kind is None:
@@ -152,18 +153,24 @@ def make_engine(model: DecoderModel, *, drafter, draft_model, depth, kv_advance_
     )
 
 
-def check_tree(tree: tuple[int, ...], depth: int, drafter, controller, attention_impl: str, mesh) -> None:
+def check_tree(tree: Tree, depth: int, drafter, controller, attention_impl: str, mesh) -> None:
     """What a tree step needs today (a ``ValueError`` naming what is not met)."""
-    preset_parents(tree)  # the shape itself
-    if depth != len(tree):
-        raise ValueError(f"tree={list(tree)} drafts to depth {len(tree)}, but depth={depth}: they must agree")
+    if isinstance(tree, DynamicTree):
+        if not (tree.nodes >= 1 and tree.topk >= 1 and depth >= 1):
+            raise ValueError(f"tree={tree} is invalid at depth={depth}: nodes, topk and depth must be >= 1")
+        tree = str(tree)
+    else:
+        preset_parents(tree)  # the shape itself
+        if depth != len(tree):
+            raise ValueError(f"tree={list(tree)} drafts to depth {len(tree)}, but depth={depth}: they must agree")
+        tree = list(tree)
     if not hasattr(drafter, "propose_tree"):
-        raise ValueError(f"tree={list(tree)} needs a drafter that proposes trees ('mtp'); drafter "
+        raise ValueError(f"tree={tree} needs a drafter that proposes trees ('mtp'); drafter "
                          f"{getattr(drafter, 'name', drafter)!r} drafts chains only")
     if controller is not None:
-        raise ValueError(f"tree={list(tree)} and depth='auto' do not combine yet: give a fixed tree")
+        raise ValueError(f"tree={tree} and depth='auto' do not combine yet: give a fixed tree")
     if attention_impl != "xla":
-        raise ValueError(f"tree={list(tree)} runs on attention_impl='xla' (the kernels take no tree mask yet), "
+        raise ValueError(f"tree={tree} runs on attention_impl='xla' (the kernels take no tree mask yet), "
                          f"not {attention_impl!r}")
     if mesh is not None:
-        raise ValueError(f"tree={list(tree)} runs on one device (mesh=None) for now")
+        raise ValueError(f"tree={tree} runs on one device (mesh=None) for now")

@@ -25,8 +25,7 @@ from specjax.tree import (
     TreeMask,
     accepted_sources,
     ancestors,
-    preset_depths,
-    preset_parents,
+    max_children,
     tree_greedy_verify,
     tree_rejection_verify,
 )
@@ -104,35 +103,37 @@ def _chain_verify(eng: EngineConfig, params: dict, st: EngineState, w: int,
 def _tree_verify(eng: EngineConfig, params: dict, st: EngineState) -> _Verified:
     """Draft a token tree (``eng.tree``) and verify it in one target forward.
 
-    Window node ``j < u`` is a known token (a chain); the drafter's tree hangs below node
-    ``u - 1``, breadth-first, cut to the ``w - u`` nodes left (a prefix of a breadth-first
-    order is a tree). Node ``j`` is written at slot ``lengths + j`` and runs at its branch
-    position; it attends to the committed prefix and its own ancestors (``TreeMask``).
+    Window node ``j < u`` is a known token (a chain); the drafter's tree (a preset or a
+    dynamic one: its parents are data) hangs below node ``u - 1``, in topological order, cut to
+    the ``w - u`` nodes left (a prefix of a topological order is a tree). Node ``j`` is written
+    at slot ``lengths + j`` and runs at its branch position; it attends to the committed prefix
+    and its own ancestors (``TreeMask``).
     Verification walks the tree (greedy) or tests each node's children against the residual
     (``tree_rejection_verify``, lossless); the accepted path's K/V and hidden then move into
     slots ``u ..`` (``accepted_sources``), so the commit is a chain's."""
     w, depth = eng.window, eng.depth
     c = st.seq.shape[1]
     lengths, u = st.cache.lengths, st.u
-    preset, pdepth = preset_parents(eng.tree), preset_depths(eng.tree)  # [w]: the root, then the drafts
 
-    tokens, dstate = eng.drafter.propose_tree(eng, params, st)  # [B, w - 1]: the preset's draft nodes
+    # [B, w - 1] tokens and [B, w] parents (node 0 the root, -1): the drafter's tree, topological
+    tokens, tree_parents, dstate = eng.drafter.propose_tree(eng, params, st)
     j = jnp.arange(w, dtype=jnp.int32)[None]
-    k = jnp.clip(j - u[:, None] + 1, 1, w - 1)  # the preset node a draft slot holds
+    k = jnp.clip(j - u[:, None] + 1, 1, w - 1)  # the tree node a draft slot holds
     is_known = j < u[:, None]
-    parents = jnp.where(is_known, j - 1, jnp.asarray(preset)[k] + u[:, None] - 1)
-    node_depth = jnp.where(is_known, j, u[:, None] - 1 + jnp.asarray(pdepth)[k])
+    parents = jnp.where(is_known, j - 1, jnp.take_along_axis(tree_parents, k, axis=1) + u[:, None] - 1)
+    anc = ancestors(parents)
+    node_depth = jnp.sum(anc, axis=2).astype(jnp.int32) - 1
     pos = lengths[:, None] + node_depth
     known_tok = jnp.take_along_axis(st.seq, jnp.clip(lengths[:, None] + j, 0, c - 1), axis=1)
     window = jnp.where(is_known, known_tok, jnp.take_along_axis(tokens, k - 1, axis=1))
 
-    mask = TreeMask(lengths, ancestors(parents), pos, pos)
+    mask = TreeMask(lengths, anc, pos, pos)
     hidden, cache = eng.target.forward_hidden(params["target"], window, reachable_positions(pos, st.max_len),
                                               st.cache.reserve(w, st.live), attention_impl=eng.attention_impl,
                                               tree=mask)
     logits = eng.target.head(params["target"], hidden)  # [B, w, V]
     if eng.greedy:
-        a, path, nxt = tree_greedy_verify(logits, window, parents, u, max_depth=depth)
+        a, path, nxt = tree_greedy_verify(logits, window, parents, u, max_depth=depth, anc=anc)
     else:
         # one uniform per node, keyed by its position and its rank among its siblings: the nodes a
         # walk tests have distinct keys, and a later step (which decides later positions) never
@@ -141,7 +142,7 @@ def _tree_verify(eng: EngineConfig, params: dict, st: EngineState) -> _Verified:
         keys = jax.vmap(jax.vmap(jax.random.fold_in))(position_keys(st.seeds, pos, TREE), rank)
         uniform = jax.vmap(jax.vmap(jax.random.uniform))(keys)
         a, path, resid = tree_rejection_verify(probs(logits, st.sampling), window, parents, u, uniform,
-                                               max_depth=depth)
+                                               max_depth=depth, max_children=max_children(eng.tree))
         nxt = sample(position_keys(st.seeds, (lengths + u + a)[:, None], SAMPLE)[:, 0], resid)
     src = accepted_sources(path, u, w)
     hidden = jnp.take_along_axis(hidden, src[:, :, None], axis=1)
