@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from pallas_kernels.reference import MASK_VALUE, online_softmax_step
 
 __all__ = ["MASK_VALUE", "block_update", "finalize", "group_queries", "init_carry", "key_positions",
-           "live_block_range", "query_rows", "stack_query_rows", "unstack_query_rows"]
+           "live_block_range", "query_rows", "stack_query_rows", "stack_tree_rows", "unstack_query_rows"]
 
 
 def live_block_range(
@@ -60,6 +60,16 @@ def stack_query_rows(q: jax.Array, hkv: int, rows: int) -> jax.Array:
     return jnp.pad(x, ((0, 0), (0, 0), (0, rows - g * t_q), (0, 0)))
 
 
+def stack_tree_rows(anc: jax.Array, groups: int, rows: int) -> jax.Array:
+    """A tree's ``anc [B, t_q, N]`` as float32 ``[B, rows, N']`` in ``stack_query_rows``' row
+    order (row ``g * t_q + t`` is query ``t``'s, for every KV head: they share it), zero-padded
+    to ``rows`` and to ``N'``, a power of two >= 16 (Triton tiles)."""
+    b, t_q, n = anc.shape
+    x = jnp.concatenate([anc.astype(jnp.float32)] * groups, axis=1)
+    cols = max(16, 1 << (n - 1).bit_length())
+    return jnp.pad(x, ((0, 0), (0, rows - groups * t_q), (0, cols - n)))
+
+
 def unstack_query_rows(o: jax.Array, t_q: int, hq: int) -> jax.Array:
     """``stack_query_rows``' inverse: ``o [B, Hkv, rows, D]`` -> ``[B, t_q, Hq, D]`` (padding dropped)."""
     b, hkv, _, d = o.shape
@@ -78,20 +88,35 @@ def block_update(
     t_q: int,
     window: int | None,
     scale: float,
+    tree: tuple[jax.Array, jax.Array] | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One flash step. ``carry = (m [R, 1], l [R, 1], acc [R, D])`` float32, ``qg [R, D]``,
-    ``k, v [bk, D]``, ``key_pos [bk]`` absolute positions (``-1`` = empty slot)."""
+    ``k, v [bk, D]``, ``key_pos [bk]`` absolute positions (``-1`` = empty slot).
+
+    ``tree = (start, anc [R, N])``: the queries are token-tree nodes (``reference.TreeMask``,
+    no window): a key before slot ``start`` by the usual rule, window slot ``start + n`` where
+    ``anc[r, n]`` (float 0/1). The row's ``anc`` entries are picked by a one-hot matmul, not a
+    gather (Mosaic and Triton lower a dot; a value gather they may not)."""
     m_prev, l_prev, acc_prev = carry
     s = jax.lax.dot_general(
         qg.astype(jnp.float32), k.astype(jnp.float32), (((1,), (1,)), ((), ())),
         preferred_element_type=jnp.float32,
     ) * scale
     rows = qg.shape[0]
-    q_pos = q_start + jax.lax.broadcasted_iota(jnp.int32, (rows, 1), 0) % t_q
     kp = key_pos[None, :]
-    ok = (kp >= lead) & (kp <= q_pos) & (kp >= 0)
-    if window is not None:
-        ok &= kp > q_pos - window
+    if tree is None:
+        q_pos = q_start + jax.lax.broadcasted_iota(jnp.int32, (rows, 1), 0) % t_q
+        ok = (kp >= lead) & (kp <= q_pos) & (kp >= 0)
+        if window is not None:
+            ok &= kp > q_pos - window
+    else:
+        start, anc = tree
+        n, bk = anc.shape[1], key_pos.shape[0]
+        node = jax.lax.broadcasted_iota(jnp.int32, (n, bk), 0)
+        onehot = (key_pos[None, :] - start == node).astype(jnp.float32)  # [N, bk]: the window node a key holds
+        own = jax.lax.dot_general(anc.astype(jnp.float32), onehot, (((1,), (0,)), ((), ())),
+                                  preferred_element_type=jnp.float32) > 0.5
+        ok = ((kp < start) & (kp >= lead) & (kp >= 0)) | own
     m_new, l_new, p, alpha = online_softmax_step(m_prev, l_prev, s, ok, axis=1)
     # a masked slot may hold anything (a model's NaN at a padding position, seen by the padding
     # queries after it): its weight is 0, but 0 * NaN is NaN, so non-finite values are dropped

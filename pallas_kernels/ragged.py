@@ -44,12 +44,13 @@ from pallas_kernels._online_softmax import (
     live_block_range,
     query_rows,
     stack_query_rows,
+    stack_tree_rows,
     unstack_query_rows,
 )
-from pallas_kernels.reference import dense_reference, ring_reference
+from pallas_kernels.reference import TreeMask, dense_reference, ring_reference
 
-__all__ = ["BODIES", "ragged_attention", "ragged_attention_reference", "ring_attention", "ring_attention_reference",
-           "stacked"]
+__all__ = ["BODIES", "check_tree", "ragged_attention", "ragged_attention_reference", "ring_attention",
+           "ring_attention_reference", "stacked"]
 
 BODIES = ("grid", "loop")
 _TPU_PARAMS = getattr(pltpu, "CompilerParams", None) or getattr(pltpu, "TPUCompilerParams", None)
@@ -71,12 +72,18 @@ def _block_range(lead, qs, *, t_q, window, block, num_keys, ring):
     return live_block_range(lead, qs, t_q, window, block, num_keys)
 
 
-def grid_kernel(*refs, n_prefetch, t_q, hkv, groups, block, window, scale, num_keys, ring=None):
-    """Body for grid ``(B, num_blocks)``. Refs: ``lead, q_start[, block_table], layer`` (scalar
-    prefetch), ``q [t_q, Hq, D]``, ``k, v [Hkv, block, D]``, ``o``, scratch ``m, l, acc``."""
+def grid_kernel(*refs, n_prefetch, t_q, hkv, groups, block, window, scale, num_keys, ring=None, tree=False):
+    """Body for grid ``(B, num_blocks)``. Refs: ``lead, q_start[, block_table], layer[, tree_start]``
+    (scalar prefetch), ``q [t_q, Hq, D]``, ``k, v [Hkv, block, D]``, ``[anc [t_q, N]]``, ``o``,
+    scratch ``m, l, acc``. ``tree``: the queries are token-tree nodes (``block_update``)."""
     lead_ref, qs_ref = refs[0], refs[1]
-    q_ref, k_ref, v_ref, o_ref, m_sc, l_sc, acc_sc = refs[n_prefetch:]
     b, j = pl.program_id(0), pl.program_id(1)
+    if tree:
+        q_ref, k_ref, v_ref, anc_ref, o_ref, m_sc, l_sc, acc_sc = refs[n_prefetch:]
+        tree_arg = (refs[n_prefetch - 1][b], jnp.concatenate([anc_ref[...].astype(jnp.float32)] * groups, axis=0))
+    else:
+        q_ref, k_ref, v_ref, o_ref, m_sc, l_sc, acc_sc = refs[n_prefetch:]
+        tree_arg = None
     lead, qs = lead_ref[b], qs_ref[b]
     first, last = _block_range(lead, qs, t_q=t_q, window=window, block=block, num_keys=num_keys, ring=ring)
 
@@ -93,7 +100,7 @@ def grid_kernel(*refs, n_prefetch, t_q, hkv, groups, block, window, scale, num_k
         for h in range(hkv):
             m, denom, acc = block_update(
                 (m_sc[h], l_sc[h], acc_sc[h]), group_queries(q, h, groups), k_ref[h], v_ref[h],
-                key_pos, qs, lead, t_q, window, scale,
+                key_pos, qs, lead, t_q, window, scale, tree_arg,
             )
             m_sc[h], l_sc[h], acc_sc[h] = m, denom, acc
 
@@ -105,19 +112,24 @@ def grid_kernel(*refs, n_prefetch, t_q, hkv, groups, block, window, scale, num_k
                 o_ref[:, h * groups + g, :] = out[g * t_q : (g + 1) * t_q].astype(o_ref.dtype)
 
 
-def loop_kernel(lead_ref, qs_ref, *refs, paged, t_q, block, window, scale, num_keys, ring=None):
+def loop_kernel(lead_ref, qs_ref, *refs, paged, t_q, block, window, scale, num_keys, ring=None, tree=False):
     """Body for grid ``(B, Hkv)``: one row's queries of one KV head, looping over the row's
     live KV blocks only. Refs: ``lead [B]``, ``q_start [B]``, ``[block_table [B, M]]``, ``layer
-    [1]``, ``q, o [R, D]`` (the head's queries stacked, ``stack_query_rows``), ``k``, ``v``
-    (every layer's buffer, ``[L, B, Hkv, T, D]`` or the page pool ``[L, P, Hkv, page, D]``:
-    this layer's rows are read in place). Every load is a 2-D power-of-two block and no value
-    is sliced: the body lowers to Triton (GPU) as well as to the interpreter."""
-    if paged:
-        bt_ref, layer_ref, q_ref, k_ref, v_ref, o_ref = refs
-    else:
-        layer_ref, q_ref, k_ref, v_ref, o_ref = refs
+    [1]``, ``[tree_start [B]]``, ``q [R, D]`` (the head's queries stacked, ``stack_query_rows``),
+    ``k``, ``v`` (every layer's buffer, ``[L, B, Hkv, T, D]`` or the page pool ``[L, P, Hkv,
+    page, D]``: this layer's rows are read in place), ``[anc [R, N']]`` (``stack_tree_rows``),
+    ``o [R, D]``. Every load is a 2-D power-of-two block and no value is sliced: the body
+    lowers to Triton (GPU) as well as to the interpreter."""
+    refs = list(refs)
+    bt_ref = refs.pop(0) if paged else None
+    layer_ref = refs.pop(0)
+    start_ref = refs.pop(0) if tree else None
+    q_ref, k_ref, v_ref = refs.pop(0), refs.pop(0), refs.pop(0)
+    anc_ref = refs.pop(0) if tree else None
+    (o_ref,) = refs
     b, h = pl.program_id(0), pl.program_id(1)
     lead, qs, layer = lead_ref[b], qs_ref[b], layer_ref[0]
+    tree_arg = (start_ref[b], anc_ref[...]) if tree else None
     first, last = _block_range(lead, qs, t_q=t_q, window=window, block=block, num_keys=num_keys, ring=ring)
     qg = q_ref[...]  # [R, D]
 
@@ -128,7 +140,7 @@ def loop_kernel(lead_ref, qs_ref, *refs, paged, t_q, block, window, scale, num_k
         else:
             k, v = k_ref[layer, b, h, pl.ds(j * block, block), :], v_ref[layer, b, h, pl.ds(j * block, block), :]
         key_pos = key_positions(j, block, qs, t_q, ring)
-        return block_update(carry, qg, k, v, key_pos, qs, lead, t_q, window, scale)
+        return block_update(carry, qg, k, v, key_pos, qs, lead, t_q, window, scale, tree_arg)
 
     _, denom, acc = jax.lax.fori_loop(first, last + 1, body, init_carry(*qg.shape))
     o_ref[...] = finalize(denom, acc).astype(o_ref.dtype)
@@ -145,15 +157,20 @@ def loop_block(block: int) -> int:
     return LOOP_BLOCK if block > LOOP_BLOCK and block % LOOP_BLOCK == 0 else block
 
 
-def loop_call(static: dict, *, q, scalars: tuple, k, v, interpret, paged: bool) -> jax.Array:
+def loop_call(static: dict, *, q, scalars: tuple, k, v, interpret, paged: bool, anc=None) -> jax.Array:
     """``loop_kernel`` over grid ``(B, Hkv)`` (a program per row and KV head): ``q [B, t_q, Hq,
     D]`` -> ``[B, t_q, Hq, D]``, the rows stacked per KV head around the call. ``scalars``
-    (``lead, q_start[, block_table], layer``) and ``k, v`` (every layer's buffer or page pool)
-    go in whole; the body indexes them."""
+    (``lead, q_start[, block_table], layer[, tree_start]``) and ``k, v`` (every layer's buffer or
+    page pool) go in whole; the body indexes them. ``anc [B, t_q, N]``: a token tree's
+    ancestor rows (``block_update``), stacked like the queries."""
     bsz, t_q, hq, d = q.shape
     hkv = static["hkv"]
     rows = query_rows(t_q, static["groups"])
     row_spec = pl.BlockSpec((None, None, rows, d), lambda b, h: (b, h, 0, 0))
+    tree_in, tree_specs = (), []
+    if anc is not None:
+        tree_in = (stack_tree_rows(anc, static["groups"], rows),)
+        tree_specs = [pl.BlockSpec((None, rows, tree_in[0].shape[2]), lambda b, h: (b, 0, 0))]
 
     def whole(x):
         return pl.BlockSpec(x.shape, lambda b, h: (0,) * x.ndim)
@@ -163,27 +180,29 @@ def loop_call(static: dict, *, q, scalars: tuple, k, v, interpret, paged: bool) 
         extra["compiler_params"] = _TRITON_PARAMS()  # Triton's defaults; the body is written for it
     body = {k: x for k, x in static.items() if k not in ("hkv", "groups")}  # the grid and row stacking carry them
     call = pl.pallas_call(
-        functools.partial(loop_kernel, paged=paged, **body),
+        functools.partial(loop_kernel, paged=paged, tree=anc is not None, **body),
         grid=(bsz, hkv),
-        in_specs=[*(whole(x) for x in scalars), row_spec, whole(k), whole(v)],
+        in_specs=[*(whole(x) for x in scalars), row_spec, whole(k), whole(v), *tree_specs],
         out_specs=row_spec,
         out_shape=jax.ShapeDtypeStruct((bsz, hkv, rows, d), q.dtype),
         interpret=interpret,
         **extra,
     )
-    return unstack_query_rows(call(*scalars, stack_query_rows(q, hkv, rows), k, v), t_q, hq)
+    return unstack_query_rows(call(*scalars, stack_query_rows(q, hkv, rows), k, v, *tree_in), t_q, hq)
 
 
-def grid_call(static: dict, *, n_prefetch: int, grid: tuple[int, int], kv_spec, q, interpret):
+def grid_call(static: dict, *, n_prefetch: int, grid: tuple[int, int], kv_spec, q, interpret, tree_nodes=None):
     """``pallas_call`` of ``grid_kernel``: q/out blocks are whole rows, K/V blocks follow
-    ``kv_spec`` (whose index map receives the scalar-prefetch refs), accumulators in VMEM scratch."""
+    ``kv_spec`` (whose index map receives the scalar-prefetch refs), accumulators in VMEM scratch.
+    ``tree_nodes``: ``N`` of a token tree's ``anc [B, t_q, N]`` (one more input, a row a block)."""
     _, t_q, hq, d = q.shape
     rows = static["groups"] * t_q
     row_spec = pl.BlockSpec((None, t_q, hq, d), lambda b, j, *_: (b, 0, 0, 0))
+    tree_specs = [] if tree_nodes is None else [pl.BlockSpec((None, t_q, tree_nodes), lambda b, j, *_: (b, 0, 0))]
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=n_prefetch,
         grid=grid,
-        in_specs=[row_spec, kv_spec, kv_spec],
+        in_specs=[row_spec, kv_spec, kv_spec, *tree_specs],
         out_specs=row_spec,
         scratch_shapes=[
             pltpu.VMEM((static["hkv"], rows, 1), jnp.float32),
@@ -195,7 +214,7 @@ def grid_call(static: dict, *, n_prefetch: int, grid: tuple[int, int], kv_spec, 
     if _TPU_PARAMS is not None and jax.default_backend() == "tpu":
         extra["compiler_params"] = _TPU_PARAMS(dimension_semantics=("parallel", "arbitrary"))
     return pl.pallas_call(
-        functools.partial(grid_kernel, n_prefetch=n_prefetch, **static),
+        functools.partial(grid_kernel, n_prefetch=n_prefetch, tree=tree_nodes is not None, **static),
         grid_spec=grid_spec,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         interpret=interpret,
@@ -269,8 +288,10 @@ def check_dynamic(lead_pad, q_start, t_q: int, num_keys: int) -> None:
 
 
 @functools.partial(jax.jit, static_argnames=("window", "scale", "block_k", "body", "interpret", "ring"))
-def _ragged_attention(q, k, v, lead_pad, q_start, layer, *, window, scale, block_k, body, interpret, ring):
-    """``k, v [L, B, Hkv, T, D]`` (every layer's buffer), ``layer int32 [1]``: the one read."""
+def _ragged_attention(q, k, v, lead_pad, q_start, layer, tree_start=None, tree_anc=None, *, window, scale, block_k,
+                      body, interpret, ring):
+    """``k, v [L, B, Hkv, T, D]`` (every layer's buffer), ``layer int32 [1]``: the one read;
+    ``tree_start [B]``, ``tree_anc [B, t_q, N]``: a token tree (``block_update``), or None."""
     bsz, t_q, hq, d = q.shape
     hkv, num_keys = k.shape[2], k.shape[3]
     groups = hq // hkv
@@ -279,24 +300,28 @@ def _ragged_attention(q, k, v, lead_pad, q_start, layer, *, window, scale, block
                   ring=num_keys if ring else None)
     lead_pad = lead_pad.astype(jnp.int32)
     q_start = q_start.astype(jnp.int32)
+    tree = () if tree_anc is None else (tree_start.astype(jnp.int32),)
     if body == "loop":
         static["block"] = loop_block(block_k)
-        return loop_call(static, q=q, scalars=(lead_pad, q_start, layer), k=k, v=v, interpret=interpret, paged=False)
+        return loop_call(static, q=q, scalars=(lead_pad, q_start, layer, *tree), k=k, v=v, interpret=interpret,
+                         paged=False, anc=tree_anc)
 
     if ring:
-        def kv_map(b, j, lead_ref, qs_ref, layer_ref):
+        def kv_map(b, j, lead_ref, qs_ref, layer_ref, *_):
             return layer_ref[0], b, 0, j, 0
     else:
         clamp = functools.partial(
             clamp_block, t_q=t_q, window=window, block=block_k, num_keys=num_keys, num_blocks=nb
         )
 
-        def kv_map(b, j, lead_ref, qs_ref, layer_ref):
+        def kv_map(b, j, lead_ref, qs_ref, layer_ref, *_):
             return layer_ref[0], b, 0, clamp(j, lead_ref[b], qs_ref[b]), 0
 
     kv_spec = pl.BlockSpec((None, None, hkv, block_k, d), kv_map)
-    call = grid_call(static, n_prefetch=3, grid=(bsz, nb), kv_spec=kv_spec, q=q, interpret=interpret)
-    return call(lead_pad, q_start, layer, q, k, v)
+    call = grid_call(static, n_prefetch=3 + len(tree), grid=(bsz, nb), kv_spec=kv_spec, q=q, interpret=interpret,
+                     tree_nodes=None if tree_anc is None else tree_anc.shape[2])
+    anc = () if tree_anc is None else (tree_anc.astype(jnp.float32),)
+    return call(lead_pad, q_start, layer, *tree, q, k, v, *anc)
 
 
 def stacked(k: jax.Array, v: jax.Array, layer, what: str = "k") -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -347,6 +372,7 @@ def ragged_attention(
     body: str | None = None,
     interpret: bool | str | None = None,
     layer: int | jax.Array | None = None,
+    tree: TreeMask | None = None,
 ) -> jax.Array:
     """Ragged masked attention. ``q [B, t_q, Hq, D]``, ``k, v [B, Hkv, T, D]`` (or every
     layer's ``[L, B, Hkv, T, D]`` with ``layer``: read in place, no slice copy),
@@ -354,16 +380,34 @@ def ragged_attention(
 
     ``block_k`` must divide ``T``; ``body``: ``"grid"`` (TPU) or ``"loop"`` (GPU),
     default by backend; ``interpret``: ``None`` = on CPU only, ``"tpu"`` = the TPU interpreter.
+    ``tree``: the queries are nodes of a token tree (``reference.TreeMask``: ``start [B]``,
+    ``anc [B, t_q, N]``; no ``window``): keys before ``start`` by the usual rule, window slot
+    ``start + n`` only where ``anc`` allows.
     """
     body = default_body() if body is None else body
     k, v, layer = stacked(k, v, layer)
     num_keys = _validate_dense(q, one_layer(k), one_layer(v), lead_pad, q_start, window, block_k, body)
     check_dynamic(lead_pad, q_start, q.shape[1], num_keys)
+    check_tree(tree, q, window)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    start, anc = (None, None) if tree is None else (jnp.asarray(tree.start), jnp.asarray(tree.anc))
     return _ragged_attention(
-        q, k, v, jnp.asarray(lead_pad), jnp.asarray(q_start), layer, window=window, scale=scale, block_k=block_k,
-        body=body, interpret=interpret_arg(interpret), ring=False,
+        q, k, v, jnp.asarray(lead_pad), jnp.asarray(q_start), layer, start, anc, window=window, scale=scale,
+        block_k=block_k, body=body, interpret=interpret_arg(interpret), ring=False,
     )
+
+
+def check_tree(tree: TreeMask | None, q: jax.Array, window: int | None) -> None:
+    """A kernel's token tree: ``start [B]``, ``anc [B, t_q, N]``, and no sliding window."""
+    if tree is None:
+        return
+    b, t_q = q.shape[:2]
+    if window is not None:
+        raise ValueError(f"tree attention takes no window (got window={window}): a tree runs on global layers")
+    if np.shape(tree.start) != (b,):
+        raise ValueError(f"tree.start must have shape [B]=({b},), got {np.shape(tree.start)}")
+    if np.ndim(tree.anc) != 3 or np.shape(tree.anc)[:2] != (b, t_q):
+        raise ValueError(f"tree.anc must have shape [B, t_q, N]=({b}, {t_q}, N), got {np.shape(tree.anc)}")
 
 
 def ring_attention(
@@ -398,8 +442,8 @@ def ring_attention(
         raise ValueError(f"ring of {size} slots cannot hold window={window} plus t_q={q.shape[1]} new keys")
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     return _ragged_attention(
-        q, k, v, jnp.asarray(lead_pad), jnp.asarray(lengths), layer, window=window, scale=scale, block_k=block_k,
-        body=body, interpret=interpret_arg(interpret), ring=True,
+        q, k, v, jnp.asarray(lead_pad), jnp.asarray(lengths), layer, None, None, window=window, scale=scale,
+        block_k=block_k, body=body, interpret=interpret_arg(interpret), ring=True,
     )
 
 

@@ -179,16 +179,20 @@ def attention_with_positions(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: ja
 
 
 def dense_reference(q: jax.Array, k: jax.Array, v: jax.Array, lead_pad: jax.Array, q_start: jax.Array, *,
-                    window: int | None = None, scale: float | None = None) -> jax.Array:
+                    window: int | None = None, scale: float | None = None,
+                    tree: TreeMask | None = None) -> jax.Array:
     """Dense per-row layout: query ``t`` of row ``b`` sits at slot ``q_start[b] + t`` and sees
-    slots ``[lead_pad[b], q_start[b] + t]`` (within ``window``); slot ``s`` holds position ``s``."""
+    slots ``[lead_pad[b], q_start[b] + t]`` (within ``window``); slot ``s`` holds position ``s``.
+    ``tree``: the queries are token-tree nodes (``tree_mask_visible``)."""
     check_shapes(q, k, v)
     b, t_q = q.shape[:2]
     t = k.shape[2]
     q_pos = jnp.asarray(q_start, jnp.int32)[:, None] + jnp.arange(t_q, dtype=jnp.int32)
     key_pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    return attention_with_positions(q, k, v, q_pos, key_pos, jnp.asarray(lead_pad, jnp.int32), window=window,
-                                    scale=scale)
+    lead = jnp.asarray(lead_pad, jnp.int32)
+    if tree is not None:
+        return attend_visible(q, k, v, tree_mask_visible(key_pos, key_pos, lead, tree, window), scale)
+    return attention_with_positions(q, k, v, q_pos, key_pos, lead, window=window, scale=scale)
 
 
 def ring_positions(lengths: jax.Array, t_q: int, size: int) -> jax.Array:
@@ -232,8 +236,8 @@ def gather_pages(k_pages: jax.Array, v_pages: jax.Array, block_table: jax.Array,
 
 def paged_reference(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, block_table: jax.Array,
                     lead_pad: jax.Array, q_start: jax.Array, *, window: int | None = None,
-                    scale: float | None = None) -> jax.Array:
+                    scale: float | None = None, tree: TreeMask | None = None) -> jax.Array:
     """Each row's pages gathered into a contiguous ``[B, Hkv, max_pages * page, D]``, then the
     dense reference."""
     k, v, _ = gather_pages(k_pages, v_pages, block_table)
-    return dense_reference(q, k, v, lead_pad, q_start, window=window, scale=scale)
+    return dense_reference(q, k, v, lead_pad, q_start, window=window, scale=scale, tree=tree)

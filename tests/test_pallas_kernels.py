@@ -316,6 +316,75 @@ def test_query_rows_stack_per_kv_head_and_back():
     np.testing.assert_array_equal(unstack_query_rows(x, 3, 8), q)
 
 
+def _random_tree_mask(rng, n, t_q, num_keys):
+    """A ``TreeMask`` per row: ``n`` window nodes of random shape at a random start, the
+    queries its last ``t_q`` nodes (all of them: a verify window; some: one depth of a drafting
+    tree), ``q_start`` their first slot."""
+    from specjax.tree import TreeMask, ancestors
+
+    parents = np.array([[-1] + [int(rng.integers(0, j)) for j in range(1, n)] for _ in range(B)], np.int32)
+    start = rng.integers(0, num_keys - n + 1, B).astype(np.int32)
+    anc = np.asarray(ancestors(jnp.asarray(parents)))[:, n - t_q:]
+    pos = jnp.asarray(start[:, None] + np.arange(n - t_q, n)[None], jnp.int32)  # (no window: positions unused)
+    return TreeMask(jnp.asarray(start), jnp.asarray(anc), pos, pos), start + n - t_q
+
+
+@pytest.mark.parametrize("body", ["grid", "loop"])
+@pytest.mark.parametrize("kernel", ["dense", "paged"])
+@pytest.mark.parametrize("seed", range(3))
+def test_tree_mask_in_the_kernels_matches_the_oracle(kernel, body, seed):
+    """Random token trees (each row its own shape, start and lead pad): a node reads the
+    committed prefix and its own ancestors only, in both bodies of the dense and paged kernels,
+    as the oracle (``reference.tree_mask_visible``) says."""
+    rng = np.random.default_rng(seed)
+    n, hq, hkv, d, num_keys = int(rng.integers(2, 12)), 4, 2, 64, 64
+    t_q = int(rng.integers(1, n + 1))
+    tree, q_start = _random_tree_mask(rng, n, t_q, num_keys)
+    q, k, v = _data(rng, t_q, hq, hkv, d, num_keys, jnp.float32)
+    lead = np.minimum(rng.integers(0, 6, B), np.asarray(tree.start)).astype(np.int32)
+    if kernel == "dense":
+        got = ragged_attention(q, k, v, lead, q_start, block_k=16, body=body, tree=tree)
+        want = ragged_attention_reference(q, k, v, lead, q_start, tree=tree)
+    else:
+        page = 8
+        pool_k, pool_v, table = _pages(rng, k, v, page)
+        got = paged_attention(q, pool_k, pool_v, table, lead, q_start, body=body, tree=tree)
+        want = paged_attention_reference(q, pool_k, pool_v, table, lead, q_start, tree=tree)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=TOL[jnp.float32])
+    # a sibling's branch matters: the chain's causal mask over the same window gives another answer
+    causal = ragged_attention_reference(q, k, v, lead, q_start) if kernel == "dense" else None
+    if causal is not None and not np.all(np.tril(np.ones((n, n), bool))[n - t_q:] == np.asarray(tree.anc)):
+        assert np.abs(np.asarray(causal) - np.asarray(want)).max() > 1e-4
+
+
+def _pages(rng, k, v, page):
+    """``k, v [B, Hkv, T, D]`` scattered into a shuffled page pool: ``(pool_k, pool_v, table)``."""
+    b, hkv, t, d = k.shape
+    m = t // page
+    perm = rng.permutation(b * m).astype(np.int32)
+    table = perm.reshape(b, m)
+    pool_k = np.zeros((b * m, hkv, page, d), np.float32)
+    pool_v = np.zeros_like(pool_k)
+    kk, vv = np.asarray(k).reshape(b, hkv, m, page, d), np.asarray(v).reshape(b, hkv, m, page, d)
+    for r in range(b):
+        for j in range(m):
+            pool_k[table[r, j]], pool_v[table[r, j]] = kk[r, :, j], vv[r, :, j]
+    return jnp.asarray(pool_k), jnp.asarray(pool_v), jnp.asarray(table)
+
+
+def test_kernel_tree_mask_bad_input():
+    from specjax.tree import TreeMask
+
+    q = jnp.zeros((2, 3, 4, 16))
+    kv = jnp.zeros((2, 2, 32, 16))
+    zeros = jnp.zeros((2,), jnp.int32)
+    good = TreeMask(zeros, jnp.ones((2, 3, 3), bool), jnp.zeros((2, 3), jnp.int32), jnp.zeros((2, 3), jnp.int32))
+    with pytest.raises(ValueError, match=r"tree attention takes no window \(got window=4\)"):
+        ragged_attention(q, kv, kv, zeros, zeros, window=4, block_k=16, tree=good)
+    with pytest.raises(ValueError, match=r"tree.anc must have shape \[B, t_q, N\]=\(2, 3, N\), got \(2, 4, 3\)"):
+        ragged_attention(q, kv, kv, zeros, zeros, block_k=16, tree=good._replace(anc=jnp.ones((2, 4, 3), bool)))
+
+
 # (kernel, t_q, Hq, Hkv, dtype): decode and verify windows (t_q 3: G * t_q not a power of two)
 GPU_CASES = [("dense", 1, 8, 2, jnp.bfloat16), ("dense", 3, 8, 1, jnp.float32), ("ring", 4, 4, 4, jnp.float32),
              ("paged", 3, 8, 2, jnp.bfloat16), ("paged", 1, 4, 1, jnp.float32)]
@@ -355,12 +424,47 @@ def test_loop_body_lowers_for_gpu(kernel, t_q, hq, hkv, dtype):
     assert "triton" in text.lower()
 
 
-@pytest.mark.parametrize("cache,sliding", [("dense", False), ("paged", False), ("dense", True)])
-def test_engine_with_pallas_attention_lowers_for_gpu(cache, sliding, monkeypatch):
+@pytest.mark.parametrize("kernel", ["dense", "paged"])
+def test_tree_kernels_lower_for_gpu(kernel):
+    """The loop body with a token tree's mask (its one-hot dot included) lowers to Triton."""
+    import jax
+
+    pytest.importorskip("jax.experimental.pallas.triton")
+    from specjax.tree import TreeMask
+
+    b, t_q, hq, hkv, d, num_keys, layers = 2, 7, 8, 2, 64, 256, 2
+    q = jnp.zeros((b, t_q, hq, d), jnp.bfloat16)
+    lead, qs = jnp.zeros((b,), jnp.int32), jnp.full((b,), 100, jnp.int32)
+    tree = TreeMask(qs, jnp.ones((b, t_q, t_q), bool), jnp.zeros((b, t_q), jnp.int32), jnp.zeros((b, t_q), jnp.int32))
+    kv = jnp.zeros((layers, b, hkv, num_keys, d), jnp.bfloat16)
+    pages = jnp.zeros((layers, 40, hkv, 16, d), jnp.bfloat16)
+    table = jnp.zeros((b, num_keys // 16), jnp.int32)
+    fn = {
+        "dense": lambda q: ragged_attention(q, kv, kv, lead, qs, block_k=64, body="loop", interpret=False, layer=1,
+                                            tree=tree),
+        "paged": lambda q: paged_attention(q, pages, pages, table, lead, qs, body="loop", interpret=False, layer=0,
+                                           tree=tree),
+    }[kernel]
+    flag = "jax_pallas_use_mosaic_gpu"
+    before = getattr(jax.config, flag, None)
+    if before is not None:
+        jax.config.update(flag, True)
+    try:
+        text = jax.jit(fn).trace(q).lower(lowering_platforms=("cuda",)).as_text()
+    finally:
+        if before is not None:
+            jax.config.update(flag, before)
+    assert "triton" in text.lower()
+
+
+@pytest.mark.parametrize("cache,sliding,tree", [("dense", False, None), ("paged", False, None),
+                                               ("dense", True, None), ("paged", False, "dynamic:6,2")])
+def test_engine_with_pallas_attention_lowers_for_gpu(cache, sliding, tree, monkeypatch):
     """The whole generate loop (depth="auto", n-gram) with ``attention_impl="pallas"`` lowers
     for CUDA from this CPU machine: every layer's kernel is the loop body in Triton (as on a
     GPU: the body and interpret mode follow the backend, here patched to a GPU's choice); with
-    sliding-window layers, their rings' kernel too."""
+    sliding-window layers, their rings' kernel too; with a token tree (the MTP drafter, depth
+    3), the tree step's kernels (the target's and the MTP block's) too."""
     import jax
 
     pytest.importorskip("jax.experimental.pallas.triton")
@@ -380,10 +484,12 @@ def test_engine_with_pallas_attention_lowers_for_gpu(cache, sliding, monkeypatch
     cfg = ModelConfig(vocab_size=32, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=64,
                       tie_embeddings=False, sliding_window=30 if sliding else None, global_every=2 if sliding else 0)
     settings = GenerationConfig(max_new_tokens=8, drafter="ngram", depth="auto", cache=cache, attention_impl="pallas")
+    if tree:
+        settings = settings.replace(drafter="mtp", depth=3, tree=tree)
     eng, params, args = setup(init_model(cfg), [[1, 2, 3], [4, 5]], settings)
     if sliding:  # a ring of 30 + 2w + 2 = 40 slots is held in 48, read in blocks of 16 (a Triton dot's N >= 16)
         assert eng.new_cache(eng.target, 2).local_kv.size == 48
-    auto = auto_state(eng, placeholder_cost(eng, 2), 2)
+    auto = None if tree else auto_state(eng, placeholder_cost(eng, 2), 2)
     lowered = jax.jit(generate_loop, static_argnums=0).trace(
         eng, params, *args, auto, np.int32(eng.max_steps)).lower(lowering_platforms=("cuda",))
     assert "triton" in lowered.as_text().lower()

@@ -31,10 +31,11 @@ def _lower_for_tpu(fn, *args) -> str:
     return jax.jit(fn).trace(*args).lower(lowering_platforms=("tpu",)).as_text()
 
 
-@pytest.mark.parametrize("kernel", ["dense", "window", "ring", "paged"])
+@pytest.mark.parametrize("kernel", ["dense", "window", "ring", "paged", "dense-tree", "paged-tree"])
 def test_every_kernels_grid_body_lowers_for_tpu(tpu, kernel):
     from pallas_kernels.paged import paged_attention
     from pallas_kernels.ragged import ragged_attention, ring_attention
+    from pallas_kernels.reference import TreeMask
 
     b, t_q, hq, hkv, d, keys, layers = 2, 4, 8, 2, 128, 512, 3
     dt = jnp.bfloat16
@@ -43,19 +44,25 @@ def test_every_kernels_grid_body_lowers_for_tpu(tpu, kernel):
     kv = jnp.zeros((layers, b, hkv, keys, d), dt)
     pages = jnp.zeros((layers, 40, hkv, 16, d), dt)
     table = jnp.zeros((b, keys // 16), jnp.int32)
+    tree = TreeMask(qs, jnp.ones((b, t_q, t_q), bool), jnp.zeros((b, t_q), jnp.int32), jnp.zeros((b, t_q), jnp.int32))
     fn = {
         "dense": lambda q: ragged_attention(q, kv, kv, lead, qs, block_k=128, body="grid", interpret=False, layer=1),
         "window": lambda q: ragged_attention(q, kv, kv, lead, qs, window=100, block_k=128, body="grid",
                                              interpret=False, layer=1),
         "ring": lambda q: ring_attention(q, kv, kv, lead, qs, window=100, body="grid", interpret=False, layer=2),
         "paged": lambda q: paged_attention(q, pages, pages, table, lead, qs, body="grid", interpret=False, layer=0),
+        "dense-tree": lambda q: ragged_attention(q, kv, kv, lead, qs, block_k=128, body="grid", interpret=False,
+                                                 layer=1, tree=tree),
+        "paged-tree": lambda q: paged_attention(q, pages, pages, table, lead, qs, body="grid", interpret=False,
+                                                layer=0, tree=tree),
     }[kernel]
     assert "tpu_custom_call" in _lower_for_tpu(fn, q)
 
 
-@pytest.mark.parametrize("cache,drafter,sliding", [("dense", "mtp", False), ("paged", "ngram", False),
-                                                   ("dense", "mtp", True)])
-def test_the_generate_loop_with_pallas_attention_lowers_for_tpu(tpu, cache, drafter, sliding, monkeypatch):
+@pytest.mark.parametrize("cache,drafter,sliding,tree", [("dense", "mtp", False, None), ("paged", "ngram", False, None),
+                                                        ("dense", "mtp", True, None),
+                                                        ("paged", "mtp", False, "dynamic:8,2")])
+def test_the_generate_loop_with_pallas_attention_lowers_for_tpu(tpu, cache, drafter, sliding, tree, monkeypatch):
     """The whole loop (prefill, the MTP chain or n-gram lookup, a 4-token verify, commit) with
     ``attention_impl="pallas"``, bfloat16 weights at head_dim 128 and GQA 4:1: every layer's
     attention a Mosaic kernel (the grid body, as on a TPU)."""
@@ -73,7 +80,8 @@ def test_the_generate_loop_with_pallas_attention_lowers_for_tpu(tpu, cache, draf
                       max_seq_len=512, mtp_depth=3, sliding_window=64 if sliding else None,
                       global_every=2 if sliding else 0)
     model = init_model(cfg, dtype=jnp.bfloat16)
-    settings = GenerationConfig(max_new_tokens=8, drafter=drafter, depth=3, cache=cache, attention_impl="pallas")
+    settings = GenerationConfig(max_new_tokens=8, drafter=drafter, depth=3, cache=cache, attention_impl="pallas",
+                                tree=tree)
     eng, params, args = setup(model, [[1, 2, 3], [4, 5]], settings)
     lowered = jax.jit(generate_loop, static_argnums=0).trace(
         eng, params, *args, None, np.int32(eng.max_steps)).lower(lowering_platforms=("tpu",))

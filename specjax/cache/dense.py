@@ -153,13 +153,10 @@ class DenseKVCache:
         just written) over this layer's cache; ``[B, t_q, Hq, D]``. Reads only key blocks
         up to the batch's longest live row (XLA) or each row's own live blocks (Pallas)."""
         t_q = q.shape[1]
-        if impl == "pallas" and tree is not None:
-            raise ValueError("tree attention runs on the XLA path (attention_impl='xla'); the kernels do not "
-                             "take a tree mask yet")
         if impl == "pallas":
             k, v, at = kernel_operands(self.k, self.v, layer)
             return pallas_ragged_attention(q, k, v, self.start, self.lengths, window=window, scale=scale,
-                                           block_k=kernel_block(self.capacity), layer=at)
+                                           block_k=kernel_block(self.capacity), layer=at, tree=tree)
         block = key_block(self.capacity)
 
         def read(j):  # key block j of this layer (one block: a tuple layer's buffer itself, no slice copy)

@@ -340,13 +340,10 @@ class PagedKVCache:
         t_q = q.shape[1]
         zeros = jnp.zeros((self.batch,), jnp.int32)
         table = self._pool_table()
-        if impl == "pallas" and tree is not None:
-            raise ValueError("tree attention runs on the XLA path (attention_impl='xla'); the kernels do not "
-                             "take a tree mask yet")
         if impl == "pallas":
             k, v, at = kernel_operands(self.k, self.v, layer)
             return paged_attention(q, k, v, table, zeros, self.lengths, window=window, scale=scale,
-                                   layer=at)
+                                   layer=at, tree=tree)
         ps, mp = self.page_size, self.max_pages
         block = key_block(mp * ps)
         ppb = block // ps if block % ps == 0 and mp % (block // ps) == 0 else mp  # pages per key block

@@ -119,14 +119,12 @@ def make_engine(model: DecoderModel, *, drafter, draft_model, depth, kv_advance_
     (``specjax.protocols``); ``drafter`` is a name, ``None`` or a drafter object
     (``specjax.protocols.Drafter``). ``tree``: verify a token tree each step, a preset
     (``specjax.tree.preset_parents``; ``depth`` must be ``len(tree)``) or a ``DynamicTree``
-    drafted to ``depth`` (on the XLA attention path, one device, a drafter that proposes trees:
-    the MTP head)."""
+    drafted to ``depth`` (one device, a drafter that proposes trees: the MTP head)."""
     kind = drafter_kind(drafter)
     d = 0 if kind is None else depth
     if tree is not None:
         tree = tree if isinstance(tree, DynamicTree) else tuple(int(k) for k in tree)
-        check_tree(tree, d, resolve_drafter(drafter, ngram_n), controller, resolve_attention_impl(attention_impl),
-                   mesh)
+        check_tree(tree, d, resolve_drafter(drafter, ngram_n), controller, mesh)
     if kind is None:
         controller = None
     if controller is not None and controller.windows[-1] != d + 1:
@@ -153,7 +151,7 @@ def make_engine(model: DecoderModel, *, drafter, draft_model, depth, kv_advance_
     )
 
 
-def check_tree(tree: Tree, depth: int, drafter, controller, attention_impl: str, mesh) -> None:
+def check_tree(tree: Tree, depth: int, drafter, controller, mesh) -> None:
     """What a tree step needs today (a ``ValueError`` naming what is not met)."""
     if isinstance(tree, DynamicTree):
         if not (tree.nodes >= 1 and tree.topk >= 1 and depth >= 1):
@@ -169,8 +167,5 @@ def check_tree(tree: Tree, depth: int, drafter, controller, attention_impl: str,
                          f"{getattr(drafter, 'name', drafter)!r} drafts chains only")
     if controller is not None:
         raise ValueError(f"tree={tree} and depth='auto' do not combine yet: give a fixed tree")
-    if attention_impl != "xla":
-        raise ValueError(f"tree={tree} runs on attention_impl='xla' (the kernels take no tree mask yet), "
-                         f"not {attention_impl!r}")
     if mesh is not None:
         raise ValueError(f"tree={tree} runs on one device (mesh=None) for now")
