@@ -1558,4 +1558,11 @@ MUTATIONS: list[Mutation] = [
         "kid_cum = kid_logp",
         ("tests/test_tree_engine.py::test_mtp_dynamic_tree_is_eagle2_expansion_of_each_branch",),
     ),
+    Mutation(
+        "kernels: a tree node reads every window slot (its siblings' branches too)",
+        "block_update",
+        "        ok = ((kp < start) & (kp >= lead) & (kp >= 0)) | own\n",
+        "        ok = ((kp < start) & (kp >= lead) & (kp >= 0)) | (own | (kp >= start))\n",
+        ("tests/test_pallas_kernels.py::test_tree_mask_in_the_kernels_matches_the_oracle",),
+    ),
 ]

@@ -20,38 +20,41 @@ from specjax.tree import TreeMask, ancestors, depths
 from engine_models import GLOBAL, SLIDING, TINY, chi2_pvalue, exact_continuations, sharp
 
 MODEL = sharp(GLOBAL)
+SLIDING_MODEL = sharp(SLIDING, seed=1)
 
 
 def _random_parents(rng, n):
     return np.array([-1] + [int(rng.integers(0, j)) for j in range(1, n)], np.int32)
 
 
-@settings(max_examples=6, deadline=None)
-@given(seed=st.integers(0, 10_000), kind=st.sampled_from(["dense", "paged"]))
-def test_tree_forward_equals_each_branch_alone(seed, kind):
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), kind=st.sampled_from(["dense", "paged"]), sliding=st.booleans())
+def test_tree_forward_equals_each_branch_alone(seed, kind, sliding):
     """Every node's logits from one tree forward equal the last logits of the plain forward over
     the row's prefix and the node's own branch: no node sees a sibling's branch, and each runs
-    at its branch position. Rows have different prefix lengths and different trees."""
+    at its branch position (with sliding-window layers, its window counted along its branch).
+    Rows have different prefix lengths and different trees."""
     rng = np.random.default_rng(seed)
     b, n, width = 3, int(rng.integers(2, 8)), 12
-    cfg = MODEL.config
+    model = SLIDING_MODEL if sliding else MODEL
+    cfg = model.config
     prompt = rng.integers(0, cfg.vocab_size, (b, width)).astype(np.int32)
     lengths = rng.integers(1, width + 1, b).astype(np.int32)
     parents = np.stack([_random_parents(rng, n) for _ in range(b)])
     tokens = rng.integers(0, cfg.vocab_size, (b, n)).astype(np.int32)
 
-    cache = init_cache(cfg, b, 32, kind=kind, page_size=4)
+    cache = init_cache(cfg, b, 32, kind=kind, page_size=4, slack=16)
     pos = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (b, width))
     if kind == "paged":
         cache = cache.reserve(width + n)
-    _, cache = forward_hidden(MODEL.params, cfg, jnp.asarray(prompt), pos, cache)
+    _, cache = forward_hidden(model.params, cfg, jnp.asarray(prompt), pos, cache)
     cache = cache.advance(width).rollback(jnp.asarray(lengths))  # rows of their own lengths
     if kind == "paged":
         cache = cache.reserve(n)
     tpos = jnp.asarray(lengths)[:, None] + depths(jnp.asarray(parents))
     mask = TreeMask(jnp.asarray(lengths), ancestors(jnp.asarray(parents)), tpos, tpos)
-    hidden, _ = forward_hidden(MODEL.params, cfg, jnp.asarray(tokens), tpos, cache, tree=mask)
-    got = np.asarray(head(MODEL.params, cfg, hidden))
+    hidden, _ = forward_hidden(model.params, cfg, jnp.asarray(tokens), tpos, cache, tree=mask)
+    got = np.asarray(head(model.params, cfg, hidden))
 
     for r in range(b):
         for i in range(n):
@@ -60,7 +63,7 @@ def test_tree_forward_equals_each_branch_alone(seed, kind):
                 branch.append(int(tokens[r, p]))
                 p = parents[r, p]
             seq = np.array([list(prompt[r, : lengths[r]]) + branch[::-1]], np.int32)
-            want = np.asarray(logits(MODEL, seq))[0, -1]
+            want = np.asarray(logits(model, seq))[0, -1]
             np.testing.assert_allclose(got[r, i], want, rtol=2e-4, atol=2e-4, err_msg=f"row {r} node {i}")
 
 
@@ -219,9 +222,19 @@ def test_bad_tree_settings_are_refused_before_compile(kwargs, match):
     assert TRACES["generate"] == before
 
 
-def test_a_model_with_sliding_window_layers_has_no_tree_path():
-    with pytest.raises(ValueError, match="tree attention needs every attention layer global"):
-        generate(sharp(SLIDING, seed=1), [[1, 2]], max_new_tokens=4, drafter="mtp", tree=(2, 1))
+@pytest.mark.parametrize("tree,rule,cache", [((2, 2, 1), "per_sequence", "dense"), ("dynamic:8,2", "cohort", "paged")])
+def test_sliding_window_models_verify_trees(tree, rule, cache):
+    """Sliding-window layers (a ring of window + slack slots): the tree's nodes see the prefix
+    within the window counted along their own branch; tokens equal plain decoding."""
+    model = SLIDING_MODEL
+    prompts = _prompts(5, seed=7, vocab=31)
+    want = generate(model, prompts, max_new_tokens=20, drafter=None, cache=cache).tokens
+    got = generate(model, prompts, max_new_tokens=20, drafter="mtp", tree=tree, depth=4 if isinstance(tree, str) else 3,
+                   kv_advance=rule, cache=cache)
+    assert got.tokens == want
+    assert got.metrics["accepted_drafts"] > 0
+    with pytest.raises(ValueError, match="ring kernel takes no tree mask"):
+        generate(model, prompts[:1], max_new_tokens=4, drafter="mtp", tree=tree, attention_impl="pallas")
 
 
 def test_tree_generation_config_parses_strings():

@@ -100,6 +100,16 @@ def set_all_layers(big: Layers, idx: tuple, small: Layers) -> Layers:
     return big.at[(slice(None), *idx)].set(small, mode="drop")
 
 
+def move_slots(buf: Layers, frm: jax.Array, to: jax.Array) -> Layers:
+    """Every layer's ``[b, :, to[b, k]] = [b, :, frm[b, k]]`` (``frm, to [B, N]`` slots of a
+    per-row ``[B, Hkv, T, D]`` buffer; an out-of-range ``to`` is dropped): one gather and one
+    scatter of ``B * N`` entries a layer (a token tree's compaction)."""
+    rows = jnp.arange(frm.shape[0], dtype=jnp.int32)[:, None]
+    if isinstance(buf, tuple):
+        return tuple(x.at[rows, :, to].set(x[rows, :, frm], mode="drop") for x in buf)
+    return buf.at[:, rows, :, to].set(buf[:, rows, :, frm], mode="drop")
+
+
 def layer_block(buf: Layers, layer: int | jax.Array, start: jax.Array | int, size: int, axis: int) -> jax.Array:
     """Layer ``layer``'s buffer restricted to ``[start, start + size)`` along ``axis`` (an axis
     of one layer's buffer): the buffer itself when that is all of it (tuple layout), else one

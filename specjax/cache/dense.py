@@ -30,6 +30,7 @@ from specjax.cache.base import (
     layer_block,
     layer_buffers,
     layer_spec,
+    move_slots,
     positions,
     set_all_layers,
     set_rows,
@@ -122,7 +123,7 @@ class DenseKVCache:
         frm = jnp.clip(self.lengths[:, None] + src, 0, self.capacity - 1)
         to = self.lengths[:, None] + k
         to = jnp.where((src != k) & (to < self.capacity), to, self.capacity)  # explicit out-of-range: dropped
-        return self.replace(k=_move(self.k, frm, to), v=_move(self.v, frm, to))
+        return self.replace(k=move_slots(self.k, frm, to), v=move_slots(self.v, frm, to))
 
     def rows_view(self, rows: jax.Array, width: int) -> DenseKVCache:
         """An empty cache of ``width`` slots for ``rows [R]`` (a refill's prefill writes
@@ -166,11 +167,3 @@ class DenseKVCache:
         return live_attention(q, read, positions(self.lengths, t_q), self.start, block=block,
                               num_blocks=self.capacity // block, window=window, scale=scale, tree=tree)
 
-
-def _move(buf: Layers, frm: jax.Array, to: jax.Array) -> Layers:
-    """Every layer's ``[b, :, to[b, k]] = [b, :, frm[b, k]]`` (``frm, to [B, N]`` slots; an
-    out-of-range ``to`` is dropped): one gather and one scatter of ``B * N`` entries a layer."""
-    rows = jnp.arange(frm.shape[0], dtype=jnp.int32)[:, None]
-    if isinstance(buf, tuple):
-        return tuple(x.at[rows, :, to].set(x[rows, :, frm], mode="drop") for x in buf)
-    return buf.at[:, rows, :, to].set(buf[:, rows, :, frm], mode="drop")

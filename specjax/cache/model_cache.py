@@ -92,12 +92,12 @@ class ModelCache:
         return self._map(lambda c: c.rollback(new_lengths))
 
     def compact(self, src: jax.Array) -> ModelCache:
-        """Move a tree's accepted path into place (``DenseKVCache.compact``; ``src [B, N]``).
-        Global layers only: a model with sliding-window or compressed layers has no tree path."""
-        if self.local_kv is not None or self.memory_kv is not None:
-            raise ValueError("tree verification needs every attention layer global (dense or paged); this model "
-                             "has sliding-window or compressed-memory layers")
-        return ModelCache(self.global_kv.compact(src), None, None)
+        """Move a tree's accepted path into place (``DenseKVCache.compact``; ``src [B, N]``) in
+        the global and sliding-window layers; compressed-memory layers have no tree path."""
+        if self.memory_kv is not None:
+            raise ValueError("tree verification has no path through compressed-memory layers")
+        each = lambda c: None if c is None else c.compact(src)  # noqa: E731
+        return ModelCache(each(self.global_kv), each(self.local_kv), None)
 
     def with_lengths(self, lengths: jax.Array) -> ModelCache:
         """Same buffers, write offset moved to ``lengths`` (scratch writes past the

@@ -20,8 +20,9 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import ring_attention
+from pallas_kernels.reference import TreeMask, tree_mask_visible
 from specjax._pytree import pytree_dataclass, static_field
-from specjax.attention import attention_with_positions, ring_positions
+from specjax.attention import attend_visible, attention_with_positions, ring_positions
 from specjax.cache.base import (
     ROLLBACK_INVALID,
     UNBOUNDED,
@@ -32,6 +33,7 @@ from specjax.cache.base import (
     kernel_operands,
     layer_buffers,
     layer_spec,
+    move_slots,
     positions,
     set_all_layers,
     set_rows,
@@ -133,6 +135,15 @@ class RollingKVCache:
             status=self.status | jnp.where(ok, 0, ROLLBACK_INVALID),
         )
 
+    def compact(self, src: jax.Array) -> RollingKVCache:
+        """Position ``lengths + k`` takes the K/V of position ``lengths + src[b, k]`` (``src
+        [B, N]``: ``DenseKVCache.compact``), in ring slots, every layer."""
+        b, n = src.shape
+        k = jnp.arange(n, dtype=jnp.int32)[None]
+        frm = (self.lengths[:, None] + src) % self.size
+        to = jnp.where(src != k, (self.lengths[:, None] + k) % self.size, self.size)  # explicit out-of-range: dropped
+        return self.replace(k=move_slots(self.k, frm, to), v=move_slots(self.v, frm, to))
+
     def rows_view(self, rows: jax.Array, width: int) -> RollingKVCache:
         """An empty ring for ``rows [R]`` (a refill's prefill of ``width`` tokens, bounded per row)."""
         one = layer_spec(self.k)
@@ -160,12 +171,23 @@ class RollingKVCache:
         window: int | None = None,
         scale: float | None = None,
         impl: str = "xla",
+        tree: TreeMask | None = None,
     ) -> jax.Array:
         """Windowed attention of ``q [B, t_q, Hq, D]`` at ``lengths + [0, t_q)`` over the ring
-        (``window + slack`` slots: the cost is the window's, whatever the row's length)."""
+        (``window + slack`` slots: the cost is the window's, whatever the row's length).
+        ``tree``: the queries are token-tree nodes (XLA only): a ring slot's logical slot is
+        the position ``key_positions`` names, so the tree mask reads it as it reads a dense
+        cache's slot, the window counted along each node's branch."""
         if window is not None and window != self.window:
             raise ValueError(f"window={window} differs from this cache's window={self.window}")
         t_q = q.shape[1]
+        if tree is not None:
+            if impl == "pallas":
+                raise ValueError("tree attention over a sliding-window ring runs on the XLA path "
+                                 "(attention_impl='xla'): the ring kernel takes no tree mask")
+            slot = self.key_positions(t_q)
+            ok = tree_mask_visible(slot, slot, self.start, tree, self.window)
+            return attend_visible(q, self.k[layer], self.v[layer], ok, scale)
         if impl == "pallas":
             k, v, at = kernel_operands(self.k, self.v, layer)
             return ring_attention(q, k, v, self.start, self.lengths, window=self.window, scale=scale, layer=at,

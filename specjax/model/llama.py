@@ -401,7 +401,7 @@ def forward_hidden(
     """Run ``tokens [B, t]`` at RoPE ``positions [B, t]``, writing their K/V at each row's
     own ``cache.lengths`` (the lengths do not move: commit with ``cache.apply_plan``).
     ``tree``: the ``t`` tokens are the nodes of a token tree (``specjax.tree``): each attends
-    to the committed prefix and its own branch (global layers only).
+    to the committed prefix and its own branch (global and sliding-window layers).
 
     Query ``j`` of row ``b`` attends cache slots up to ``lengths[b] + j`` (and the window
     on local layers); everything else is masked per row. ``attention_impl``: ``"xla"`` or
@@ -417,9 +417,8 @@ def forward_hidden(
                          f"{'not ' if loop == 'scan' else ''}stacked: init_cache(..., stacked={loop == 'scan'})")
 
     extra = {} if tree is None else {"tree": tree}
-    if tree is not None and (cache.local_kv is not None or cache.memory_kv is not None):
-        raise ValueError("tree attention needs every attention layer global (dense or paged); this model has "
-                         "sliding-window or compressed-memory layers")
+    if tree is not None and cache.memory_kv is not None:
+        raise ValueError("tree attention has no path through compressed-memory layers (this model has them)")
 
     def attend(c, q, idx):  # one device's rows and heads under a mesh (per_shard)
         return c.attend(q, idx, impl=attention_impl, **extra)
