@@ -88,6 +88,10 @@ class Controlled:
     def commit(self, eng, params, st, dstate, hidden, old_lengths, u, a, advance):
         return self.inner.commit(eng, params, st, dstate, hidden, old_lengths, u, a, advance)
 
+    def propose_tree(self, eng, params, st):
+        raise ValueError(f"a Controlled drafter drafts chains only: controlled acceptance for token trees is not "
+                         f"built (tree={eng.tree})")
+
     def propose(self, eng, params, st):
         if not eng.greedy:
             raise ValueError("a Controlled drafter verifies greedily (its oracle is the greedy continuation): "

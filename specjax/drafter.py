@@ -163,6 +163,54 @@ class NgramDrafter(_Stateless):
         drafts = jnp.where((best >= 0)[:, None], follow, last)
         return drafts.astype(jnp.int32), None, st.dstate
 
+    tree_presets = False  # its trees are dynamic: ``DynamicTree(nodes, K)`` with K matches
+
+    def propose_tree(self, eng, params, st):
+        """Several continuations (``DynamicTree(N, K)``): the ``K`` latest earlier occurrences
+        of the last ``n`` known tokens, each followed for ``depth`` tokens, merged as a trie
+        (continuations sharing a prefix share its nodes) and kept match by match, the latest
+        first, up to ``N`` nodes (the order is topological: a node's parent is its own
+        match's, or an earlier match's with the same prefix). A row without a match proposes
+        its last token repeated, as the chain does. Returns ``(tokens [B, N], parents [B, N + 1],
+        dstate)``; nodes past what the trie holds are fillers below the root (still drafts)."""
+        seq, known = st.seq, st.known
+        n, c = self.n, seq.shape[1]
+        k, d = eng.tree.topk, eng.depth
+        size = eng.tree.size(d)
+        b = seq.shape[0]
+        pattern = gather_tokens(seq, known[:, None] - n + jnp.arange(n)[None])
+        starts = jnp.arange(c - n + 1)
+        windows = seq[:, starts[:, None] + jnp.arange(n)[None]]  # [B, S, n]
+        hit = jnp.all(windows == pattern[:, None, :], axis=-1)
+        hit &= (starts[None] + n < known[:, None]) & (known[:, None] >= n)
+        begin = jax.lax.top_k(jnp.where(hit, starts[None], -1), k)[0]  # [B, K]: the latest first, -1: none
+        has = begin >= 0
+        follow = gather_tokens(seq, ((begin + n)[:, :, None] + jnp.arange(d)[None, None]).reshape(b, k * d))
+        last = gather_tokens(seq, known[:, None] - 1)  # [B, 1]
+        cand = jnp.where(has[:, :, None], follow.reshape(b, k, d), last[:, :, None])  # [B, K, D]
+        # the trie: candidate (m, t) is (m', t) for the first m' whose continuation agrees up to t
+        same = jnp.cumprod((cand[:, :, None, :] == cand[:, None, :, :]).astype(jnp.int32), axis=3) > 0  # [B, K, K', D]
+        rep = jnp.argmax(same, axis=2).astype(jnp.int32)  # [B, K, D]
+        m = jnp.arange(k, dtype=jnp.int32)[None, :, None]
+        t = jnp.arange(d, dtype=jnp.int32)[None, None, :]
+        keep = (rep == m) & (has[:, :, None] | (m == 0))  # a trie node; chains past the matches are not
+        parent = jnp.where(t == 0, -1, jnp.roll(rep, 1, axis=2) * d + t - 1)  # the candidate above (-1: the root)
+        cand, keep, parent = (x.reshape(b, k * d) for x in (cand, keep, parent))
+        if size > k * d:  # fillers below the root
+            pad = size - k * d
+            cand = jnp.concatenate([cand, jnp.broadcast_to(last, (b, pad))], axis=1)
+            keep = jnp.concatenate([keep, jnp.zeros((b, pad), bool)], axis=1)
+            parent = jnp.concatenate([parent, jnp.full((b, pad), -1, jnp.int32)], axis=1)
+        order = jnp.arange(cand.shape[1], dtype=jnp.int32)[None]
+        sel = jnp.sort(jax.lax.top_k(jnp.where(keep, -order, -order - cand.shape[1]), size)[1], axis=1)
+        node_of = jnp.zeros_like(parent).at[jnp.arange(b)[:, None], sel].set(
+            jnp.arange(1, size + 1, dtype=jnp.int32)[None])
+        par = jnp.take_along_axis(parent, sel, axis=1)
+        kept = jnp.take_along_axis(keep, sel, axis=1)
+        par_node = jnp.where((par < 0) | ~kept, 0, jnp.take_along_axis(node_of, jnp.maximum(par, 0), axis=1))
+        parents = jnp.concatenate([jnp.full((b, 1), -1, jnp.int32), par_node], axis=1)
+        return jnp.take_along_axis(cand, sel, axis=1).astype(jnp.int32), parents, st.dstate
+
     def commit(self, eng, params, st, dstate, hidden, old_lengths, u, a, advance):
         return dstate
 
@@ -215,6 +263,47 @@ class DraftModelDrafter:
         cache = cache.with_lengths(lengths)
         return jnp.stack(drafts, axis=1), _stack_probs(probs_all, eng.greedy), cache
 
+    tree_presets = False  # its trees are dynamic (``DynamicTree``)
+
+    def propose_tree(self, eng, params, st):
+        """EAGLE-2's expansion (``beam_tree``) with the draft model: its window over the known
+        tokens gives the root's children; each depth's beam then runs one forward, each node
+        reading the committed prefix and its own branch's beam slots (``known + (lvl - 1) * K
+        + i``, a ``TreeMask``). One more forward writes every kept node's K/V in the verify
+        window's layout (node ``i`` at slot ``known + i - 1``), so the accepted path compacts
+        as the target's does (``compact_tree``) and the commit advances over it."""
+        dec, dp, depth = eng.draft, params["draft"], eng.depth
+        k, w = eng.tree.topk, depth + 1
+        cache = st.dstate
+        lengths, u, known = cache.lengths, st.u, st.known
+        b = known.shape[0]
+        cache = cache.reserve(w + max(eng.window - 1, eng.scratch), st.live)
+        pos = lengths[:, None] + jnp.arange(w)[None]
+        x, cache = dec.forward_hidden(dp, gather_tokens(st.seq, pos), reachable_positions(pos, st.max_len), cache,
+                                      attention_impl=eng.attention_impl)
+        root = dec.head(dp, jnp.take_along_axis(x, (u - 1)[:, None, None], axis=1))  # [B, 1, V]
+        beam_pos = beam_positions(known, depth, k)
+
+        def level(lvl, beam_tok, beam_par, rows, cache):
+            at = jnp.broadcast_to(known[:, None] + lvl - 1, (b, k))
+            mask = TreeMask(known, rows, at, beam_pos)
+            h, cache = dec.forward_hidden(dp, beam_tok, reachable_positions(at, st.max_len),
+                                          cache.with_lengths(known + (lvl - 1) * k),
+                                          attention_impl=eng.attention_impl, tree=mask)
+            return (*_top_logits(dec.head(dp, h), k), cache)
+
+        tokens, parents, cache = beam_tree(eng.tree, depth, _top_logits(root, k), level, cache)
+        anc = ancestors(parents)
+        node_pos = known[:, None] + jnp.sum(anc, axis=2)[:, 1:].astype(jnp.int32) - 2  # depth d at known + d - 1
+        mask = TreeMask(known, anc[:, 1:, 1:], node_pos, node_pos)
+        _, cache = dec.forward_hidden(dp, tokens, reachable_positions(node_pos, st.max_len), cache.with_lengths(known),
+                                      attention_impl=eng.attention_impl, tree=mask)
+        return tokens, parents, cache.with_lengths(lengths)
+
+    def compact_tree(self, dstate, src):
+        """The draft model's window compacted as the target's (``ModelCache.compact``)."""
+        return dstate.compact(src)
+
     def commit(self, eng, params, st, dstate, hidden, old_lengths, u, a, advance):
         return dstate.advance(advance)
 
@@ -236,6 +325,62 @@ class MtpState:
     pending_n: jax.Array  # int32 [B]: how many of ``pending`` each row holds (R = 0: nothing is deferred)
 
 
+def beam_tree(tree: DynamicTree, depth: int, root: tuple[jax.Array, jax.Array], level, carry):
+    """EAGLE-2's expansion (``DynamicTree(nodes, K)``) to ``depth``, per row as data; the drafter
+    supplies ``root = (tokens, logp) [B, K]`` (the root's ``K`` most probable children) and
+    ``level(lvl, beam_tok [B, K], beam_par [B, K], rows [B, K, S], carry) -> (kid_tok, kid_logp
+    [B, K * K], carry)``: the children of each beam node at depth ``lvl`` (node-major), where
+    ``beam_par`` indexes each one's parent in the level above's beam (0 at depth 1: the root)
+    and ``rows`` marks its scratch ancestors (itself included) among the ``S = (depth - 1) * K``
+    beam slots (beam node ``i`` of depth ``lvl`` in slot ``(lvl - 1) * K + i``).
+
+    Each depth the ``K`` candidates of highest cumulative log-probability (summed along the
+    branch) form the beam and are expanded; the ``nodes`` candidates of highest cumulative
+    log-probability are verified. A child never scores above its parent, so they form a tree
+    (ties keep the earlier candidate: the parent); candidates are numbered level by level, so
+    the kept ones, in candidate order, are topological. Returns ``(tokens [B, N], parents
+    [B, N + 1], carry)``, parents in tree numbering (node 0 the root)."""
+    k = tree.topk
+    tok, logp = root
+    b = tok.shape[0]
+    scratch = max((depth - 1) * k, 1)
+    cand_tok, cand_par, cand_cum = [tok], [jnp.full((b, k), -1, jnp.int32)], [logp]
+    beam_tok, beam_cum = tok, logp
+    beam_cand = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))  # the beam's candidate ids
+    beam_par = jnp.zeros((b, k), jnp.int32)
+    rows_above = jnp.zeros((b, 1, scratch), bool)  # the level above's scratch ancestors (the root: none)
+    offset = k  # candidate id of the next level's first
+    for lvl in range(1, depth):
+        me = (lvl - 1) * k + jnp.arange(k, dtype=jnp.int32)  # this beam's scratch slots
+        rows = jnp.take_along_axis(rows_above, beam_par[:, :, None], axis=1)
+        rows = rows | (jnp.arange(scratch)[None, None, :] == me[None, :, None])
+        kid_tok, kid_logp, carry = level(lvl, beam_tok, beam_par, rows, carry)
+        kid_cum = jnp.repeat(beam_cum, k, axis=1) + kid_logp
+        cand_tok.append(kid_tok)
+        cand_par.append(jnp.repeat(beam_cand, k, axis=1))
+        cand_cum.append(kid_cum)
+        beam_cum, best = jax.lax.top_k(kid_cum, k)  # the next beam, among the K * K
+        beam_tok = jnp.take_along_axis(kid_tok, best, axis=1)
+        beam_cand, beam_par = offset + best, best // k
+        rows_above = rows
+        offset += k * k
+    cand_tok, cand_par, cand_cum = (jnp.concatenate(x, axis=1) for x in (cand_tok, cand_par, cand_cum))
+    n = tree.size(depth)
+    keep = jnp.sort(jax.lax.top_k(cand_cum, n)[1], axis=1)  # [B, N] candidate ids, topological
+    node_of = jnp.zeros_like(cand_par).at[jnp.arange(b)[:, None], keep].set(jnp.arange(1, n + 1, dtype=jnp.int32)[None])
+    par = jnp.take_along_axis(cand_par, keep, axis=1)  # each kept candidate's parent candidate (-1: root)
+    par_node = jnp.where(par < 0, 0, jnp.take_along_axis(node_of, jnp.maximum(par, 0), axis=1))
+    parents = jnp.concatenate([jnp.full((b, 1), -1, jnp.int32), par_node], axis=1)
+    return jnp.take_along_axis(cand_tok, keep, axis=1), parents, carry
+
+
+def beam_positions(known: jax.Array, depth: int, k: int) -> jax.Array:
+    """int32 ``[B, S]``: the position of each beam slot (``beam_tree``): depth ``lvl`` runs at
+    ``known + lvl - 1`` (the root, the last known token, at ``known - 1``)."""
+    scratch = max((depth - 1) * k, 1)
+    return known[:, None] + jnp.repeat(jnp.arange(scratch // k + 1, dtype=jnp.int32), k)[None, :scratch]
+
+
 def _top(dec, tp, h: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     """The top ``k`` tokens of the MTP block's head at each of ``h [B, n, d]`` and their
     log-probabilities (temperature 1): int32 and float32 ``[B, n * k]``, node-major (node 0's
@@ -248,6 +393,12 @@ def _top(dec, tp, h: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     top = top.astype(jnp.int32)
     top = top if ids is None else ids[top]
     return top.reshape(top.shape[0], -1), logp.reshape(logp.shape[0], -1)
+
+
+def _top_logits(logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """``_top`` of logits ``[B, n, V]`` already computed (a draft model's head)."""
+    logp, top = jax.lax.top_k(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), k)
+    return top.astype(jnp.int32).reshape(top.shape[0], -1), logp.reshape(logp.shape[0], -1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -396,57 +547,23 @@ class MtpDrafter:
         return jnp.concatenate(tokens, axis=1), parents, s.replace(cache=cache.replace(lengths=s.cache.lengths))
 
     def _dynamic_tree(self, eng, params, st):
-        """EAGLE-2's expansion (``DynamicTree(nodes, topk)``), per row as data. Depth 1: the
-        root's ``K`` most probable children. Each deeper level: the ``K`` candidates of the level
-        above with the highest cumulative log-probability (the beam) run one block call
-        together, each over its own branch, and each proposes its ``K`` best children (``K**2``
-        candidates, log-probabilities summed along the branch). The ``nodes`` candidates of
-        highest cumulative log-probability are verified: a child never scores above its parent,
-        so they form a tree (ties keep the earlier candidate, the parent). Candidates are
-        numbered level by level, so the kept ones, in candidate order, are topological.
-        Scratch slot ``base + (depth - 1) * K + i`` holds beam node ``i`` of that depth."""
+        """EAGLE-2's expansion (``beam_tree``): each depth's beam runs one block call, each
+        node over its own branch (its parent's block output and its own token); beam slot
+        ``i`` of depth ``lvl`` is the block's scratch slot ``base + (lvl - 1) * K + i``."""
         dec, tp = eng.target, params["target"]
         s: MtpState = st.dstate
-        tree, depth = eng.tree, eng.depth
-        k = tree.topk
-        b = st.known.shape[0]
-        scratch = max((depth - 1) * k, 1)  # beam nodes the block runs over (levels 1 .. depth - 1)
-        node_pos = st.known[:, None] - 1 + jnp.repeat(jnp.arange(scratch // k + 1, dtype=jnp.int32), k)[None, :scratch]
-        tok, logp = _top(dec, tp, s.h[:, None], k)  # [B, K]: depth 1
-        cand_tok, cand_par, cand_cum = [tok], [jnp.full((b, k), -1, jnp.int32)], [logp]
-        beam_tok, beam_cum = tok, logp
-        beam_cand = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))  # the beam's candidate ids
-        beam_par = jnp.zeros((b, k), jnp.int32)  # each beam node's parent among the level above's (the root: 0)
-        h_above = s.h[:, None]  # [B, 1 or K, d]: the block outputs of the level above
-        rows_above = jnp.zeros((b, 1, scratch), bool)  # their scratch ancestors
-        cache = s.cache
-        offset = k  # candidate id of the next level's first
-        for lvl in range(1, depth):
-            me = (lvl - 1) * k + jnp.arange(k, dtype=jnp.int32)  # this beam's scratch slots
-            rows = jnp.take_along_axis(rows_above, beam_par[:, :, None], axis=1)
-            rows = rows | (jnp.arange(scratch)[None, None, :] == me[None, :, None])
+        k, depth = eng.tree.topk, eng.depth
+        node_pos = beam_positions(st.known - 1, depth, k)
+
+        def level(lvl, beam_tok, beam_par, rows, carry):
+            h_above, cache = carry
             h_par = jnp.take_along_axis(h_above, beam_par[:, :, None], axis=1)
             h, cache = self._branch_block(eng, params, st, cache, h_par, beam_tok, lvl, (lvl - 1) * k, rows,
                                           node_pos)
-            kid_tok, kid_logp = _top(dec, tp, h, k)  # [B, K * K], node-major
-            kid_cum = jnp.repeat(beam_cum, k, axis=1) + kid_logp
-            cand_tok.append(kid_tok)
-            cand_par.append(jnp.repeat(beam_cand, k, axis=1))
-            cand_cum.append(kid_cum)
-            beam_cum, best = jax.lax.top_k(kid_cum, k)  # the next beam, among the K * K
-            beam_tok = jnp.take_along_axis(kid_tok, best, axis=1)
-            beam_cand, beam_par = offset + best, best // k
-            h_above, rows_above = h, rows
-            offset += k * k
-        cand_tok, cand_par, cand_cum = (jnp.concatenate(x, axis=1) for x in (cand_tok, cand_par, cand_cum))
-        n = tree.size(depth)
-        keep = jnp.sort(jax.lax.top_k(cand_cum, n)[1], axis=1)  # [B, N] candidate ids, topological
-        rows_b = jnp.arange(b)[:, None]
-        node_of = jnp.zeros_like(cand_par).at[rows_b, keep].set(jnp.arange(1, n + 1, dtype=jnp.int32)[None])
-        par = jnp.take_along_axis(cand_par, keep, axis=1)  # each kept candidate's parent candidate (-1: root)
-        par_node = jnp.where(par < 0, 0, jnp.take_along_axis(node_of, jnp.maximum(par, 0), axis=1))
-        parents = jnp.concatenate([jnp.full((b, 1), -1, jnp.int32), par_node], axis=1)
-        tokens = jnp.take_along_axis(cand_tok, keep, axis=1)
+            return (*_top(dec, tp, h, k), (h, cache))
+
+        tokens, parents, (_, cache) = beam_tree(eng.tree, depth, _top(dec, tp, s.h[:, None], k), level,
+                                                (s.h[:, None], s.cache))
         return tokens, parents, s.replace(cache=cache.replace(lengths=s.cache.lengths))
 
     def commit(self, eng, params, st, dstate, hidden, old_lengths, u, a, advance):

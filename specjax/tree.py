@@ -28,7 +28,8 @@ from pallas_kernels.reference import TreeMask, tree_mask_visible
 
 __all__ = ["DynamicTree", "Tree", "TreeMask", "accepted_sources", "ancestors", "chain_parents", "depths",
            "max_children", "preset_depths", "preset_parents", "tree_greedy_verify", "tree_levels", "tree_mask",
-           "tree_positions", "tree_rejection_verify", "tree_size", "tree_visible", "tree_window"]
+           "tree_positions", "tree_rejection_verify", "tree_scratch", "tree_size", "tree_visible",
+           "tree_window"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +60,12 @@ Tree = tuple[int, ...] | DynamicTree  # a preset (children per node at each draf
 def tree_window(tree: Tree, depth: int) -> int:
     """The verify window of a tree drafted to ``depth``: its draft nodes and the root."""
     return (tree.size(depth) if isinstance(tree, DynamicTree) else tree_size(tree)) + 1
+
+
+def tree_scratch(tree: Tree, depth: int) -> int:
+    """Slots a drafter's expansion of the tree writes past the known tokens besides the window's
+    (a dynamic tree's beams: ``(depth - 1) * K``; a preset drafts in its window's slots)."""
+    return (depth - 1) * tree.topk if isinstance(tree, DynamicTree) else 0
 
 
 def max_children(tree: Tree) -> int:

@@ -1565,4 +1565,25 @@ MUTATIONS: list[Mutation] = [
         "        ok = ((kp < start) & (kp >= lead) & (kp >= 0)) | (own | (kp >= start))\n",
         ("tests/test_pallas_kernels.py::test_tree_mask_in_the_kernels_matches_the_oracle",),
     ),
+    Mutation(
+        "n-gram tree: continuations sharing a prefix are not merged (no trie)",
+        "NgramDrafter.propose_tree",
+        "        rep = jnp.argmax(same, axis=2).astype(jnp.int32)  # [B, K, D]\n",
+        "        rep = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32)[None, :, None], same.shape[:2] + (d,))\n",
+        ("tests/test_tree_engine.py::test_ngram_tree_is_a_trie_of_the_latest_matches",),
+    ),
+    Mutation(
+        "draft-model tree: its own window left in tree order (a rejected branch's K/V read next step)",
+        "DraftModelDrafter.compact_tree",
+        "        return dstate.compact(src)\n",
+        "        return dstate\n",
+        ("tests/test_tree_engine.py::test_after_draft_model_tree_steps_its_cache_holds_what_a_fresh_prefill_holds",),
+    ),
+    Mutation(
+        "draft-model tree: the kept nodes' K/V never written in the window's layout",
+        "DraftModelDrafter.propose_tree",
+        "        return tokens, parents, cache.with_lengths(lengths)\n",
+        "        return tokens, parents, st.dstate\n",
+        ("tests/test_tree_engine.py::test_after_draft_model_tree_steps_its_cache_holds_what_a_fresh_prefill_holds",),
+    ),
 ]

@@ -436,3 +436,117 @@ def test_dynamic_tree_rows_are_batch_invariant():
     batch = generate(MODEL, prompts, seed=[1, 2, 3, 4, 5], **kw)
     alone = generate(MODEL, [prompts[2]], seed=[3], **kw)
     assert alone.tokens[0] == batch.tokens[2]
+
+
+DRAFT = None
+
+
+def _draft():
+    global DRAFT
+    if DRAFT is None:
+        from engine_models import noisy
+
+        DRAFT = noisy(MODEL, 0.3)
+    return DRAFT
+
+
+@pytest.mark.parametrize("drafter,tree,depth,rule,cache", [
+    ("ngram", "dynamic:8,3", 4, "per_sequence", "dense"),
+    ("ngram", "dynamic:6,2", 3, "cohort", "paged"),
+    ("draft_model", "dynamic:8,2", 4, "per_sequence", "paged"),
+    ("draft_model", "dynamic:6,3", 3, "cohort", "dense"),
+])
+def test_greedy_trees_of_every_drafter_equal_plain(drafter, tree, depth, rule, cache):
+    prompts = [(p[:2] * 8)[: len(p)] if i % 2 else p for i, p in enumerate(_prompts(6, seed=depth + 30))]
+    got = generate(MODEL, prompts, max_new_tokens=20, drafter=drafter, draft_model=_draft(), tree=tree, depth=depth,
+                   kv_advance=rule, cache=cache)
+    assert got.tokens == _plain(prompts, 20)
+    assert got.metrics["accepted_drafts"] > 0
+
+
+def test_draft_model_trees_on_sliding_window_models_equal_plain():
+    draft = sharp(SLIDING, seed=1)
+    prompts = _prompts(4, seed=12)
+    want = generate(SLIDING_MODEL, prompts, max_new_tokens=20, drafter=None).tokens
+    got = generate(SLIDING_MODEL, prompts, max_new_tokens=20, drafter="draft_model", draft_model=draft,
+                   tree="dynamic:6,2", depth=4)
+    assert got.tokens == want
+
+
+def test_after_draft_model_tree_steps_its_cache_holds_what_a_fresh_prefill_holds():
+    """The draft model's own window is compacted as the target's: its live K/V equal a fresh
+    prefill of the row's tokens (a rejected branch never reaches a later step)."""
+    import specjax
+    from specjax.engine import make_engine, prefill, request_capacity, step
+    from specjax.tree import DynamicTree
+
+    tree, depth, b, width = DynamicTree(6, 2), 3, 4, 16
+    eng = make_engine(MODEL, drafter="draft_model", draft_model=_draft(), depth=depth,
+                      kv_advance_rule=specjax.kv_advance("per_sequence"), cache="dense",
+                      capacity=request_capacity(2 * width, 24, 16), tree=tree)
+    params = {"target": MODEL.params, "draft": _draft().params}
+    prompts = _prompts(b, seed=8)
+    toks = np.zeros((b, width), np.int32)
+    for i, p in enumerate(prompts):
+        toks[i, : len(p)] = p
+    plen = np.array([len(p) for p in prompts], np.int32)
+    st = prefill(eng, params, toks, plen, plen + 24, np.full(b, -1, np.int32), np.arange(b, dtype=np.uint32))
+    for _ in range(3):
+        st = step(eng, params, st)
+    assert int(np.sum(np.asarray(st.accepted))) > 0
+    seq, known = np.asarray(st.seq), np.asarray(st.known)
+    toks = np.zeros((b, 2 * width), np.int32)
+    for i in range(b):
+        toks[i, : known[i] - 1] = seq[i, : known[i] - 1]
+    fresh = prefill(eng, params, toks, known - 1, known + 7, np.full(b, -1, np.int32), np.arange(b, dtype=np.uint32))
+    lengths = np.asarray(st.dstate.lengths)
+    np.testing.assert_array_equal(lengths, known - 1)
+    for layer in range(MODEL.config.n_layers):
+        for got, want in ((st.dstate.global_kv.k[layer], fresh.dstate.global_kv.k[layer]),
+                          (st.dstate.global_kv.v[layer], fresh.dstate.global_kv.v[layer])):
+            for i in range(b):
+                np.testing.assert_allclose(np.asarray(got)[i, :, : lengths[i]], np.asarray(want)[i, :, : lengths[i]],
+                                           atol=1e-4, err_msg=f"layer {layer} row {i}")
+
+
+def test_ngram_tree_is_a_trie_of_the_latest_matches():
+    """Three earlier occurrences of the last two tokens (1, 2), followed by (3, 4, 5), (3, 4, 6)
+    and (7, 8, 9): the trie shares (3, 4) and keeps the latest match first (7 nodes: all it
+    holds; a wider tree fills up with candidates below the root)."""
+    from specjax.engine import make_engine
+    from specjax.engine.state import new_state
+    from specjax.tree import DynamicTree
+
+    seq = [1, 2, 7, 8, 9, 0, 1, 2, 3, 4, 6, 0, 1, 2, 3, 4, 5, 0, 1, 2]  # matches at 12 (latest), 6, 0
+    eng = make_engine(MODEL, drafter="ngram", draft_model=None, depth=3, kv_advance_rule="per_sequence",
+                      cache="dense", ngram_n=2, capacity=32, tree=DynamicTree(7, 3))
+    arr = jnp.zeros((1, 32), jnp.int32).at[0, : len(seq)].set(jnp.asarray(seq))
+    n = jnp.asarray([len(seq)], jnp.int32)
+    st = new_state(eng, seq=arr, known=n, cache=None, dstate=None, prompt_len=n, max_len=n + 8,
+                   eos=jnp.full((1, 1), -1, jnp.int32), seeds=jnp.zeros((1,), jnp.uint32), sampling=None,
+                   live=jnp.ones((1,), bool), done=jnp.zeros((1,), bool))
+    tokens, parents, _ = eng.drafter.propose_tree(eng, {}, st)
+    # match-major: 3 4 5 (latest), then 6 below the shared (3, 4), then 7 8 9
+    assert np.asarray(tokens)[0].tolist() == [3, 4, 5, 6, 7, 8, 9]
+    assert np.asarray(parents)[0].tolist() == [-1, 0, 1, 2, 2, 0, 5, 6]
+
+
+@pytest.mark.parametrize("drafter,tree,depth", [("draft_model", "dynamic:4,2", 3), ("ngram", "dynamic:4,2", 2)])
+def test_tree_sampling_of_other_drafters_matches_the_target_distribution(tiny, drafter, tree, depth):
+    from engine_models import noisy
+
+    prompt = [1, 2, 1, 2, 0]
+    exact = exact_continuations(tiny, prompt, 3, 1.0, 1.0)
+    rows, calls = 2000, 5
+    samples = []
+    for c in range(calls):
+        r = generate(tiny, [prompt] * rows, max_new_tokens=3, drafter=drafter, draft_model=noisy(tiny, 1.0, seed=9),
+                     tree=tree, depth=depth, temperature=1.0, seed=list(range(c * rows, (c + 1) * rows)))
+        samples += r.tokens
+    assert r.metrics["accepted_drafts"] > 0
+    assert chi2_pvalue(samples, exact) > 1e-3
+
+
+def test_presets_are_for_the_mtp_drafter():
+    with pytest.raises(ValueError, match=r"tree=\[2, 1\] is a preset; drafter 'ngram' drafts dynamic trees only"):
+        generate(MODEL, [[1, 2]], max_new_tokens=4, drafter="ngram", tree=(2, 1))

@@ -12,7 +12,7 @@ from specjax.drafter import drafter_kind, resolve_drafter
 from specjax.engine.controller import StepController
 from specjax.protocols import Decoder, DecoderModel, check_model
 from specjax.sharding import data_shards
-from specjax.tree import DynamicTree, Tree, preset_parents, tree_window
+from specjax.tree import DynamicTree, Tree, preset_parents, tree_scratch, tree_window
 
 __all__ = ["PAGE_SIZE", "EngineConfig", "check_tree", "make_engine", "prompt_bucket", "request_capacity"]
 
@@ -90,13 +90,18 @@ class EngineConfig:
         depth ``w - 1``, no controller (the drafter drafts exactly that many)."""
         return self if w == self.window else dataclasses.replace(self, depth=w - 1, controller=None)
 
+    @property
+    def scratch(self) -> int:
+        """Slots a drafter writes past the window (a dynamic tree's beams; 0 for a chain)."""
+        return 0 if self.tree is None else tree_scratch(self.tree, self.depth)
+
     def new_cache(self, dec: Decoder, batch: int) -> Any:
         """Empty caches of ``dec`` (the target or the draft model) for ``batch`` rows. Rolling and
         compressed caches reach a window plus chained draft writes (``2w + 2``) past the committed
         length; the prefill, however wide, is bounded per row (``bound_write``), so it does not
         size their rings. A paged pool is split into ``pool_groups`` pools (one per data shard)
         when the cache can be (``split_pool``)."""
-        cache = dec.init_cache(batch, self.capacity, kind=self.cache_kind, slack=2 * self.window + 2,
+        cache = dec.init_cache(batch, self.capacity, kind=self.cache_kind, slack=2 * self.window + 2 + self.scratch,
                                page_size=PAGE_SIZE, num_pages=self.num_pages)
         if self.pool_groups > 1 and hasattr(cache, "split_pool"):
             cache = cache.split_pool(self.pool_groups)
@@ -162,8 +167,11 @@ def check_tree(tree: Tree, depth: int, drafter, controller, mesh) -> None:
         if depth != len(tree):
             raise ValueError(f"tree={list(tree)} drafts to depth {len(tree)}, but depth={depth}: they must agree")
         tree = list(tree)
+    if not isinstance(tree, str) and not getattr(drafter, "tree_presets", True):
+        raise ValueError(f"tree={tree} is a preset; drafter {drafter.name!r} drafts dynamic trees only: "
+                         "tree='dynamic:N,K'")
     if not hasattr(drafter, "propose_tree"):
-        raise ValueError(f"tree={tree} needs a drafter that proposes trees ('mtp'); drafter "
+        raise ValueError(f"tree={tree} needs a drafter that proposes trees ('mtp', 'ngram'); drafter "
                          f"{getattr(drafter, 'name', drafter)!r} drafts chains only")
     if controller is not None:
         raise ValueError(f"tree={tree} and depth='auto' do not combine yet: give a fixed tree")

@@ -146,6 +146,8 @@ def _tree_verify(eng: EngineConfig, params: dict, st: EngineState) -> _Verified:
         nxt = sample(position_keys(st.seeds, (lengths + u + a)[:, None], SAMPLE)[:, 0], resid)
     src = accepted_sources(path, u, w)
     hidden = jnp.take_along_axis(hidden, src[:, :, None], axis=1)
+    if hasattr(eng.drafter, "compact_tree"):  # a drafter whose own caches hold the window (a draft model)
+        dstate = eng.drafter.compact_tree(dstate, src)
     path_tok = jnp.take_along_axis(window, jnp.clip(path, 0, w - 1), axis=1)
     asked = jnp.max(jnp.where(is_known, 0, node_depth - u[:, None] + 1), axis=1)  # the drafts' deepest level
     return _Verified(a, path_tok, nxt, hidden, cache.compact(src), dstate, asked, w - u)
