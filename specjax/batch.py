@@ -319,6 +319,9 @@ def batch_generate(
             fail(name, val, f"must be an int >= {lo}")
     if not is_int(seed):
         fail("seed", seed, "must be one int in [0, 2**32) (each request's seed is derived from it and its id)")
+    if cfg.tree is not None:
+        fail("tree", list(cfg.tree) if isinstance(cfg.tree, tuple) else str(cfg.tree),
+             "batch jobs verify chains: token trees run in generate and stream")
     drafter = default_drafter(cfg.drafter, model, draft_model)
     check_drafter_models(drafter, model, draft_model)
     d, policy = resolve_depth(cfg.depth, cfg.max_depth, drafter)

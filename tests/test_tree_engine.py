@@ -550,3 +550,14 @@ def test_tree_sampling_of_other_drafters_matches_the_target_distribution(tiny, d
 def test_presets_are_for_the_mtp_drafter():
     with pytest.raises(ValueError, match=r"tree=\[2, 1\] is a preset; drafter 'ngram' drafts dynamic trees only"):
         generate(MODEL, [[1, 2]], max_new_tokens=4, drafter="ngram", tree=(2, 1))
+
+
+def test_stream_with_a_tree_yields_generates_tokens():
+    from specjax.streaming import stream
+
+    prompts = _prompts(3, seed=14)
+    got = [[] for _ in prompts]
+    for chunk in stream(MODEL, prompts, max_new_tokens=16, drafter="mtp", tree="dynamic:6,2", depth=3):
+        for i, t in enumerate(chunk.new_tokens):
+            got[i] += t
+    assert got == _plain(prompts, 16)
