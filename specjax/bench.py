@@ -122,7 +122,8 @@ def _positions(k: int | str, depth: int) -> int:
 def _configs(drafters: Sequence[str], depth: int, workload: str,
              trees: Sequence[str] = ()) -> list[tuple[str, str, int | str]]:
     """(drafter, rule, depth) per row: plain and both rules at ``depth`` (``code`` only), then
-    the depth rows of ``DEPTH_DRAFTERS`` under the per-sequence rule, then each tree (mtp)."""
+    the depth rows of ``DEPTH_DRAFTERS`` under the per-sequence rule, then each tree of each
+    drafter (presets: the MTP drafter's only)."""
     rows: list[tuple[str, str, int | str]] = [("none", "per_sequence", 0)]
     if workload == "code":
         rows += [(d, r, depth) for d in drafters for r in RULES]
@@ -130,7 +131,7 @@ def _configs(drafters: Sequence[str], depth: int, workload: str,
         if d in DEPTH_DRAFTERS:
             fixed = range(1, depth + 1) if workload == "mixed" else range(1, depth)
             rows += [(d, "per_sequence", k) for k in fixed] + [(d, "per_sequence", "auto")]
-    rows += [("mtp", "per_sequence", TREE + t) for t in trees]
+    rows += [(d, "per_sequence", TREE + t) for d in drafters for t in trees if d == "mtp" or t.startswith("dynamic")]
     return rows
 
 
@@ -235,8 +236,9 @@ def bench(
     so a slow spell of a shared machine falls on all of them, not on whichever row it met;
     with ``rounds`` > 1 the pass repeats and each row keeps its fastest (``seconds_per_round``
     and ``speedup_vs_plain_per_round`` keep every pass: the spread one run shows). ``trees``:
-    token-tree rows (``"2x2x1"``: the MTP drafter, per-sequence) beside the chains; each gets
-    ``vs_best_chain``, its tok/s over the best of plain and every chain depth of the MTP drafter."""
+    token-tree rows (per-sequence) beside the chains: a preset (``"2x2x1"``) for the MTP drafter,
+    a dynamic tree (``"dynamic:8,2@4"``) for every drafter; each gets ``vs_best_chain``, its
+    tok/s over the best of plain and every chain depth of its drafter."""
     from tqdm import tqdm
 
     from specjax.drafter import DRAFTERS
@@ -257,8 +259,9 @@ def bench(
     for t in trees:
         spec, _, d = t.partition("@")
         GenerationConfig(tree=spec, depth=int(d) if d.isdigit() else depth)  # a bad tree: an error before any run
-    if trees and "mtp" not in drafters:
-        raise ValueError(f"trees={list(trees)} needs the mtp drafter among drafters={list(drafters)}")
+    if any(not t.startswith("dynamic") for t in trees) and "mtp" not in drafters:
+        raise ValueError(f"trees={list(trees)} holds a preset, which needs the mtp drafter among "
+                         f"drafters={list(drafters)}")
     prompts = bench_prompts(n_prompts)
     for b in batches:
         if not isinstance(b, int) or b < 1 or len(prompts) % b:
@@ -302,10 +305,11 @@ def bench(
             row["vs_best_fixed"] = row["tok_per_s"] / best["tok_per_s"]
             row["best_fixed"] = "plain" if best["drafter"] == "none" else f"depth {best['depth']}"
     for row in rows:
-        if _tree_of(row["depth"]):  # a tree vs the best of plain and every chain depth of the MTP drafter
+        if _tree_of(row["depth"]):  # a tree vs the best of plain and every chain depth of its drafter
             peers = [x for x in rows if x["batch"] == row["batch"] and x["temperature"] == row["temperature"]
                      and x["workload"] == row["workload"] and isinstance(x["depth"], int)
-                     and (x["drafter"] == "none" or (x["drafter"] == "mtp" and x["kv_advance"] == "per_sequence"))]
+                     and (x["drafter"] == "none" or (x["drafter"] == row["drafter"]
+                                                     and x["kv_advance"] == "per_sequence"))]
             best = max(peers, key=lambda x: x["tok_per_s"])
             row["vs_best_chain"] = row["tok_per_s"] / best["tok_per_s"]
             row["best_chain"] = "plain" if best["drafter"] == "none" else f"depth {best['depth']}"

@@ -791,8 +791,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--drafters", default=None, help="default mtp,draft_model,ngram")
     b.add_argument("--depth", type=int, default=3)
     b.add_argument("--trees", default=None, metavar="'T1 T2'",
-                   help="token-tree rows beside the chains (mtp, per_sequence), space-separated: presets (2x2x1) "
-                        "and dynamic trees drafted to the bench's --depth or to D (dynamic:8,2@5)")
+                   help="token-tree rows beside the chains (per_sequence), space-separated: presets (2x2x1, the "
+                        "mtp drafter's) and dynamic trees drafted to the bench's --depth or to D (dynamic:8,2@5, "
+                        "every drafter's)")
     b.add_argument("--max-new-tokens", type=int, default=None, help="default 128 (--shape: 64)")
     b.add_argument("--prompts", type=int, default=None, help="use the first N of the 64 fixed prompts")
     b.add_argument("--rounds", type=int, default=None,
