@@ -212,8 +212,9 @@ def test_one_compile_per_tree_configuration():
     (dict(tree="two"), r"tree='two' is invalid: must be children per depth"),
     (dict(tree=[8, 8, 8]), r"tree=\[8, 8, 8\] is invalid: holds more than 64 draft nodes"),
     (dict(tree=(2, 1), depth="auto"), r"tree=\[2, 1\] is invalid: does not combine with depth='auto'"),
-    (dict(tree=(2, 1), drafter="ngram"), r"needs a drafter that proposes trees \('mtp'\); drafter 'ngram'"),
-    (dict(tree=(2, 1), attention_impl="pallas"), r"runs on attention_impl='xla'"),
+    (dict(tree=(2, 1), drafter=None), r"tree=\[2, 1\] needs a drafter that proposes trees \('mtp', 'draft_model', "
+     r"'ngram'\); drafter 'none' drafts chains only"),
+    (dict(tree=(2, 1), drafter="ngram"), r"tree=\[2, 1\] is a preset; drafter 'ngram' drafts dynamic trees only"),
 ])
 def test_bad_tree_settings_are_refused_before_compile(kwargs, match):
     before = TRACES["generate"]

@@ -158,22 +158,21 @@ def make_engine(model: DecoderModel, *, drafter, draft_model, depth, kv_advance_
 
 def check_tree(tree: Tree, depth: int, drafter, controller, mesh) -> None:
     """What a tree step needs today (a ``ValueError`` naming what is not met)."""
+    shown = str(tree) if isinstance(tree, DynamicTree) else list(tree)
+    if not hasattr(drafter, "propose_tree"):
+        raise ValueError(f"tree={shown} needs a drafter that proposes trees ('mtp', 'draft_model', 'ngram'); "
+                         f"drafter {getattr(drafter, 'name', drafter)!r} drafts chains only")
     if isinstance(tree, DynamicTree):
         if not (tree.nodes >= 1 and tree.topk >= 1 and depth >= 1):
-            raise ValueError(f"tree={tree} is invalid at depth={depth}: nodes, topk and depth must be >= 1")
-        tree = str(tree)
+            raise ValueError(f"tree={shown} is invalid at depth={depth}: nodes, topk and depth must be >= 1")
     else:
         preset_parents(tree)  # the shape itself
+        if not getattr(drafter, "tree_presets", True):
+            raise ValueError(f"tree={shown} is a preset; drafter {drafter.name!r} drafts dynamic trees only: "
+                             "tree='dynamic:N,K'")
         if depth != len(tree):
-            raise ValueError(f"tree={list(tree)} drafts to depth {len(tree)}, but depth={depth}: they must agree")
-        tree = list(tree)
-    if not isinstance(tree, str) and not getattr(drafter, "tree_presets", True):
-        raise ValueError(f"tree={tree} is a preset; drafter {drafter.name!r} drafts dynamic trees only: "
-                         "tree='dynamic:N,K'")
-    if not hasattr(drafter, "propose_tree"):
-        raise ValueError(f"tree={tree} needs a drafter that proposes trees ('mtp', 'ngram'); drafter "
-                         f"{getattr(drafter, 'name', drafter)!r} drafts chains only")
+            raise ValueError(f"tree={shown} drafts to depth {len(tree)}, but depth={depth}: they must agree")
     if controller is not None:
-        raise ValueError(f"tree={tree} and depth='auto' do not combine yet: give a fixed tree")
+        raise ValueError(f"tree={shown} and depth='auto' do not combine yet: give a fixed tree")
     if mesh is not None:
-        raise ValueError(f"tree={tree} runs on one device (mesh=None) for now")
+        raise ValueError(f"tree={shown} runs on one device (mesh=None) for now")
