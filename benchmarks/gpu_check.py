@@ -21,9 +21,15 @@ Sections (each reports its own error instead of stopping the run):
    shape for the 8B) at B 1/8/32/64 (the 8B at B 1 and 32), each with the target's own w-token
    forwards; at B=1 the roofline from this device's own compile beside the measured step.
 
+5. ``trees``: a token tree's step cost at llama3.2-1b's shape (random weights, bfloat16, B 1
+   and 8): the MTP chain at depth 3 and 4 against dynamic trees of 6, 8 and 12 nodes, ms per
+   step, and the tok/s that step cost gives at the bundled model's tokens per step.
+
     # the at-scale bench only, one shape a call (each estimated within the 10-minute limit: not yet run)
     PYTHONPATH=. python benchmarks/gpu_check.py --skip kernels bandwidth engine --scale-shapes llama3.2-1b
     PYTHONPATH=. python benchmarks/gpu_check.py --skip kernels bandwidth engine --scale-shapes llama3.1-8b
+    # token trees at a real shape only
+    PYTHONPATH=. python benchmarks/gpu_check.py --skip kernels bandwidth engine scale
 """
 
 from __future__ import annotations
@@ -183,10 +189,59 @@ def scale(smoke: bool) -> dict:
     return out
 
 
+# (tree, depth) rows of the trees section: chains of the MTP head, then dynamic trees
+TREE_ROWS = ((None, 3), (None, 4), ("dynamic:6,2", 4), ("dynamic:8,2", 5), ("dynamic:12,3", 6))
+
+
+def trees(smoke: bool) -> dict:
+    """A token tree's step cost at a real shape: random llama3.2-1b weights (bfloat16, the
+    layer scan), prompt 512, B 1 and 8, the MTP chain at depth 3 and 4 against dynamic trees.
+    Random weights accept nothing, so what is measured is ms per step (every node is drafted
+    and verified whatever is accepted); ``projected_tok_per_s`` multiplies in the tokens per
+    step the same tree reached on the bundled model (``docs/bench_trees.json``, B=1)."""
+    import pathlib
+
+    import specjax
+    from specjax.model import ModelConfig, with_layer_loop
+    from specjax.scale import random_models
+
+    bundled = {}
+    path = pathlib.Path(__file__).resolve().parent.parent / "docs" / "bench_trees.json"
+    for r in json.loads(path.read_text())["rows"] if path.exists() else []:
+        if r["drafter"] == "mtp" and r["batch"] == 1 and r["kv_advance"] == "per_sequence":
+            bundled[str(r["depth"])] = r["tok_per_step"]
+    if smoke:
+        name = ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, max_seq_len=256,
+                           mtp_depth=3)
+        prompt_len, new, batches = 16, 8, (1, 2)
+    else:
+        name, prompt_len, new, batches = "llama3.2-1b", 512, 64, (1, 8)
+    target, _ = random_models(name, "bfloat16")
+    target = with_layer_loop(target, "scan")
+    rng = np.random.default_rng(0)
+    prompts = rng.integers(0, target.config.vocab_size, (max(batches), prompt_len)).tolist()
+    rows = []
+    for b in batches:
+        for tree, depth in TREE_ROWS:
+            kw = dict(max_new_tokens=new, drafter="mtp", depth=depth, tree=tree)
+            specjax.generate(target, prompts[:b], **kw)  # compile and warm
+            best, res = float("inf"), None
+            for _ in range(2):
+                res = specjax.generate(target, prompts[:b], **kw)
+                best = min(best, res.metrics["seconds_run"] / max(res.metrics["steps"], 1))
+            key = f"tree:{tree}@{depth}" if tree else depth
+            tps = bundled.get(str(key))
+            rows.append({"batch": b, "tree": tree, "depth": depth, "ms_per_step": best * 1e3,
+                         "bundled_tok_per_step": tps,
+                         "projected_tok_per_s": None if tps is None else b * tps / best})
+            print(f"gpu_check: trees B={b} {key} {best * 1e3:.2f} ms/step", file=sys.stderr, flush=True)
+    return {"shape": name if isinstance(name, str) else "smoke", "prompt_len": prompt_len, "rows": rows}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU: interpret mode)")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["kernels", "bandwidth", "engine", "scale"])
+    ap.add_argument("--skip", nargs="*", default=[], choices=["kernels", "bandwidth", "engine", "scale", "trees"])
     ap.add_argument("--scale-shapes", nargs="*", default=list(SCALE_SHAPES), choices=SCALE_SHAPES,
                     help="the scale section's shapes (one call each: each should fit the 10-minute limit)")
     args = ap.parse_args()
@@ -195,7 +250,7 @@ def main() -> None:
               # jax's own default for Pallas on GPU (the loop body names Triton whatever this says)
               "pallas_gpu_default": "mosaic" if getattr(jax.config, "jax_pallas_use_mosaic_gpu", False) else "triton"}
     for name, fn in (("kernels", kernels), ("bandwidth", bandwidth), ("engine", engine),
-                     ("scale", scale)):
+                     ("scale", scale), ("trees", trees)):
         if name in args.skip:
             continue
         t0 = time.perf_counter()

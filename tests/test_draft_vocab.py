@@ -19,8 +19,7 @@ from specjax.engine import make_engine, prefill, step
 from specjax.model import init_model, with_draft_vocab
 from specjax.mtp_head import draft_vocab_ids, load_mtp, save_mtp
 
-from engine_models import GLOBAL, TINY, sharp
-from test_engine import _chi2, _exact
+from engine_models import GLOBAL, TINY, chi2_pvalue, exact_continuations, sharp
 
 FIX = Path(__file__).parent / "fixtures" / "hf"
 CFG = dataclasses.replace(GLOBAL, mtp_depth=3, max_seq_len=128)
@@ -73,7 +72,7 @@ def test_sampled_mtp_with_a_draft_vocabulary_matches_the_target_distribution():
     target = sharp(TINY, seed=3, s_emb=2.0, s_head=6.0)
     model = with_draft_vocab(target, [1, 3])
     prompt = [1, 2, 0]
-    exact = _exact(target, prompt, 3, 1.0, 1.0)
+    exact = exact_continuations(target, prompt, 3, 1.0, 1.0)
     samples, accepted = [], 0
     for c in range(10):
         r = generate(model, [prompt] * 2000, max_new_tokens=3, drafter="mtp", depth=2, temperature=1.0,
@@ -81,7 +80,7 @@ def test_sampled_mtp_with_a_draft_vocabulary_matches_the_target_distribution():
         samples += r.tokens
         accepted += r.metrics["accepted_drafts"]
     assert accepted > 0
-    assert _chi2(samples, exact) > 1e-3
+    assert chi2_pvalue(samples, exact) > 1e-3
 
 
 def test_the_draft_vocabulary_is_the_most_frequent_tokens():
