@@ -187,11 +187,11 @@ def dense_reference(q: jax.Array, k: jax.Array, v: jax.Array, lead_pad: jax.Arra
     check_shapes(q, k, v)
     b, t_q = q.shape[:2]
     t = k.shape[2]
-    q_pos = jnp.asarray(q_start, jnp.int32)[:, None] + jnp.arange(t_q, dtype=jnp.int32)
     key_pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     lead = jnp.asarray(lead_pad, jnp.int32)
     if tree is not None:
         return attend_visible(q, k, v, tree_mask_visible(key_pos, key_pos, lead, tree, window), scale)
+    q_pos = jnp.asarray(q_start, jnp.int32)[:, None] + jnp.arange(t_q, dtype=jnp.int32)
     return attention_with_positions(q, k, v, q_pos, key_pos, lead, window=window, scale=scale)
 
 

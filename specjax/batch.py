@@ -63,6 +63,7 @@ from specjax.generation_config import GenerationConfig, check_sampling, is_int, 
 from specjax.protocols import DecoderModel, check_model
 from specjax.sampling import RowSampling, derive_seed
 from specjax.sharding import constrain, data_shards, shard_model, shardings, state_specs
+from specjax.tree import tree_label
 from specjax.validate import EOS_WIDTH, check_drafter_models, check_eos, eos_table, fail, resolve_depth
 
 __all__ = ["Completion", "Request", "batch_generate"]
@@ -320,8 +321,7 @@ def batch_generate(
     if not is_int(seed):
         fail("seed", seed, "must be one int in [0, 2**32) (each request's seed is derived from it and its id)")
     if cfg.tree is not None:
-        fail("tree", list(cfg.tree) if isinstance(cfg.tree, tuple) else str(cfg.tree),
-             "batch jobs verify chains: token trees run in generate and stream")
+        fail("tree", tree_label(cfg.tree), "batch jobs verify chains: token trees run in generate and stream")
     drafter = default_drafter(cfg.drafter, model, draft_model)
     check_drafter_models(drafter, model, draft_model)
     d, policy = resolve_depth(cfg.depth, cfg.max_depth, drafter)

@@ -127,16 +127,21 @@ class NgramDrafter(_Stateless):
     n: int = 3
     name: str = "ngram"
 
-    def _match(self, seq: jax.Array, known: jax.Array) -> jax.Array:
-        """int32 [B]: start of the latest earlier occurrence of each row's last ``n`` known
-        tokens whose continuation starts inside the known tokens, -1 where there is none."""
+    def _starts(self, seq: jax.Array, known: jax.Array) -> jax.Array:
+        """int32 [B, S]: each candidate start ``s`` where an earlier occurrence of the row's last
+        ``n`` known tokens begins and its continuation starts inside the known tokens, else -1."""
         n, c = self.n, seq.shape[1]
         pattern = gather_tokens(seq, known[:, None] - n + jnp.arange(n)[None])  # [B, n]
         starts = jnp.arange(c - n + 1)  # candidate match starts
         windows = seq[:, starts[:, None] + jnp.arange(n)[None]]  # [B, S, n]
         hit = jnp.all(windows == pattern[:, None, :], axis=-1)
         hit &= (starts[None] + n < known[:, None]) & (known[:, None] >= n)  # continuation starts inside known
-        return jnp.max(jnp.where(hit, starts[None], -1), axis=1)
+        return jnp.where(hit, starts[None], -1)
+
+    def _match(self, seq: jax.Array, known: jax.Array) -> jax.Array:
+        """int32 [B]: start of the latest earlier occurrence of each row's last ``n`` known
+        tokens whose continuation starts inside the known tokens, -1 where there is none."""
+        return jnp.max(self._starts(seq, known), axis=1)
 
     def offer(self, eng, st) -> tuple[jax.Array, jax.Array]:
         """(int32 [B]: drafts each row can offer now (``<= eng.depth``): the known tokens after
@@ -174,16 +179,11 @@ class NgramDrafter(_Stateless):
         its last token repeated, as the chain does. Returns ``(tokens [B, N], parents [B, N + 1],
         dstate)``; nodes past what the trie holds are fillers below the root (still drafts)."""
         seq, known = st.seq, st.known
-        n, c = self.n, seq.shape[1]
+        n = self.n
         k, d = eng.tree.topk, eng.depth
         size = eng.tree.size(d)
         b = seq.shape[0]
-        pattern = gather_tokens(seq, known[:, None] - n + jnp.arange(n)[None])
-        starts = jnp.arange(c - n + 1)
-        windows = seq[:, starts[:, None] + jnp.arange(n)[None]]  # [B, S, n]
-        hit = jnp.all(windows == pattern[:, None, :], axis=-1)
-        hit &= (starts[None] + n < known[:, None]) & (known[:, None] >= n)
-        begin = jax.lax.top_k(jnp.where(hit, starts[None], -1), k)[0]  # [B, K]: the latest first, -1: none
+        begin = jax.lax.top_k(self._starts(seq, known), k)[0]  # [B, K]: the latest first, -1: none
         has = begin >= 0
         follow = gather_tokens(seq, ((begin + n)[:, :, None] + jnp.arange(d)[None, None]).reshape(b, k * d))
         last = gather_tokens(seq, known[:, None] - 1)  # [B, 1]
@@ -203,13 +203,8 @@ class NgramDrafter(_Stateless):
             parent = jnp.concatenate([parent, jnp.full((b, pad), -1, jnp.int32)], axis=1)
         order = jnp.arange(cand.shape[1], dtype=jnp.int32)[None]
         sel = jnp.sort(jax.lax.top_k(jnp.where(keep, -order, -order - cand.shape[1]), size)[1], axis=1)
-        node_of = jnp.zeros_like(parent).at[jnp.arange(b)[:, None], sel].set(
-            jnp.arange(1, size + 1, dtype=jnp.int32)[None])
-        par = jnp.take_along_axis(parent, sel, axis=1)
-        kept = jnp.take_along_axis(keep, sel, axis=1)
-        par_node = jnp.where((par < 0) | ~kept, 0, jnp.take_along_axis(node_of, jnp.maximum(par, 0), axis=1))
-        parents = jnp.concatenate([jnp.full((b, 1), -1, jnp.int32), par_node], axis=1)
-        return jnp.take_along_axis(cand, sel, axis=1).astype(jnp.int32), parents, st.dstate
+        tokens, parents = kept_tree(cand, parent, sel, jnp.take_along_axis(keep, sel, axis=1))
+        return tokens.astype(jnp.int32), parents, st.dstate
 
     def commit(self, eng, params, st, dstate, hidden, old_lengths, u, a, advance):
         return dstate
@@ -365,13 +360,24 @@ def beam_tree(tree: DynamicTree, depth: int, root: tuple[jax.Array, jax.Array], 
         rows_above = rows
         offset += k * k
     cand_tok, cand_par, cand_cum = (jnp.concatenate(x, axis=1) for x in (cand_tok, cand_par, cand_cum))
-    n = tree.size(depth)
-    keep = jnp.sort(jax.lax.top_k(cand_cum, n)[1], axis=1)  # [B, N] candidate ids, topological
-    node_of = jnp.zeros_like(cand_par).at[jnp.arange(b)[:, None], keep].set(jnp.arange(1, n + 1, dtype=jnp.int32)[None])
-    par = jnp.take_along_axis(cand_par, keep, axis=1)  # each kept candidate's parent candidate (-1: root)
-    par_node = jnp.where(par < 0, 0, jnp.take_along_axis(node_of, jnp.maximum(par, 0), axis=1))
+    keep = jnp.sort(jax.lax.top_k(cand_cum, tree.size(depth))[1], axis=1)  # [B, N] candidate ids, topological
+    return (*kept_tree(cand_tok, cand_par, keep), carry)
+
+
+def kept_tree(cand_tok: jax.Array, cand_par: jax.Array, sel: jax.Array,
+              attached: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """The tree of the candidates ``sel [B, N]`` (ids, topological) keeps: ``(tokens [B, N],
+    parents [B, N + 1])`` in tree numbering (node 0 the root, ``-1`` its parent), from each
+    candidate's token ``cand_tok [B, C]`` and parent candidate ``cand_par [B, C]`` (``-1``: the
+    root). A kept node whose parent is not kept, or that is not ``attached [B, N]``, hangs
+    below the root (still a draft)."""
+    b, n = sel.shape
+    node_of = jnp.zeros_like(cand_par).at[jnp.arange(b)[:, None], sel].set(jnp.arange(1, n + 1, dtype=jnp.int32)[None])
+    par = jnp.take_along_axis(cand_par, sel, axis=1)  # each kept candidate's parent candidate (-1: root)
+    root = par < 0 if attached is None else (par < 0) | ~attached
+    par_node = jnp.where(root, 0, jnp.take_along_axis(node_of, jnp.maximum(par, 0), axis=1))
     parents = jnp.concatenate([jnp.full((b, 1), -1, jnp.int32), par_node], axis=1)
-    return jnp.take_along_axis(cand_tok, keep, axis=1), parents, carry
+    return jnp.take_along_axis(cand_tok, sel, axis=1), parents
 
 
 def beam_positions(known: jax.Array, depth: int, k: int) -> jax.Array:
@@ -389,10 +395,8 @@ def _top(dec, tp, h: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
         logits, ids = dec.mtp_head(tp, h)
     else:
         logits, ids = dec.head(tp, h), None
-    logp, top = jax.lax.top_k(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), k)
-    top = top.astype(jnp.int32)
-    top = top if ids is None else ids[top]
-    return top.reshape(top.shape[0], -1), logp.reshape(logp.shape[0], -1)
+    top, logp = _top_logits(logits, k)
+    return (top if ids is None else ids[top]), logp
 
 
 def _top_logits(logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:

@@ -24,7 +24,7 @@ from specjax.auto.policy import CostTable, DepthPolicy
 from specjax.cache.base import ATTENTION_IMPLS
 from specjax.drafter import AUTO, DRAFTERS, resolve_drafter
 from specjax.protocols import Drafter
-from specjax.tree import DynamicTree
+from specjax.tree import DynamicTree, tree_label
 
 __all__ = ["MAX_DEPTH", "GenerationConfig", "check_sampling", "fail", "is_int", "shown", "takes_settings"]
 
@@ -115,7 +115,7 @@ class GenerationConfig:
             object.__setattr__(self, name, _ints(getattr(self, name)))
         object.__setattr__(self, "tree", _tree(self.tree))
         if self.tree is not None and not is_int(self.depth):
-            fail("tree", _shown_tree(self.tree), f"does not combine with depth={self.depth!r} yet: give an int depth "
+            fail("tree", tree_label(self.tree), f"does not combine with depth={self.depth!r} yet: give an int depth "
                  "(a preset tree sets its own)")
         news = self.max_new_tokens
         if not (is_int(news) and news >= 1) and not (
@@ -167,10 +167,6 @@ class GenerationConfig:
             fail("config", config, "must be a GenerationConfig or None")
         base = config or DEFAULT
         return base.replace(**settings) if settings else base
-
-
-def _shown_tree(tree: object) -> object:
-    return str(tree) if isinstance(tree, DynamicTree) else shown(tree)
 
 
 def _tree(value: object) -> tuple[int, ...] | DynamicTree | None:

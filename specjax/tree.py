@@ -27,7 +27,7 @@ import numpy as np
 from pallas_kernels.reference import TreeMask, tree_mask_visible
 
 __all__ = ["DynamicTree", "Tree", "TreeMask", "accepted_sources", "ancestors", "chain_parents", "depths",
-           "max_children", "preset_depths", "preset_parents", "tree_greedy_verify", "tree_levels", "tree_mask",
+           "max_children", "preset_depths", "preset_parents", "tree_greedy_verify", "tree_label", "tree_levels",
            "tree_positions", "tree_rejection_verify", "tree_scratch", "tree_size", "tree_visible",
            "tree_window"]
 
@@ -55,6 +55,11 @@ class DynamicTree:
 
 
 Tree = tuple[int, ...] | DynamicTree  # a preset (children per node at each draft depth) or a dynamic tree
+
+
+def tree_label(tree: Tree) -> object:
+    """How errors show a tree: a preset as the list it reads as, a dynamic tree as its spec."""
+    return str(tree) if isinstance(tree, DynamicTree) else list(tree)
 
 
 def tree_window(tree: Tree, depth: int) -> int:
@@ -144,13 +149,6 @@ def depths(parents: jax.Array) -> jax.Array:
 def tree_positions(lengths: jax.Array, parents: jax.Array) -> jax.Array:
     """int32 ``[B, N]``: each node's position, ``lengths + depth`` (its place on its branch)."""
     return lengths[:, None] + depths(parents)
-
-
-def tree_mask(lengths: jax.Array, parents: jax.Array) -> TreeMask:
-    """The ``TreeMask`` of a verify window of ``N`` nodes (``parents [B, N]``) written at each
-    row's ``lengths [B]``: every node a query, at its tree position."""
-    pos = tree_positions(lengths, parents)
-    return TreeMask(lengths, ancestors(parents), pos, pos)
 
 
 def tree_visible(q_pos: jax.Array, key_pos: jax.Array, lead_pad: jax.Array, lengths: jax.Array,

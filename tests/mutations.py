@@ -1546,10 +1546,11 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "dynamic tree: a kept node hangs below the root, not its parent candidate",
-        "beam_tree",
-        "par_node = jnp.where(par < 0, 0, jnp.take_along_axis(node_of, jnp.maximum(par, 0), axis=1))",
+        "kept_tree",
+        "par_node = jnp.where(root, 0, jnp.take_along_axis(node_of, jnp.maximum(par, 0), axis=1))",
         "par_node = jnp.zeros_like(par)",
-        ("tests/test_tree_engine.py::test_mtp_dynamic_tree_is_eagle2_expansion_of_each_branch",),
+        ("tests/test_tree_engine.py::test_mtp_dynamic_tree_is_eagle2_expansion_of_each_branch",
+         "tests/test_tree_engine.py::test_ngram_tree_is_a_trie_of_the_latest_matches"),
     ),
     Mutation(
         "dynamic tree: the next beam taken by the children's own log-probability, not the branch's",

@@ -385,6 +385,22 @@ def test_kernel_tree_mask_bad_input():
         ragged_attention(q, kv, kv, zeros, zeros, block_k=16, tree=good._replace(anc=jnp.ones((2, 4, 3), bool)))
 
 
+def _lower_for_cuda(fn, q) -> str:
+    """``fn(q)`` lowered for CUDA from this CPU machine, with Pallas's Mosaic GPU switched on:
+    the loop body asks for Triton itself, even where Mosaic GPU is jax's default."""
+    import jax
+
+    flag = "jax_pallas_use_mosaic_gpu"
+    before = getattr(jax.config, flag, None)
+    if before is not None:
+        jax.config.update(flag, True)
+    try:
+        return jax.jit(fn).trace(q).lower(lowering_platforms=("cuda",)).as_text()
+    finally:
+        if before is not None:
+            jax.config.update(flag, before)
+
+
 # (kernel, t_q, Hq, Hkv, dtype): decode and verify windows (t_q 3: G * t_q not a power of two)
 GPU_CASES = [("dense", 1, 8, 2, jnp.bfloat16), ("dense", 3, 8, 1, jnp.float32), ("ring", 4, 4, 4, jnp.float32),
              ("paged", 3, 8, 2, jnp.bfloat16), ("paged", 1, 4, 1, jnp.float32)]
@@ -397,7 +413,6 @@ def test_loop_body_lowers_for_gpu(kernel, t_q, hq, hkv, dtype):
     value slice and only power-of-two loads (jax 0.11 on an H200 failed every kernel on the
     first: 'Unimplemented primitive in Pallas Triton lowering: slice'). Compiling and running
     there is ``benchmarks/gpu_check.py``'s job."""
-    import jax
 
     pytest.importorskip("jax.experimental.pallas.triton")  # a jax built without Pallas's Triton backend
 
@@ -412,22 +427,12 @@ def test_loop_body_lowers_for_gpu(kernel, t_q, hq, hkv, dtype):
         "ring": lambda q: ring_attention(q, kv, kv, lead, qs, window=100, body="loop", interpret=False, layer=2),
         "paged": lambda q: paged_attention(q, pages, pages, table, lead, qs, body="loop", interpret=False, layer=0),
     }[kernel]
-    flag = "jax_pallas_use_mosaic_gpu"  # the body asks for Triton even where Mosaic GPU is jax's default
-    before = getattr(jax.config, flag, None)
-    if before is not None:
-        jax.config.update(flag, True)
-    try:
-        text = jax.jit(fn).trace(q).lower(lowering_platforms=("cuda",)).as_text()
-    finally:
-        if before is not None:
-            jax.config.update(flag, before)
-    assert "triton" in text.lower()
+    assert "triton" in _lower_for_cuda(fn, q).lower()
 
 
 @pytest.mark.parametrize("kernel", ["dense", "paged"])
 def test_tree_kernels_lower_for_gpu(kernel):
     """The loop body with a token tree's mask (its one-hot dot included) lowers to Triton."""
-    import jax
 
     pytest.importorskip("jax.experimental.pallas.triton")
     from specjax.tree import TreeMask
@@ -445,16 +450,7 @@ def test_tree_kernels_lower_for_gpu(kernel):
         "paged": lambda q: paged_attention(q, pages, pages, table, lead, qs, body="loop", interpret=False, layer=0,
                                            tree=tree),
     }[kernel]
-    flag = "jax_pallas_use_mosaic_gpu"
-    before = getattr(jax.config, flag, None)
-    if before is not None:
-        jax.config.update(flag, True)
-    try:
-        text = jax.jit(fn).trace(q).lower(lowering_platforms=("cuda",)).as_text()
-    finally:
-        if before is not None:
-            jax.config.update(flag, before)
-    assert "triton" in text.lower()
+    assert "triton" in _lower_for_cuda(fn, q).lower()
 
 
 @pytest.mark.parametrize("cache,sliding,tree", [("dense", False, None), ("paged", False, None),

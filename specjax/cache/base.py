@@ -100,14 +100,14 @@ def set_all_layers(big: Layers, idx: tuple, small: Layers) -> Layers:
     return big.at[(slice(None), *idx)].set(small, mode="drop")
 
 
-def move_slots(buf: Layers, frm: jax.Array, to: jax.Array) -> Layers:
-    """Every layer's ``[b, :, to[b, k]] = [b, :, frm[b, k]]`` (``frm, to [B, N]`` slots of a
-    per-row ``[B, Hkv, T, D]`` buffer; an out-of-range ``to`` is dropped): one gather and one
-    scatter of ``B * N`` entries a layer (a token tree's compaction)."""
-    rows = jnp.arange(frm.shape[0], dtype=jnp.int32)[:, None]
+def move_slots(buf: Layers, frm: tuple[jax.Array, jax.Array], to: tuple[jax.Array, jax.Array]) -> Layers:
+    """Every layer's ``[to[0], :, to[1]] = [frm[0], :, frm[1]]``: ``frm`` and ``to`` index a
+    layer's first and third axes (a row and its slot, or a pool page and its offset; ``[B, N]``
+    or broadcasting), an out-of-range ``to`` dropped. One gather and one scatter of ``B * N``
+    entries a layer (a token tree's compaction)."""
     if isinstance(buf, tuple):
-        return tuple(x.at[rows, :, to].set(x[rows, :, frm], mode="drop") for x in buf)
-    return buf.at[:, rows, :, to].set(buf[:, rows, :, frm], mode="drop")
+        return tuple(x.at[to[0], :, to[1]].set(x[frm[0], :, frm[1]], mode="drop") for x in buf)
+    return buf.at[:, to[0], :, to[1]].set(buf[:, frm[0], :, frm[1]], mode="drop")
 
 
 def layer_block(buf: Layers, layer: int | jax.Array, start: jax.Array | int, size: int, axis: int) -> jax.Array:

@@ -123,6 +123,8 @@ class DenseKVCache:
         frm = jnp.clip(self.lengths[:, None] + src, 0, self.capacity - 1)
         to = self.lengths[:, None] + k
         to = jnp.where((src != k) & (to < self.capacity), to, self.capacity)  # explicit out-of-range: dropped
+        rows = jnp.arange(b, dtype=jnp.int32)[:, None]
+        frm, to = (rows, frm), (rows, to)
         return self.replace(k=move_slots(self.k, frm, to), v=move_slots(self.v, frm, to))
 
     def rows_view(self, rows: jax.Array, width: int) -> DenseKVCache:

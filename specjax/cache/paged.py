@@ -40,6 +40,7 @@ from specjax.cache.base import (
     key_block,
     layer_buffers,
     layer_spec,
+    move_slots,
     positions,
     set_rows,
 )
@@ -197,11 +198,8 @@ class PagedKVCache:
         """
         t = k_new.shape[1]
         fits = self.lengths + t <= self.pages_held * self.page_size
-        pos = positions(self.lengths, t)
-        logical = jnp.minimum(pos // self.page_size, self.max_pages - 1)  # in range when fits
-        page = jnp.take_along_axis(self._pool_table(), logical, axis=1)
+        page, slot = self._page_slots(positions(self.lengths, t))
         page = jnp.where(fits[:, None], page, self.num_pages)  # explicit out-of-range: dropped
-        slot = pos % self.page_size
         idx = (page, slice(None), slot)
         return self.replace(k=set_rows(self.k, layer, idx, k_new), v=set_rows(self.v, layer, idx, v_new),
                             status=self.status | jnp.where(fits, 0, CAPACITY_EXCEEDED))
@@ -257,27 +255,20 @@ class PagedKVCache:
         """Logical slot ``lengths + k`` takes the K/V of slot ``lengths + src[b, k]`` (``src
         [B, N]``: ``DenseKVCache.compact``), through the block table, in every layer; a slot
         whose source is itself, or outside the row's own pages, is not written."""
-        b, n = src.shape
-        table, ps = self._pool_table(), self.page_size
-        k = jnp.arange(n, dtype=jnp.int32)[None]
-
-        def at(slot):  # (pool page, offset) of logical slots [B, N]
-            page = jnp.take_along_axis(table, jnp.clip(slot // ps, 0, self.max_pages - 1), axis=1)
-            return page, slot % ps
-
-        frm_page, frm_off = at(self.lengths[:, None] + src)
+        k = jnp.arange(src.shape[1], dtype=jnp.int32)[None]
+        frm_page, frm_off = self._page_slots(self.lengths[:, None] + src)
         to = self.lengths[:, None] + k
-        to_page, to_off = at(to)
-        ok = (src != k) & (to < self.pages_held[:, None] * ps) & (frm_page >= 0)
-        to_page = jnp.where(ok, to_page, self.num_pages)  # explicit out-of-range: dropped
-        frm_page = jnp.maximum(frm_page, 0)
+        to_page, to_off = self._page_slots(to)
+        ok = (src != k) & (to < self.pages_held[:, None] * self.page_size) & (frm_page >= 0)
+        frm = (jnp.maximum(frm_page, 0), frm_off)
+        to = (jnp.where(ok, to_page, self.num_pages), to_off)  # explicit out-of-range: dropped
+        return self.replace(k=move_slots(self.k, frm, to), v=move_slots(self.v, frm, to))
 
-        def move(buf):
-            if isinstance(buf, tuple):
-                return tuple(x.at[to_page, :, to_off].set(x[frm_page, :, frm_off], mode="drop") for x in buf)
-            return buf.at[:, to_page, :, to_off].set(buf[:, frm_page, :, frm_off], mode="drop")
-
-        return self.replace(k=move(self.k), v=move(self.v))
+    def _page_slots(self, pos: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``(pool page, offset)`` of each row's logical slots ``pos [B, N]`` (``>= 0``; a slot past
+        the row's pages reads its last page: callers guard their writes)."""
+        logical = jnp.minimum(pos // self.page_size, self.max_pages - 1)
+        return jnp.take_along_axis(self._pool_table(), logical, axis=1), pos % self.page_size
 
     def rows_view(self, rows: jax.Array, width: int) -> PagedKVCache:
         """An empty cache over ``rows [R]`` (index ``batch``: a padding row), for refilling

@@ -142,6 +142,8 @@ class RollingKVCache:
         k = jnp.arange(n, dtype=jnp.int32)[None]
         frm = (self.lengths[:, None] + src) % self.size
         to = jnp.where(src != k, (self.lengths[:, None] + k) % self.size, self.size)  # explicit out-of-range: dropped
+        rows = jnp.arange(b, dtype=jnp.int32)[:, None]
+        frm, to = (rows, frm), (rows, to)
         return self.replace(k=move_slots(self.k, frm, to), v=move_slots(self.v, frm, to))
 
     def rows_view(self, rows: jax.Array, width: int) -> RollingKVCache:

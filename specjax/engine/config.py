@@ -12,7 +12,7 @@ from specjax.drafter import drafter_kind, resolve_drafter
 from specjax.engine.controller import StepController
 from specjax.protocols import Decoder, DecoderModel, check_model
 from specjax.sharding import data_shards
-from specjax.tree import DynamicTree, Tree, preset_parents, tree_scratch, tree_window
+from specjax.tree import DynamicTree, Tree, preset_parents, tree_label, tree_scratch, tree_window
 
 __all__ = ["PAGE_SIZE", "EngineConfig", "check_tree", "make_engine", "prompt_bucket", "request_capacity"]
 
@@ -158,7 +158,7 @@ def make_engine(model: DecoderModel, *, drafter, draft_model, depth, kv_advance_
 
 def check_tree(tree: Tree, depth: int, drafter, controller, mesh) -> None:
     """What a tree step needs today (a ``ValueError`` naming what is not met)."""
-    shown = str(tree) if isinstance(tree, DynamicTree) else list(tree)
+    shown = tree_label(tree)
     if not hasattr(drafter, "propose_tree"):
         raise ValueError(f"tree={shown} needs a drafter that proposes trees ('mtp', 'draft_model', 'ngram'); "
                          f"drafter {getattr(drafter, 'name', drafter)!r} drafts chains only")
