@@ -10,7 +10,9 @@ own ``max_new_tokens`` from a fixed seeded long-tailed mix (log-normal, median 4
 (``generate(max_new_tokens=[...])``), so a row stops at its budget, but the batch waits for
 its slowest row. Every configuration runs once to compile and warm, then once timed.
 tok/s counts the tokens the requests received over wall time; ``same_tokens`` checks that
-every request got the same tokens in every configuration (greedy: it must).
+every request got the same tokens in every configuration (greedy: it must). Continuous rows
+also give the requests' latency (``specjax.latency``): time to first token (every request
+arrives at the job's start, so it includes the queue) and inter-token latency, p50 / p99.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ def main() -> None:
 
     import specjax
     from specjax.bench import machine
+    from specjax.latency import latency_summary
 
     bundle = specjax.load_model()
     texts, news = workload(args.requests)
@@ -60,7 +63,7 @@ def main() -> None:
         out = {c.id: c for c in specjax.batch_generate(bundle.model, reqs, slots=args.slots, kv_advance=rule,
                                                         refill_rows=args.refill_rows, **common)}
         steps = sum(c.metrics["steps"] for c in out.values())
-        return [out[i].tokens for i in range(len(reqs))], steps
+        return [out[i].tokens for i in range(len(reqs))], steps, latency_summary(out.values())
 
     def static(rule):
         toks, steps = [], 0
@@ -69,7 +72,7 @@ def main() -> None:
             res = specjax.generate(bundle.model, tokens[lo:hi], max_new_tokens=news[lo:hi], kv_advance=rule, **common)
             toks += res.tokens
             steps += res.metrics["steps"]  # the batch's own steps: its slowest row's
-        return toks, steps
+        return toks, steps, None
 
     rows, ref = [], None
     for mode, fn in (("static", static), ("continuous", continuous)):
@@ -77,12 +80,12 @@ def main() -> None:
             print(f"{mode} {rule}: warm-up", file=sys.stderr)
             fn(rule)
             t0 = time.perf_counter()
-            toks, steps = fn(rule)
+            toks, steps, lat = fn(rule)
             dt = time.perf_counter() - t0
             n_tok = sum(len(t) for t in toks)
             ref = ref or toks
             rows.append({"mode": mode, "rule": rule, "tokens": n_tok, "seconds": dt, "tok_per_s": n_tok / dt,
-                         "same_tokens": toks == ref})
+                         "same_tokens": toks == ref, "latency": lat})
             print(f"{mode} {rule}: {n_tok} tokens in {dt:.1f} s = {n_tok / dt:.0f} tok/s", file=sys.stderr)
     by = {(r["mode"], r["rule"]): r["tok_per_s"] for r in rows}
     ratios = {
@@ -101,10 +104,14 @@ def main() -> None:
     if args.json:
         print(json.dumps(result))
         return
-    print(f"{'mode':<11} | {'rule':<13} | {'tokens':>7} | {'seconds':>7} | {'tok/s':>7} | same tokens")
+    print(f"{'mode':<11} | {'rule':<13} | {'tokens':>7} | {'seconds':>7} | {'tok/s':>7} | same tokens | "
+          "TTFT p50/p99 s | ITL p50/p99 ms")
     for r in rows:
+        lat = r["latency"]
+        ttft = f"{lat['ttft_s']['p50']:.2f} / {lat['ttft_s']['p99']:.2f}" if lat else "-"
+        itl = f"{lat['itl_s']['p50'] * 1e3:.1f} / {lat['itl_s']['p99'] * 1e3:.1f}" if lat else "-"
         print(f"{r['mode']:<11} | {r['rule']:<13} | {r['tokens']:>7} | {r['seconds']:>7.1f} | {r['tok_per_s']:>7.0f} | "
-              f"{r['same_tokens']}")
+              f"{str(r['same_tokens']):<11} | {ttft:>14} | {itl:>14}")
     for k, v in ratios.items():
         print(f"{k}: {v:.2f}x")
 

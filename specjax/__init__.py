@@ -20,6 +20,7 @@ from specjax.compile_cache import enable_compilation_cache
 from specjax.generation import generate
 from specjax.generation_config import GenerationConfig
 from specjax.hf import generate_text, load_hf_checkpoint, load_tokenizer, save_hf_checkpoint
+from specjax.latency import latency_summary
 from specjax.masks import make_left_padded_causal_mask
 from specjax.metrics import GenerationResult
 from specjax.model import Model, ModelConfig, RopeScaling, init_model, logits
@@ -48,6 +49,7 @@ __all__ = [
     "Completion",
     "Request",
     "batch_generate",
+    "latency_summary",
     "CheckpointError",
     "StreamChunk",
     "load_hf_checkpoint",

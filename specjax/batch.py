@@ -4,15 +4,17 @@ The per-sequence rule is what makes this possible inside ``jit``: every row alre
 own cache lengths, pages, drafter state and sampling settings, so a finished row's slot can
 take a new prompt without touching its neighbours. The loop, per round:
 
-1. **admit** (jitted, one compile per (slots, refill rows, prompt bucket)): up to
-   ``refill_rows`` queued requests are prefilled into empty per-row views of the live caches
+1. **admit** (jitted, one compile per (slots, rows, prompt bucket); rows: the requests
+   admitted, rounded up to a power of two): up to ``refill_rows`` queued requests of one
+   prompt bucket are prefilled into empty per-row views of the live caches
    (a paged view shares the pool) and scattered into free slots: lengths, lead pad, pages,
    MTP hidden state, seeds and sampling settings all per row. Pages of idle slots return to
    the pool first.
 2. **decode** (jitted, one compile per slots): ``step`` in a ``while_loop`` until enough rows
    finished to refill (or ``sync_every`` steps, or every row is done). No host sync inside.
 3. **harvest** (one device read): finished rows become ``Completion``s, yielded in
-   completion order; their slots are free.
+   completion order; their slots are free. The host clock at these boundaries gives each
+   request its latency (queue wait, time to first token, inter-token; ``specjax.latency``).
 
 Per-request sampling settings are data (``RowSampling``), never compile-time constants.
 A request's seed is its own (explicit) or derived from (``seed``, request id): never from
@@ -41,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax import latency
 from specjax.advance import kv_advance as resolve_kv_advance
 from specjax.auto import AutoDepth, auto_state
 from specjax.auto.cost import SLICES, check_cost, cost_key, cost_table, placeholder_cost, slice_timer, warm_steps
@@ -91,7 +94,9 @@ class Request:
 class Completion:
     """A finished request: its new tokens (EOS included when hit), why it stopped
     (``"eos"`` | ``"length"``) and its own metrics (``num_tokens``, ``steps``,
-    ``tok_per_step``, ``accepted_drafts``, ``mean_accepted_length``, ``accepted_trace``)."""
+    ``tok_per_step``, ``accepted_drafts``, ``mean_accepted_length``, ``accepted_trace``, and
+    its latency in seconds: ``queue_s``, ``ttft_s``, ``tpot_s``, ``e2e_s``, and ``itl_s``
+    per decode step; ``specjax.latency``)."""
 
     id: Any
     tokens: list[int]
@@ -112,6 +117,11 @@ class _Row:
     seed: int
     eos: tuple[int, ...]  # stop ids (empty: none)
     pages: int  # worst-case pages this request can hold (paged caches)
+
+    @property
+    def bucket(self) -> int:
+        """Its prompt's padded width (``prompt_bucket``): an admit holds one bucket."""
+        return prompt_bucket([self.prompt])
 
 
 # ----------------------------------------------------------------------------- jitted pieces
@@ -377,7 +387,7 @@ def batch_generate(
     refill = refill_rows or max(1, slots // 4)
     pool = pages if pages is not None else slots * -(-eng.capacity // PAGE_SIZE)
     return _run(eng, params, rows_iter, slots, width, refill, sync_every, pool if cache == "paged" else None,
-                stop or (lambda: False), eos_width, cfg.cost)
+                stop or (lambda: False), eos_width, cfg.cost, listed)
 
 
 def _checked(job: _Job, requests: Iterable[Any], where: Sequence[str] | None = None) -> Iterator[_Row]:
@@ -393,12 +403,18 @@ def _checked(job: _Job, requests: Iterable[Any], where: Sequence[str] | None = N
 
 
 def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int, width: int, refill: int,
-         sync_every: int, pool: int | None, stop: Callable[[], bool], eos_width: int, cost: Any = None
-         ) -> Iterator[Completion]:
-    """The host loop: admit, decode, harvest (one device read per round)."""
+         sync_every: int, pool: int | None, stop: Callable[[], bool], eos_width: int, cost: Any = None,
+         listed: bool = False) -> Iterator[Completion]:
+    """The host loop: admit, decode, harvest (one device read per round). The host clock at
+    round boundaries times every request (``specjax.latency``): a listed job's requests
+    arrive at its start, a stream's when it yields them."""
+    start = latency.now()
     st = _empty_state(eng, slots, width, eos_width)
     table_ready = eng.controller is None
     held: list[_Row | None] = [None] * slots  # the request each slot serves
+    timed: list[_Timed | None] = [None] * slots  # its host times
+    arrived: dict[Any, float] = {}
+    timeline, i_now = latency.Timeline(), 0  # i_now: global steps taken (read back each round)
     queue: collections.deque[_Row] = collections.deque()
     exhausted = False
     while not stop():
@@ -408,16 +424,21 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
                 exhausted = True
             else:
                 queue.append(nxt)
+                arrived[nxt.id] = start if listed else latency.now()
         # admit, refill rows at a time, while free slots, requests and pages allow
         while queue:
             batch = _pick(held, queue, refill, pool, eng.pool_groups)
             if not any(batch):
                 break
             idle = np.array([held[s] is None for s in range(slots)])
-            for s, r in (x for group in batch for x in group):
-                held[s] = r
+            t_admit = latency.now()
             with mesh_context(eng):
                 st = _admit(eng, params, st, jnp.asarray(idle), *_admit_inputs(batch, refill, slots, eos_width))
+            jax.block_until_ready(st.done)  # the admit's end: the rows' first token, the live rows' stall
+            t_first = latency.now()
+            for s, r in (x for group in batch for x in group):
+                held[s] = r
+                timed[s] = _Timed(arrived.pop(r.id), t_admit, t_first, i_now)
         busy = sum(r is not None for r in held)
         if busy == 0:
             return
@@ -425,27 +446,49 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
         more = bool(queue) or not exhausted
         target = min(slots, max(refill, free_now + 1)) if more else slots
         if not table_ready:  # depth="auto": the cost table, before the first real decode round
+            t0 = latency.now()
             with mesh_context(eng):
                 st = _set_cost(eng, params, st, slots, width, cost)
-            table_ready = True
+            i_next = int(st.i)
+            timeline.add(i_now, i_next, t0, latency.now())
+            i_now, table_ready = i_next, True
+        t0 = latency.now()
         with mesh_context(eng):
             st = _decode(eng, params, st, jnp.int32(target), st.i + sync_every)
-        yield from _harvest(eng, st, held)
+        done, i_next = (np.asarray(x) for x in jax.device_get((st.done, st.i)))
+        timeline.add(i_now, int(i_next), t0, latency.now())
+        i_now = int(i_next)
+        yield from _harvest(eng, st, held, done, timed, timeline)
+        timeline.drop_before(min((t.start_step for t in timed if t is not None), default=i_now))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Timed:
+    """A running request's host times: arrival, its admit's start and end, and the global
+    step its first decode step runs at."""
+
+    arrival: float
+    admit_start: float
+    admit_end: float
+    start_step: int
 
 
 def _pick(held: list[_Row | None], queue: collections.deque[_Row], refill: int, pool: int | None,
           groups: int) -> list[list[tuple[int, _Row]]]:
     """One admit's ``(slot, request)`` pairs per slot group (one group per data shard, each with
     its own paged pool of ``pool / groups`` pages), taken from the head of ``queue``: at most
-    ``ceil(refill / groups)`` per group. The head goes to the group with the most free slots
-    left among those whose pool fits its worst case beside the running rows'; when none can
-    take it, it waits (FIFO: later requests do not jump it)."""
+    ``ceil(refill / groups)`` per group, all of the first one's prompt bucket (a short prompt
+    is never padded to a long one's width: the next admit of the round takes it). The head
+    goes to the group with the most free slots left among those whose pool fits its worst
+    case beside the running rows'; when none can take it, it waits (FIFO: later requests do
+    not jump it)."""
     per, rg = len(held) // groups, -(-refill // groups)
     share = None if pool is None else pool // groups
     free = [[s for s in range(g * per, (g + 1) * per) if held[s] is None] for g in range(groups)]
     committed = [sum(r.pages for r in held[g * per : (g + 1) * per] if r is not None) for g in range(groups)]
     picks: list[list[tuple[int, _Row]]] = [[] for _ in range(groups)]
-    while queue:
+    queue_bucket = queue[0].bucket if queue else 0
+    while queue and queue[0].bucket == queue_bucket:
         head = queue[0]
         room = [g for g in range(groups) if len(picks[g]) < min(rg, len(free[g]))
                 and (share is None or committed[g] + head.pages <= share)]
@@ -469,8 +512,11 @@ def _set_cost(eng: EngineConfig, params: dict, st: EngineState, slots: int, widt
 
 def _admit_inputs(batch: list[list[tuple[int, _Row]]], refill: int, slots: int, eos_width: int = EOS_WIDTH):
     """Host arrays for one admit: ``batch``'s slot groups in order (group-major; ``_pick``), each
-    padded to ``ceil(refill / groups)`` rows; padding rows point at slot ``slots``."""
-    rg = -(-refill // len(batch))
+    padded to the same row count: the fullest group's, rounded up to a power of two, at most
+    ``ceil(refill / groups)`` (a prefill's work follows the requests admitted; a few row counts
+    per bucket compile). Padding rows point at slot ``slots``."""
+    fullest = max(len(g) for g in batch)
+    rg = min(-(-refill // len(batch)), 1 << (fullest - 1).bit_length())
     real = [x for g in batch for x in g]
     laid = [x for g in batch for x in g + [(slots, real[0][1])] * (rg - len(g))]  # padding copies a real row
     width = prompt_bucket([r.prompt for _, r in real])
@@ -489,9 +535,10 @@ def _admit_inputs(batch: list[list[tuple[int, _Row]]], refill: int, slots: int, 
     )
 
 
-def _harvest(eng: EngineConfig, st: EngineState, held: list[_Row | None]) -> Iterator[Completion]:
-    """Completions of rows that finished since the last harvest; their slots become free."""
-    done = np.asarray(jax.device_get(st.done))
+def _harvest(eng: EngineConfig, st: EngineState, held: list[_Row | None], done: np.ndarray,
+             timed: list[_Timed | None], timeline: latency.Timeline) -> Iterator[Completion]:
+    """Completions of rows that finished since the last harvest (``done [B]``, read back);
+    their slots become free."""
     finished = [s for s in range(len(held)) if held[s] is not None and done[s]]
     if not finished:
         return
@@ -502,8 +549,8 @@ def _harvest(eng: EngineConfig, st: EngineState, held: list[_Row | None]) -> Ite
     check_status(np.where(np.isin(np.arange(len(held)), finished), status, 0), "slots")
     out = []
     for s in finished:
-        r = held[s]
-        held[s] = None
+        r, t = held[s], timed[s]
+        held[s] = timed[s] = None
         toks = seq[s, plen[s] : known[s]].tolist()
         n_steps = int(steps[s])
         reason = "eos" if toks and toks[-1] in r.eos else "length"
@@ -516,5 +563,7 @@ def _harvest(eng: EngineConfig, st: EngineState, held: list[_Row | None]) -> Ite
             "accepted_trace": [int(x) for x in trace[s, :n_steps]],
             "drafter": eng.drafter.name, "depth": "auto" if eng.controller else eng.depth,
             "kv_advance": eng.kv_rule.value, "proposed_drafts": int(proposed[s]),
+            **latency.request_latency(timeline, arrival=t.arrival, admit_start=t.admit_start, admit_end=t.admit_end,
+                                      start_step=t.start_step, trace=trace[s, :n_steps], num_tokens=len(toks)),
         }))
     yield from out

@@ -781,6 +781,9 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--top-k", type=int, default=None)
     j.add_argument("--top-p", type=float, default=0.95, help="for lines without top_p; 1 = no filter")
     j.add_argument("--seed", type=int, default=0, help="lines without a seed derive theirs from this and their id")
+    j.add_argument("--stats", metavar="FILE", default=None,
+                   help="also write the job's summary as JSON: throughput and latency percentiles (time to first "
+                        "token, inter-token, queue wait)")
     j.add_argument("--json", action="store_true", help="no progress bar; print the summary as JSON")
     j.set_defaults(func=cmd_batch)
 

@@ -104,23 +104,35 @@ def completed_ids(path: str) -> set:
     return done
 
 
+def _check_writable(flag: str, path: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"{flag} {path}: its folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"{flag} {path}: its folder {folder} is not writable")
+
+
 def run_job(args, runner, kw: dict) -> int:
     """Run the job described by ``args`` (parsed CLI) with ``runner`` (model, encode, decode);
     ``kw``: ``batch_generate`` keywords. Returns the exit status."""
     from tqdm import tqdm
 
     from specjax.batch import batch_generate
+    from specjax.latency import LATENCY_FIELDS, latency_line, latency_summary
 
     reqs = read_requests(args.input)
     if os.path.exists(args.out) and not args.resume:
         raise ValueError(f"--out {args.out} exists: pass --resume to continue it, or choose another file")
     if os.path.isdir(args.out):
         raise ValueError(f"--out {args.out} is a directory")
-    folder = os.path.dirname(os.path.abspath(args.out))
-    if not os.path.isdir(folder):
-        raise ValueError(f"--out {args.out}: its folder {folder} does not exist")
-    if not os.access(folder, os.W_OK):
-        raise ValueError(f"--out {args.out}: its folder {folder} is not writable")
+    _check_writable("--out", args.out)
+    stats = getattr(args, "stats", None)
+    if stats is not None:
+        if os.path.abspath(stats) in (os.path.abspath(args.out), os.path.abspath(args.input)):
+            raise ValueError(f"--stats {stats} is the job's input or output file")
+        if os.path.isdir(stats):
+            raise ValueError(f"--stats {stats} is a directory")
+        _check_writable("--stats", stats)
     encoded = [{**r, "prompt": runner.encode(r["prompt"])} for _, r in reqs]
     where = [f"{args.input} line {n}" for n, _ in reqs]
     skip = completed_ids(args.out) if args.resume and os.path.exists(args.out) else set()
@@ -135,6 +147,7 @@ def run_job(args, runner, kw: dict) -> int:
                           stop=lambda: bool(stopped), **kw)
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     t0, n_tok, acc, steps, written = time.perf_counter(), 0, 0, 0, 0
+    timings: list[dict] = []  # each written request's latency figures
     first: tuple[float, int] | None = None  # (time, tokens) at the first completion: the rate counts from there
     bar = tqdm(total=len(todo), desc="batch", unit="req", disable=args.json, file=sys.stderr)
     bar.set_postfix_str("compiling (once per shape; later runs read the compilation cache)")
@@ -150,6 +163,7 @@ def run_job(args, runner, kw: dict) -> int:
                 n_tok += c.metrics["num_tokens"]
                 acc += c.metrics["accepted_drafts"]
                 steps += c.metrics["steps"]
+                timings.append({k: c.metrics[k] for k in LATENCY_FIELDS})
                 bar.update(1)
                 now = time.perf_counter()
                 if first is None:  # compile and the first rows' decode are behind: no honest rate yet
@@ -167,7 +181,11 @@ def run_job(args, runner, kw: dict) -> int:
     dt = time.perf_counter() - t0
     summary = {"requests": len(reqs), "skipped": len(skip & {r["id"] for r in encoded}), "written": written,
                "new_tokens": n_tok, "seconds": dt, "tok_per_s_incl_compile": n_tok / dt if dt else 0.0,
-               "mean_accepted_length": (acc + steps) / steps if steps else 0.0, "out": args.out}
+               "mean_accepted_length": (acc + steps) / steps if steps else 0.0, "out": args.out,
+               "latency": latency_summary(timings)}
+    if stats is not None:
+        with open(stats, "w", encoding="utf-8") as f:
+            f.write(json.dumps(summary, indent=1) + "\n")
     if stopped:
         name = "SIGINT" if stopped[0] == signal.SIGINT else "SIGTERM"
         print(f"specjax batch: stopped by {name}: {written} requests written to {args.out}; "
@@ -179,4 +197,6 @@ def run_job(args, runner, kw: dict) -> int:
         print(f"{written} requests ({summary['skipped']} skipped as already done) -> {args.out}: "
               f"{n_tok} tokens, {summary['tok_per_s_incl_compile']:.1f} tok/s (incl. compile), "
               f"mean accepted length {summary['mean_accepted_length']:.2f}")
+        if timings:
+            print(latency_line(summary["latency"]))
     return 0

@@ -93,8 +93,10 @@ def test_admits_fill_each_slot_group_from_its_own_pool():
     assert [[(s, r.id) for s, r in g] for g in got] == [[], [(3, "c")]] and [r.id for r in queue] == ["d"]
     held[3] = got[1][0][1]
     assert batch_mod._pick(held, queue, refill=2, pool=6, groups=2) == [[], []]  # "d" waits: no pool has 3 free
+    rows = np.asarray(batch_mod._admit_inputs([[(1, row("x", 1)), (0, row("y", 1))], []], 4, 4)[0])
+    np.testing.assert_array_equal(rows, [1, 0, 4, 4])  # group-major, each group padded to the fullest's 2 rows
     rows = np.asarray(batch_mod._admit_inputs([[(1, row("x", 1))], []], 4, 4)[0])
-    np.testing.assert_array_equal(rows, [1, 4, 4, 4])  # group-major, each group padded to 2 rows
+    np.testing.assert_array_equal(rows, [1, 4])  # one request per group: one row each
 
 
 def test_slot_groups_with_their_own_pools_give_every_request_its_alone_tokens(monkeypatch):
@@ -107,6 +109,31 @@ def test_slot_groups_with_their_own_pools_give_every_request_its_alone_tokens(mo
     out = {c.id: c.tokens for c in batch_generate(MODEL, reqs, slots=4, cache="paged", pages=8, drafter="mtp")}
     for r in reqs:
         assert out[r.id] == _alone(MODEL, r, drafter="mtp", cache="paged")
+
+
+def test_an_admit_prefills_one_prompt_bucket_with_rows_that_follow_its_requests(monkeypatch):
+    """Short prompts are never padded to a long one's width (an admit holds one bucket; FIFO
+    otherwise), and an admit of n requests prefills the next power of two >= n rows, not
+    ``refill_rows``: the prefill's work follows the requests admitted."""
+    seen = []
+    real_admit = batch_mod._admit
+
+    def spy(eng, params, st, idle, rows, prompts, prompt_len, *rest):
+        live = np.asarray(rows) < st.seq.shape[0]
+        seen.append((prompts.shape[1], np.asarray(prompt_len)[live].tolist(), len(rows)))
+        return real_admit(eng, params, st, idle, rows, prompts, prompt_len, *rest)
+
+    monkeypatch.setattr(batch_mod, "_admit", spy)
+    lens = [3, 20, 4, 5, 6, 30, 2, 7, 9]
+    reqs = [Request(list(range(1, n + 1)), id=i, max_new_tokens=4 + i) for i, n in enumerate(lens)]
+    out = {c.id: c.tokens for c in batch_generate(MODEL, reqs, slots=4, refill_rows=4, drafter="ngram", ngram_n=2)}
+    assert sorted(n for _, real, _ in seen for n in real) == sorted(lens)  # each request admitted once
+    for width, real, rows in seen:
+        assert {max(8, 1 << (n - 1).bit_length()) for n in real} == {width}, seen
+        assert rows == 1 << (len(real) - 1).bit_length(), seen
+    assert [n for _, real, _ in seen for n in real] == lens  # first come, first admitted
+    for r in reqs:
+        assert out[r.id] == _alone(MODEL, r, drafter="ngram", ngram_n=2)
 
 
 def test_admit_returns_the_pages_of_every_idle_slot():

@@ -41,8 +41,30 @@ def clean(tmp_path_factory):
     d = tmp_path_factory.mktemp("clean")
     src = _write(d / "in.jsonl", _jobs())
     out = str(d / "out.jsonl")
-    assert cli.main(["batch", src, "--out", out, "--slots", "8", "--json"]) == 0
+    assert cli.main(["batch", src, "--out", out, "--slots", "8", "--json", "--stats", str(d / "stats.json")]) == 0
     return src, {r["id"]: r for r in _read(out)}
+
+
+def test_stats_file_holds_the_jobs_latency_percentiles(clean):
+    src, _ = clean
+    stats = json.loads(open(os.path.join(os.path.dirname(src), "stats.json")).read())
+    assert (stats["requests"], stats["written"]) == (N_REQ, N_REQ)
+    lat = stats["latency"]
+    assert set(lat) == {"queue_s", "ttft_s", "tpot_s", "itl_s", "e2e_s"}
+    for s in lat.values():
+        assert 0 <= s["p50"] <= s["p95"] <= s["p99"] <= s["max"]
+    # 14 requests through 8 slots: the last six waited for a row to finish
+    assert lat["queue_s"]["max"] > 0 and lat["ttft_s"]["p50"] >= lat["queue_s"]["p50"]
+    assert lat["e2e_s"]["max"] <= stats["seconds"]
+
+
+def test_stats_onto_the_output_file_is_refused(clean, tmp_path, capsys):
+    src, _ = clean
+    out = str(tmp_path / "out.jsonl")
+    assert cli.main(["batch", src, "--out", out, "--stats", out]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--stats" in err and "output file" in err, err
+    assert not os.path.exists(out)
 
 
 def test_one_complete_line_per_request(clean):

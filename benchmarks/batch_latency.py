@@ -1,0 +1,109 @@
+"""Latency of short requests beside long prompts in one batch job: how long a prefill stalls
+the rows that are already decoding (issue #52's mixed workload).
+
+    python benchmarks/batch_latency.py [--short 64] [--long 8] [--long-len 1500] [--slots 16] [--json]
+
+Model: random weights, d_model 512, 8 layers, 8 heads, vocabulary 32,000, context 2,048
+(``specjax.scale.random_models``; random weights, so the n-gram drafter's acceptance is
+whatever the model's repetitive greedy output gives). Workload: ``--short`` requests
+(prompts of 16 to 48 random tokens, ``--new`` new tokens each) with ``--long`` prompts of
+``--long-len`` tokens spread evenly through the stream (every ``short / long``-th request);
+greedy, n-gram depth 3, dense cache, ``--slots`` slots, ``refill_rows`` 4. The job runs once
+to compile and warm, then once timed. Reported per class of request (short, long): time to
+first token and inter-token latency (p50 / p95 / p99 / max: one entry per decode step of
+every request; ``specjax.latency``), and for the job: tokens, seconds, tok/s.
+
+The figure to watch is the short rows' p99 inter-token latency against their median: every
+admit of a long prompt runs its whole prefill between two decode steps, and every live row
+waits for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+import numpy as np
+
+
+def workload(n_short: int, n_long: int, long_len: int, new: int, vocab: int, seed: int = 0) -> list:
+    import specjax
+
+    rng = np.random.default_rng(seed)
+    every = max(1, n_short // max(n_long, 1))
+    reqs, n_l = [], 0
+    for i in range(n_short):
+        if n_l < n_long and i % every == 0:
+            reqs.append(specjax.Request(rng.integers(0, vocab, long_len).tolist(), id=f"long{n_l}",
+                                        max_new_tokens=new))
+            n_l += 1
+        reqs.append(specjax.Request(rng.integers(0, vocab, int(rng.integers(16, 49))).tolist(), id=f"short{i}",
+                                    max_new_tokens=new))
+    return reqs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--short", type=int, default=64)
+    ap.add_argument("--long", type=int, default=8)
+    ap.add_argument("--long-len", type=int, default=1500)
+    ap.add_argument("--new", type=int, default=64, help="new tokens per request")
+    ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--out", default=None, help="also write the JSON here (e.g. docs/batch_latency.json)")
+    args = ap.parse_args()
+
+    import specjax
+    from specjax.bench import machine
+    from specjax.latency import latency_summary
+    from specjax.model import ModelConfig
+    from specjax.scale import random_models
+
+    cfg = ModelConfig(vocab_size=32000, d_model=512, n_layers=8, n_heads=8, n_kv_heads=8, d_ff=1536,
+                      max_seq_len=2048, mtp_depth=0)
+    model, _ = random_models(cfg, draft=False)
+    reqs = workload(args.short, args.long, args.long_len, args.new, cfg.vocab_size)
+
+    def run():
+        return list(specjax.batch_generate(model, reqs, slots=args.slots, refill_rows=4, drafter="ngram", depth=3,
+                                           max_new_tokens=args.new))
+
+    print("warm-up (compiles)", file=sys.stderr)
+    ref = {c.id: c.tokens for c in run()}
+    t0 = time.perf_counter()
+    out = run()
+    dt = time.perf_counter() - t0
+    n_tok = sum(len(c.tokens) for c in out)
+    lat = {kind: latency_summary(c for c in out if c.id.startswith(kind)) for kind in ("short", "long")}
+    short_itl = lat["short"]["itl_s"]
+    result = {
+        "machine": machine(),
+        "config": {"model": {"d_model": 512, "n_layers": 8, "vocab": 32000, "context": 2048}, "short": args.short,
+                   "long": args.long, "long_len": args.long_len, "new": args.new, "slots": args.slots,
+                   "drafter": "ngram", "depth": 3, "prefill_chunk": None},
+        "tokens": n_tok, "seconds": dt, "tok_per_s": n_tok / dt,
+        "same_tokens": {c.id: c.tokens for c in out} == ref,
+        "latency": lat,
+        "short_itl_p99_over_p50": short_itl["p99"] / short_itl["p50"],
+    }
+    if args.out:
+        pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"{n_tok} tokens in {dt:.1f} s = {n_tok / dt:.0f} tok/s (same tokens as the warm-up: "
+          f"{result['same_tokens']})")
+    print(f"{'requests':<8} | {'figure':<22} | {'p50':>8} | {'p95':>8} | {'p99':>8} | {'max':>8}")
+    for kind in ("short", "long"):
+        for key, name in (("ttft_s", "time to first token s"), ("itl_s", "inter-token ms")):
+            s, scale = lat[kind][key], (1e3 if key == "itl_s" else 1.0)
+            cells = " | ".join(f"{s[p] * scale:>8.2f}" for p in ("p50", "p95", "p99", "max"))
+            print(f"{kind:<8} | {name:<22} | {cells}")
+    print(f"short rows' inter-token p99 / p50: {result['short_itl_p99_over_p50']:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
