@@ -1,7 +1,8 @@
 """Latency of short requests beside long prompts in one batch job: how long a prefill stalls
 the rows that are already decoding (issue #52's mixed workload).
 
-    python benchmarks/batch_latency.py [--short 64] [--long 8] [--long-len 1500] [--slots 16] [--json]
+    python benchmarks/batch_latency.py [--short 64] [--long 8] [--long-len 1500] [--slots 16]
+                                       [--prefill-chunks none,128] [--json]
 
 Model: random weights, d_model 512, 8 layers, 8 heads, vocabulary 32,000, context 2,048
 (``specjax.scale.random_models``; random weights, so the n-gram drafter's acceptance is
@@ -11,11 +12,13 @@ whatever the model's repetitive greedy output gives). Workload: ``--short`` requ
 greedy, n-gram depth 3, dense cache, ``--slots`` slots, ``refill_rows`` 4. The job runs once
 to compile and warm, then once timed. Reported per class of request (short, long): time to
 first token and inter-token latency (p50 / p95 / p99 / max: one entry per decode step of
-every request; ``specjax.latency``), and for the job: tokens, seconds, tok/s.
+every request; ``specjax.latency``), and for the job: tokens, seconds, tok/s; one row per
+``--prefill-chunks`` value, in one run (``none``: each long prompt prefilled whole in its
+admit; N: in chunks of N tokens, one between every two decode steps).
 
-The figure to watch is the short rows' p99 inter-token latency against their median: every
+The figure to watch is the short rows' p99 inter-token latency against their median: an
 admit of a long prompt runs its whole prefill between two decode steps, and every live row
-waits for it.
+waits for it; chunked, it waits for one chunk at a time.
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ def main() -> None:
     ap.add_argument("--long-len", type=int, default=1500)
     ap.add_argument("--new", type=int, default=64, help="new tokens per request")
     ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--prefill-chunks", default="none,128",
+                    help="comma-separated prefill_chunk values to compare in one run ('none': whole prompts)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", default=None, help="also write the JSON here (e.g. docs/batch_latency.json)")
     args = ap.parse_args()
@@ -67,42 +72,54 @@ def main() -> None:
     model, _ = random_models(cfg, draft=False)
     reqs = workload(args.short, args.long, args.long_len, args.new, cfg.vocab_size)
 
-    def run():
-        return list(specjax.batch_generate(model, reqs, slots=args.slots, refill_rows=4, drafter="ngram", depth=3,
-                                           max_new_tokens=args.new))
+    try:
+        chunks = [None if x.strip() == "none" else int(x) for x in args.prefill_chunks.split(",") if x.strip()]
+    except ValueError:
+        sys.exit(f"--prefill-chunks {args.prefill_chunks!r} is invalid: comma-separated ints or 'none'")
 
-    print("warm-up (compiles)", file=sys.stderr)
-    ref = {c.id: c.tokens for c in run()}
-    t0 = time.perf_counter()
-    out = run()
-    dt = time.perf_counter() - t0
-    n_tok = sum(len(c.tokens) for c in out)
-    lat = {kind: latency_summary(c for c in out if c.id.startswith(kind)) for kind in ("short", "long")}
-    short_itl = lat["short"]["itl_s"]
+    def run(chunk):
+        return list(specjax.batch_generate(model, reqs, slots=args.slots, refill_rows=4, drafter="ngram", depth=3,
+                                           max_new_tokens=args.new, prefill_chunk=chunk))
+
+    rows, ref = [], None
+    for chunk in chunks:
+        print(f"prefill_chunk={chunk}: warm-up (compiles)", file=sys.stderr)
+        warm = {c.id: c.tokens for c in run(chunk)}
+        ref = ref or warm
+        t0 = time.perf_counter()
+        out = run(chunk)
+        dt = time.perf_counter() - t0
+        n_tok = sum(len(c.tokens) for c in out)
+        lat = {kind: latency_summary(c for c in out if c.id.startswith(kind)) for kind in ("short", "long")}
+        short_itl = lat["short"]["itl_s"]
+        rows.append({"prefill_chunk": chunk, "tokens": n_tok, "seconds": dt, "tok_per_s": n_tok / dt,
+                     "same_tokens": {c.id: c.tokens for c in out} == ref == warm, "latency": lat,
+                     "short_itl_p99_over_p50": short_itl["p99"] / short_itl["p50"]})
+        print(f"prefill_chunk={chunk}: {n_tok} tokens in {dt:.1f} s = {n_tok / dt:.0f} tok/s", file=sys.stderr)
     result = {
         "machine": machine(),
         "config": {"model": {"d_model": 512, "n_layers": 8, "vocab": 32000, "context": 2048}, "short": args.short,
                    "long": args.long, "long_len": args.long_len, "new": args.new, "slots": args.slots,
-                   "drafter": "ngram", "depth": 3, "prefill_chunk": None},
-        "tokens": n_tok, "seconds": dt, "tok_per_s": n_tok / dt,
-        "same_tokens": {c.id: c.tokens for c in out} == ref,
-        "latency": lat,
-        "short_itl_p99_over_p50": short_itl["p99"] / short_itl["p50"],
+                   "refill_rows": 4, "drafter": "ngram", "depth": 3},
+        "rows": rows,
     }
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     if args.json:
         print(json.dumps(result))
         return
-    print(f"{n_tok} tokens in {dt:.1f} s = {n_tok / dt:.0f} tok/s (same tokens as the warm-up: "
-          f"{result['same_tokens']})")
-    print(f"{'requests':<8} | {'figure':<22} | {'p50':>8} | {'p95':>8} | {'p99':>8} | {'max':>8}")
-    for kind in ("short", "long"):
-        for key, name in (("ttft_s", "time to first token s"), ("itl_s", "inter-token ms")):
-            s, scale = lat[kind][key], (1e3 if key == "itl_s" else 1.0)
-            cells = " | ".join(f"{s[p] * scale:>8.2f}" for p in ("p50", "p95", "p99", "max"))
-            print(f"{kind:<8} | {name:<22} | {cells}")
-    print(f"short rows' inter-token p99 / p50: {result['short_itl_p99_over_p50']:.1f}x")
+    print(f"{'chunk':>5} | {'tok/s':>5} | same | {'requests':<8} | {'figure':<22} | {'p50':>8} | {'p95':>8} | "
+          f"{'p99':>8} | {'max':>8}")
+    for r in rows:
+        for kind in ("short", "long"):
+            for key, name in (("ttft_s", "time to first token s"), ("itl_s", "inter-token ms")):
+                st, scale = r["latency"][kind][key], (1e3 if key == "itl_s" else 1.0)
+                cells = " | ".join(f"{st[p] * scale:>8.2f}" for p in ("p50", "p95", "p99", "max"))
+                print(f"{str(r['prefill_chunk']):>5} | {r['tok_per_s']:>5.0f} | {str(r['same_tokens']):<4} | "
+                      f"{kind:<8} | {name:<22} | {cells}")
+    for r in rows:
+        print(f"prefill_chunk={r['prefill_chunk']}: short rows' inter-token p99 / p50 "
+              f"{r['short_itl_p99_over_p50']:.1f}x, job {r['tok_per_s']:.0f} tok/s")
 
 
 if __name__ == "__main__":

@@ -55,6 +55,8 @@ from specjax.engine import (
     check_status,
     make_engine,
     new_state,
+    pending_rows,
+    prefill_chunk,
     prefill_rows,
     prompt_bucket,
     request_capacity,
@@ -71,7 +73,7 @@ from specjax.validate import EOS_WIDTH, check_drafter_models, check_eos, eos_tab
 
 __all__ = ["Completion", "Request", "batch_generate"]
 
-_TRACES = {"admit": 0, "decode": 0}
+_TRACES = {"admit": 0, "decode": 0, "begin": 0, "chunk": 0, "finish": 0}
 _ROW_FIELDS = ("seq", "known", "u", "prompt_len", "max_len", "eos", "seeds", "live", "done", "steps", "emitted",
                "accepted", "proposed", "acc_pos", "prop_pos", "seen_pos", "trace", "est")
 
@@ -145,16 +147,55 @@ def _admit(eng: EngineConfig, params: dict, st: EngineState, idle: jax.Array, ro
     """Release the pages of ``idle [B]`` slots, prefill ``prompts [R, P]`` and put them in
     slots ``rows [R]`` (``B`` for a padding row). Every other row is untouched."""
     _TRACES["admit"] += 1
-    live = rows < st.seq.shape[0]
-    cache = st.cache.release(idle)
-    dstate = eng.drafter.release(st.dstate, idle)
-    st = st.replace(cache=cache, dstate=dstate, live=st.live & ~idle)
+    st = _release(eng, st, idle)
+    sub = prefill_rows(eng, params, *_views(eng, st, rows, prompts, prompt_len, max_len, eos, seeds, sampling))
+    return _place(eng, st, rows, sub)
+
+
+def _release(eng: EngineConfig, st: EngineState, idle: jax.Array) -> EngineState:
+    """The pages (and drafter pages) of ``idle [B]`` slots back to the pool; they hold nothing."""
+    return st.replace(cache=st.cache.release(idle), dstate=eng.drafter.release(st.dstate, idle),
+                      live=st.live & ~idle)
+
+
+def _views(eng: EngineConfig, st: EngineState, rows: jax.Array, prompts: jax.Array, prompt_len, max_len, eos, seeds,
+           sampling: RowSampling) -> tuple:
+    """``prefill_rows``' / ``pending_rows``' arguments after ``params``: empty per-row views of
+    the live caches for ``rows [R]`` (``B``: padding) of ``prompts [R, P]``."""
     p = prompts.shape[1]
-    sub = prefill_rows(eng, params, prompts, prompt_len, max_len, eos, seeds, sampling, st.cache.rows_view(rows, p),
-                       eng.drafter.rows_view(eng, st.dstate, rows, p), live)
-    if eng.controller is not None:  # new rows start at the table's prior (only the rows' fields are put)
+    return (prompts, prompt_len, max_len, eos, seeds, sampling, st.cache.rows_view(rows, p),
+            eng.drafter.rows_view(eng, st.dstate, rows, p), rows < st.seq.shape[0])
+
+
+def _place(eng: EngineConfig, st: EngineState, rows: jax.Array, sub: EngineState) -> EngineState:
+    """Prefilled rows ``sub`` into slots ``rows``; under a step controller they start at the
+    table's prior (only the rows' fields are put)."""
+    if eng.controller is not None:
         sub = eng.controller.init(eng, sub, st.auto)
     return constrain(_put_rows(eng, st, rows, sub), eng.mesh)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _begin(eng: EngineConfig, st: EngineState, rows: jax.Array, prompts: jax.Array, prompt_len, max_len, eos, seeds,
+           sampling: RowSampling) -> EngineState:
+    """A chunked admit's rows, pending (``pending_rows``): their prompts known, nothing cached;
+    the live state is not touched (dense views are their own buffers)."""
+    _TRACES["begin"] += 1
+    return pending_rows(eng, *_views(eng, st, rows, prompts, prompt_len, max_len, eos, seeds, sampling))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3), donate_argnums=2)
+def _chunk(eng: EngineConfig, params: dict, sub: EngineState, c: int) -> EngineState:
+    """The next ``c`` prompt tokens of pending rows ``sub`` (``prefill_chunk``)."""
+    _TRACES["chunk"] += 1
+    return prefill_chunk(eng, params, sub, c)
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
+def _finish(eng: EngineConfig, st: EngineState, idle: jax.Array, rows: jax.Array, sub: EngineState) -> EngineState:
+    """Fully prefilled pending rows ``sub`` into slots ``rows`` (``idle`` slots released first)."""
+    _TRACES["finish"] += 1
+    return _place(eng, _release(eng, st, idle), rows, sub)
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
@@ -292,6 +333,7 @@ def batch_generate(
     pages: int | None = None,
     refill_rows: int | None = None,
     sync_every: int = 64,
+    prefill_chunk: int | None = None,
     stop: Callable[[], bool] | None = None,
     where: Sequence[str] | None = None,
     **settings: Any,
@@ -312,8 +354,13 @@ def batch_generate(
     "paged"``; default every slot's full capacity): requests wait for pages, never fail.
     ``refill_rows``: rows prefilled per admit (default ``slots // 4``); decoding runs until
     that many rows are free (fewer when the stream runs dry) or ``sync_every`` steps.
-    ``stop``: checked between rounds; when it returns True the job ends early (requests
-    still running are dropped, nothing partial is yielded). ``where``: how validation errors
+    ``prefill_chunk``: prompts longer than this are prefilled ``prefill_chunk`` tokens per
+    decode step (one chunk, then one step of the live rows, ...): a long prompt stalls the
+    running rows for one chunk at a time, not its whole prefill; its row joins the decode
+    loop when its last chunk has taken its first token (``cache="dense"``, sliding-window
+    and compressed layers included; one process, no mesh). ``stop``: checked between
+    rounds; when it returns True the job ends early (requests still running are dropped,
+    nothing partial is yielded). ``where``: how validation errors
     name each listed request (default ``requests[i] (id ...)``; the CLI names file lines).
     ``depth="auto"`` (with ``max_depth``, ``cost``): as in ``generate``; without a table the
     first rounds time a few real decode steps at each window (then kept on disk).
@@ -340,6 +387,14 @@ def batch_generate(
         fail("pages", pages, "is the paged pool's size: an int >= 1, with cache='paged'")
     if refill_rows is not None and (not is_int(refill_rows) or not 1 <= refill_rows <= slots):
         fail("refill_rows", refill_rows, f"must be an int in [1, slots={slots}]")
+    if prefill_chunk is not None:
+        if not is_int(prefill_chunk) or prefill_chunk < 1:
+            fail("prefill_chunk", prefill_chunk, "must be an int >= 1 (prompt tokens per chunk), or None")
+        if cache == "paged":
+            fail("prefill_chunk", prefill_chunk, "runs on cache='dense' (sliding-window and compressed layers "
+                 "included): a paged pool would share its pages with the running rows while a prompt is pending")
+        if mesh is not None:
+            fail("prefill_chunk", prefill_chunk, "runs without a mesh (one device) for now")
     check_mesh(mesh, slots, "slots", slots)
     groups = data_shards(mesh)
     if pages is not None and pages % groups:
@@ -377,8 +432,10 @@ def batch_generate(
         longest_new = max_new_tokens
         greedy = False  # unknown requests: per-row sampling (a temperature-0 row stays exactly greedy)
         eos_width = job.eos_width
+    cap_width = width if prefill_chunk is None else -(-width // prefill_chunk) * prefill_chunk  # whole chunks
     eng = make_engine(model, drafter=drafter, draft_model=draft_model, depth=d, kv_advance_rule=rule,
-                      cache=cache, greedy=greedy, ngram_n=cfg.ngram_n, capacity=request_capacity(width, longest_new, d),
+                      cache=cache, greedy=greedy, ngram_n=cfg.ngram_n,
+                      capacity=request_capacity(cap_width, longest_new, d),
                       attention_impl=cfg.attention_impl, num_pages=pages,
                       controller=None if policy is None else AutoDepth(policy), mesh=mesh)
     params = {"target": model.params}
@@ -387,7 +444,7 @@ def batch_generate(
     refill = refill_rows or max(1, slots // 4)
     pool = pages if pages is not None else slots * -(-eng.capacity // PAGE_SIZE)
     return _run(eng, params, rows_iter, slots, width, refill, sync_every, pool if cache == "paged" else None,
-                stop or (lambda: False), eos_width, cfg.cost, listed)
+                stop or (lambda: False), eos_width, cfg.cost, listed, prefill_chunk)
 
 
 def _checked(job: _Job, requests: Iterable[Any], where: Sequence[str] | None = None) -> Iterator[_Row]:
@@ -404,10 +461,12 @@ def _checked(job: _Job, requests: Iterable[Any], where: Sequence[str] | None = N
 
 def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int, width: int, refill: int,
          sync_every: int, pool: int | None, stop: Callable[[], bool], eos_width: int, cost: Any = None,
-         listed: bool = False) -> Iterator[Completion]:
+         listed: bool = False, chunk: int | None = None) -> Iterator[Completion]:
     """The host loop: admit, decode, harvest (one device read per round). The host clock at
     round boundaries times every request (``specjax.latency``): a listed job's requests
-    arrive at its start, a stream's when it yields them."""
+    arrive at its start, a stream's when it yields them. With ``chunk``, an admit of prompts
+    wider than it is pending (``_Pending``): each round runs one chunk of the oldest pending
+    admit, then one decode step; its rows join when their prompts are in."""
     start = latency.now()
     st = _empty_state(eng, slots, width, eos_width)
     table_ready = eng.controller is None
@@ -416,6 +475,7 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
     arrived: dict[Any, float] = {}
     timeline, i_now = latency.Timeline(), 0  # i_now: global steps taken (read back each round)
     queue: collections.deque[_Row] = collections.deque()
+    pending: collections.deque[_Pending] = collections.deque()  # chunked admits, oldest first
     exhausted = False
     while not stop():
         while not exhausted and len(queue) < slots:  # look ahead: enough to fill every free slot
@@ -432,20 +492,46 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
                 break
             idle = np.array([held[s] is None for s in range(slots)])
             t_admit = latency.now()
+            picked = [x for group in batch for x in group]
+            if chunk is not None and max(len(r.prompt) for _, r in picked) > chunk:
+                args = _admit_inputs(batch, refill, slots, eos_width, chunk)
+                sub = _begin(eng, st, *args)
+                n = -(-max(len(r.prompt) for _, r in picked) // chunk)
+                pending.append(_Pending(args[0], sub, n, [(s, r, arrived.pop(r.id)) for s, r in picked], t_admit))
+                for s, r in picked:
+                    held[s] = r
+                continue
             with mesh_context(eng):
                 st = _admit(eng, params, st, jnp.asarray(idle), *_admit_inputs(batch, refill, slots, eos_width))
             jax.block_until_ready(st.done)  # the admit's end: the rows' first token, the live rows' stall
             t_first = latency.now()
-            for s, r in (x for group in batch for x in group):
+            for s, r in picked:
                 held[s] = r
                 timed[s] = _Timed(arrived.pop(r.id), t_admit, t_first, i_now)
+        if pending:  # one chunk of the oldest pending admit; its rows join after their last
+            head = pending[0]
+            head.sub = _chunk(eng, params, head.sub, chunk)
+            head.left -= 1
+            if head.left == 0:
+                pending.popleft()
+                idle = np.array([held[s] is None for s in range(slots)])
+                st = _finish(eng, st, jnp.asarray(idle), head.rows, head.sub)
+                jax.block_until_ready(st.done)
+                t_first = latency.now()
+                for s, _, arrival in head.picked:
+                    timed[s] = _Timed(arrival, head.t_admit, t_first, i_now)
+            else:
+                jax.block_until_ready(head.sub.done)  # its time is the running rows' stall
+        waiting = {s for g in pending for s, _, _ in g.picked}  # held, not yet in the live state
         busy = sum(r is not None for r in held)
         if busy == 0:
             return
         free_now = slots - busy
         more = bool(queue) or not exhausted
         target = min(slots, max(refill, free_now + 1)) if more else slots
-        if not table_ready:  # depth="auto": the cost table, before the first real decode round
+        target += len(waiting)  # a pending slot counts as done in the loop: it is not stepping
+        steps = 1 if pending else sync_every  # a chunk between every two steps while one is pending
+        if not table_ready and busy > len(waiting):  # depth="auto": the table, timed on the first running rows
             t0 = latency.now()
             with mesh_context(eng):
                 st = _set_cost(eng, params, st, slots, width, cost)
@@ -454,12 +540,25 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
             i_now, table_ready = i_next, True
         t0 = latency.now()
         with mesh_context(eng):
-            st = _decode(eng, params, st, jnp.int32(target), st.i + sync_every)
-        done, i_next = (np.asarray(x) for x in jax.device_get((st.done, st.i)))
+            st = _decode(eng, params, st, jnp.int32(target), st.i + steps)
+        done, i_next = (np.array(x) for x in jax.device_get((st.done, st.i)))
         timeline.add(i_now, int(i_next), t0, latency.now())
         i_now = int(i_next)
+        done[list(waiting)] = False  # pending rows are not finished
         yield from _harvest(eng, st, held, done, timed, timeline)
         timeline.drop_before(min((t.start_step for t in timed if t is not None), default=i_now))
+
+
+@dataclasses.dataclass
+class _Pending:
+    """A chunked admit in progress: its slots ``rows [R]`` (``B``: padding), its rows' state
+    ``sub`` (``pending_rows``), the chunks ``left``, and each ``(slot, request, arrival)``."""
+
+    rows: jax.Array
+    sub: EngineState
+    left: int
+    picked: list[tuple[int, _Row, float]]
+    t_admit: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -510,16 +609,20 @@ def _set_cost(eng: EngineConfig, params: dict, st: EngineState, slots: int, widt
     return box[0].replace(auto=auto_state(eng, table, slots))
 
 
-def _admit_inputs(batch: list[list[tuple[int, _Row]]], refill: int, slots: int, eos_width: int = EOS_WIDTH):
+def _admit_inputs(batch: list[list[tuple[int, _Row]]], refill: int, slots: int, eos_width: int = EOS_WIDTH,
+                  chunk: int | None = None):
     """Host arrays for one admit: ``batch``'s slot groups in order (group-major; ``_pick``), each
     padded to the same row count: the fullest group's, rounded up to a power of two, at most
     ``ceil(refill / groups)`` (a prefill's work follows the requests admitted; a few row counts
-    per bucket compile). Padding rows point at slot ``slots``."""
+    per bucket compile). Padding rows point at slot ``slots``. ``chunk``: the prompt width
+    rounds up to whole chunks (a chunk past a row's prompt writes padding inside it)."""
     fullest = max(len(g) for g in batch)
     rg = min(-(-refill // len(batch)), 1 << (fullest - 1).bit_length())
     real = [x for g in batch for x in g]
     laid = [x for g in batch for x in g + [(slots, real[0][1])] * (rg - len(g))]  # padding copies a real row
     width = prompt_bucket([r.prompt for _, r in real])
+    if chunk is not None:
+        width = -(-width // chunk) * chunk
     rows = np.array([s for s, _ in laid], np.int32)
     toks = np.zeros((len(laid), width), np.int32)
     for i, (_, r) in enumerate(laid):  # host-side batch assembly

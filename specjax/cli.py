@@ -452,7 +452,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         run = _TextRunner(args)
         drafter = _drafter(args, run)
         kw = dict(config=_settings(args, run, drafter), draft_model=run.draft, mesh=run.mesh, slots=args.slots,
-                  pages=args.pages)
+                  pages=args.pages, prefill_chunk=args.prefill_chunk)
         return run_job(args, run, kw)
     except (ValueError, CheckpointError, OSError) as e:
         print(f"specjax batch: error: {e}", file=sys.stderr)
@@ -781,6 +781,9 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--top-k", type=int, default=None)
     j.add_argument("--top-p", type=float, default=0.95, help="for lines without top_p; 1 = no filter")
     j.add_argument("--seed", type=int, default=0, help="lines without a seed derive theirs from this and their id")
+    j.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
+                   help="prefill prompts longer than N tokens N at a time, one chunk between two decode steps, so a "
+                        "long prompt stalls the running rows for one chunk (--cache dense)")
     j.add_argument("--stats", metavar="FILE", default=None,
                    help="also write the job's summary as JSON: throughput and latency percentiles (time to first "
                         "token, inter-token, queue wait)")

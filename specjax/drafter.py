@@ -229,11 +229,13 @@ class DraftModelDrafter:
         return dstate.release(idle)
 
     def prefill(self, eng, params, st, hidden, positions, live):
-        cache = st.dstate.reserve(positions.shape[1], live).bound_write(st.prompt_len)
+        # a chunk of the prompt from each row's own length (``prefill_chunk``): its own tokens count
+        count = jnp.clip(st.prompt_len - st.dstate.lengths, 0, positions.shape[1])
+        cache = st.dstate.reserve(positions.shape[1], live).bound_write(count)
         tokens = gather_tokens(st.seq, positions)  # (the engine's positions: already reachable ones)
         _, cache = eng.draft.forward_hidden(params["draft"], tokens, positions, cache,
                                             attention_impl=eng.attention_impl)
-        return cache.advance(st.prompt_len)  # only the K/V is needed: no logits
+        return cache.advance(count)  # only the K/V is needed: no logits
 
     def propose(self, eng, params, st):
         dec, dp, d, w = eng.draft, params["draft"], eng.depth, eng.depth + 1
@@ -475,9 +477,17 @@ class MtpDrafter:
                         probs_, dstate.pending, put(dstate.pending_n, sub.pending_n))
 
     def prefill(self, eng, params, st, hidden, positions, live):
-        zeros = jnp.zeros_like(st.prompt_len)
-        cache, h, tok, first_probs = self._after(eng, params, st, st.dstate.cache, hidden, zeros, st.prompt_len)
-        return st.dstate.replace(cache=cache.advance(st.prompt_len), h=h, first=tok, first_probs=first_probs)
+        # a chunk of the prompt from each row's own length (``prefill_chunk``); a row whose
+        # prompt ended in an earlier chunk keeps its hidden state and first draft
+        s = st.dstate
+        start = s.cache.lengths
+        count = jnp.clip(st.prompt_len - start, 0, hidden.shape[1])
+        cache, h, tok, first_probs = self._after(eng, params, st, s.cache, hidden, start, count)
+        new = count > 0
+        h, tok = jnp.where(new[:, None], h, s.h), jnp.where(new, tok, s.first)
+        if first_probs is not None:
+            first_probs = jnp.where(new[:, None], first_probs, s.first_probs)
+        return s.replace(cache=cache.advance(count), h=h, first=tok, first_probs=first_probs)
 
     def propose(self, eng, params, st):
         dec, d = eng.target, eng.depth

@@ -155,8 +155,12 @@ def extras() -> None:
     result["tokens"]["stream"] = chunks[-1].result.tokens == ref
     reqs = [{"prompt": p, "max_new_tokens": 6} for p in prompts * 3]
     for cache in ("dense", "paged"):
-        got = {c.id: c.tokens for c in specjax.batch_generate(target, reqs, slots=4, depth=2, cache=cache, mesh=mesh)}
+        done = list(specjax.batch_generate(target, reqs, slots=4, depth=2, cache=cache, mesh=mesh))
+        got = {c.id: c.tokens for c in done}
         result["tokens"][f"batch_generate {cache}"] = [got[i] for i in range(len(reqs))] == ref * 3
+        result["tokens"][f"batch_generate {cache}: latency of every step"] = all(
+            len(c.metrics["itl_s"]) == c.metrics["steps"] and 0 <= c.metrics["queue_s"] <= c.metrics["ttft_s"]
+            for c in done)
     # one pool per data shard, each of one page (pages=4 on data=4): 2 slots per shard, one request
     # per shard at a time; every request its unsharded tokens
     got = {c.id: c.tokens for c in specjax.batch_generate(target, reqs, slots=8, depth=2, cache="paged", pages=4,

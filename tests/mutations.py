@@ -323,9 +323,9 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "idle slots never give their pages back",
-        "_admit",
-        "    cache = st.cache.release(idle)\n",
-        "    cache = st.cache\n",
+        "_release",
+        "    return st.replace(cache=st.cache.release(idle), dstate",
+        "    return st.replace(cache=st.cache, dstate",
         ("tests/test_batch.py::test_admit_returns_the_pages_of_every_idle_slot",),
     ),
     Mutation(
@@ -1261,7 +1261,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "a refilled row keeps DepthPolicy.prior, not the table's acceptance",
-        "specjax/batch.py::_admit",
+        "_place",
         "        sub = eng.controller.init(eng, sub, st.auto)",
         "        sub = sub.replace(est=jnp.full_like(sub.est, eng.controller.policy.prior))",
         ("tests/test_batch.py::test_a_refilled_row_starts_at_the_tables_acceptance",),
@@ -1382,9 +1382,9 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "engine: the prefill hands the model its padding's positions (past max_seq_len)",
-        "prefill_rows",
-        "    positions = reachable_positions(jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p)), max_len)",
-        "    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))",
+        "prefill_chunk",
+        "    positions = reachable_positions(at, st.max_len)",
+        "    positions = at",
         ("tests/test_plugins.py::test_positions_stay_reachable_and_padding_nans_stay_masked",),
     ),
     Mutation(
@@ -1642,6 +1642,56 @@ Mutation(
         "specjax/batch.py::_run",
         "timeline.drop_before(min((t.start_step for t in timed if t is not None), default=i_now))",
         "timeline.drop_before(max((t.start_step for t in timed if t is not None), default=i_now))",
-        ("tests/test_latency.py::test_an_admit_stalls_exactly_the_rows_live_across_it",),
+        ("tests/test_latency.py::test_a_row_keeps_its_timeline_while_newer_rows_run_beside_it",),
+    ),
+# --- chunked prefill ---
+    Mutation(
+        "chunked prefill: every row advances a whole chunk (past the end of its own prompt)",
+        "prefill_chunk",
+        "    count = jnp.clip(st.prompt_len - start, 0, c)\n",
+        "    count = jnp.full_like(start, c)\n",
+        ("tests/test_chunked_prefill.py::test_chunks_leave_exactly_what_the_whole_prefill_leaves",),
+    ),
+    Mutation(
+        "chunked prefill: a row whose prompt ended earlier takes its first token again from padding",
+        "prefill_chunk",
+        "    final = (count > 0) & (start + count == st.prompt_len)\n",
+        "    final = start + count == st.prompt_len\n",
+        ("tests/test_chunked_prefill.py::test_chunks_leave_exactly_what_the_whole_prefill_leaves",),
+    ),
+    Mutation(
+        "chunked prefill: the MTP state of a row whose prompt ended is overwritten by a later chunk",
+        "MtpDrafter.prefill",
+        "        new = count > 0\n",
+        "        new = count >= 0\n",
+        ("tests/test_chunked_prefill.py::test_chunks_leave_exactly_what_the_whole_prefill_leaves",),
+    ),
+    Mutation(
+        "chunked prefill: the draft model's chunk advances past the chunk",
+        "DraftModelDrafter.prefill",
+        "        count = jnp.clip(st.prompt_len - st.dstate.lengths, 0, positions.shape[1])\n",
+        "        count = st.prompt_len - st.dstate.lengths\n",
+        ("tests/test_chunked_prefill.py::test_chunks_leave_exactly_what_the_whole_prefill_leaves",),
+    ),
+    Mutation(
+        "chunked prefill: decoding runs sync_every steps between chunks (a long prompt waits)",
+        "specjax/batch.py::_run",
+        "        steps = 1 if pending else sync_every",
+        "        steps = sync_every",
+        ("tests/test_chunked_prefill.py::test_a_long_prompt_stalls_the_running_rows_one_chunk_at_a_time",),
+    ),
+    Mutation(
+        "chunked prefill: a pending row is harvested as finished",
+        "specjax/batch.py::_run",
+        "        done[list(waiting)] = False  # pending rows are not finished\n",
+        "",
+        ("tests/test_chunked_prefill.py::test_chunked_jobs_give_every_request_its_alone_tokens",),
+    ),
+Mutation(
+        "chunked prefill: depth='auto' times its cost table while only pending rows are held",
+        "specjax/batch.py::_run",
+        "        if not table_ready and busy > len(waiting):",
+        "        if not table_ready:",
+        ("tests/test_chunked_prefill.py::test_auto_depth_times_its_table_on_running_rows_not_pending_ones",),
     ),
 ]

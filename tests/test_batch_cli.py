@@ -58,6 +58,20 @@ def test_stats_file_holds_the_jobs_latency_percentiles(clean):
     assert lat["e2e_s"]["max"] <= stats["seconds"]
 
 
+def test_prefill_chunks_give_the_clean_runs_text(clean, tmp_path, capsys):
+    """Sampled rows keyed by seed and position: prompts prefilled 16 tokens at a time give the
+    clean run's text; a bad chunk size is one line before anything runs."""
+    src, lines = clean
+    out = tmp_path / "out.jsonl"
+    assert cli.main(["batch", src, "--out", str(out), "--slots", "4", "--prefill-chunk", "16", "--json"]) == 0
+    assert {r["id"]: r["text"] for r in _read(out)} == {i: r["text"] for i, r in lines.items()}
+    bad = tmp_path / "bad.jsonl"
+    assert cli.main(["batch", src, "--out", str(bad), "--prefill-chunk", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "prefill_chunk=0 is invalid" in err, err
+    assert not bad.exists()
+
+
 def test_stats_onto_the_output_file_is_refused(clean, tmp_path, capsys):
     src, _ = clean
     out = str(tmp_path / "out.jsonl")

@@ -280,9 +280,11 @@ def test_sampled_rows_alone_equal_rows_in_the_batch_and_stream_matches():
     assert streamed == batch.tokens
 
 
-def test_batch_jobs_refill_compressed_rows(plain):
+@pytest.mark.parametrize("chunk", [None, 3])
+def test_batch_jobs_refill_compressed_rows(plain, chunk):
     reqs = [{"id": i, "prompt": p, "max_new_tokens": NEW} for i, p in enumerate(PROMPTS)]
-    out = {c.id: c.tokens for c in batch_generate(MODEL, reqs, slots=2, drafter="ngram", depth=3)}
+    out = {c.id: c.tokens for c in batch_generate(MODEL, reqs, slots=2, drafter="ngram", depth=3,
+                                                  prefill_chunk=chunk)}
     assert [out[i] for i in range(len(PROMPTS))] == plain
 
 

@@ -436,8 +436,12 @@ def test_stream_and_batch_jobs_run_auto_depth():
     assert chunks[-1].result.tokens == _plain()
     assert chunks[-1].result.metrics["depth_rule"] == "makespan"
     assert resolve_depth("auto", 2, "mtp")[1].rule == "goodput"  # what batch_generate resolves
-    out = {c.id: c.tokens for c in batch_generate(TARGET, PROMPTS, slots=3, **kw)}
+    done = list(batch_generate(TARGET, PROMPTS, slots=3, **kw))
+    out = {c.id: c.tokens for c in done}
     assert [out[i] for i in range(len(PROMPTS))] == _plain()
+    for c in done:  # the cost table's timed steps (tokens kept) are on the job's timeline too
+        m = c.metrics
+        assert len(m["itl_s"]) == m["steps"] and 0 <= m["queue_s"] <= m["ttft_s"] <= m["e2e_s"]
 
 
 def test_auto_estimates_drift_faster_for_drafters_that_offer_every_draft():

@@ -82,3 +82,17 @@ def test_an_admit_stalls_exactly_the_rows_live_across_it(monkeypatch):
     assert b["itl_s"] == [0.0] * b["steps"] and c["itl_s"] == [0.0] * c["steps"]
     assert len(a["itl_s"]) == a["steps"] and a["tpot_s"] == pytest.approx(2000.0 / 39)
     assert got["A"].tokens == _alone(MODEL, reqs[0], drafter="ngram", depth=3, ngram_n=2)  # timing changes nothing
+
+
+def test_a_row_keeps_its_timeline_while_newer_rows_run_beside_it():
+    """The timeline forgets only calls older than the oldest running row: A (admitted first)
+    is still running when C finishes beside D (admitted later), and its figures need every
+    call since its own admit."""
+    reqs = [Request([1, 2, 3], id="A", max_new_tokens=40), Request([4, 5], id="B", max_new_tokens=4),
+            Request([6, 7, 8], id="C", max_new_tokens=5), Request([9, 10], id="D", max_new_tokens=40),
+            Request([11, 12], id="E", max_new_tokens=4)]  # E queued: C's round ends when C finishes
+    done = list(batch_generate(MODEL, reqs, slots=3, refill_rows=1, drafter="ngram", depth=3, ngram_n=2))
+    assert [c.id for c in done][:2] == ["B", "C"]  # A and D (admitted later) run on after C
+    for c in done:
+        m = c.metrics
+        assert len(m["itl_s"]) == m["steps"] and m["ttft_s"] + sum(m["itl_s"]) == pytest.approx(m["e2e_s"])

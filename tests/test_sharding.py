@@ -92,6 +92,8 @@ def test_loaders_stream_batch_memory_and_errors_on_a_mesh():
     result = _worker("extras")
     _check(result)
     assert set(result["tokens"]) == {"hf", "bundle", "stream", "batch_generate dense", "batch_generate paged",
+                                     "batch_generate dense: latency of every step",
+                                     "batch_generate paged: latency of every step",
                                      "batch_generate paged, a page per shard", "replicated draft model"}
     for plan_args, xla_args, act, xla_temp in result["memory"]:
         assert plan_args == xla_args and 0 < act <= xla_temp

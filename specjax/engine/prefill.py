@@ -14,32 +14,60 @@ from specjax.engine.state import EngineState, new_state
 from specjax.protocols import reachable_positions
 from specjax.sampling import SAMPLE, RowSampling, position_keys, probs, sample
 
-__all__ = ["fresh_prefill", "prefill", "prefill_rows"]
+__all__ = ["fresh_prefill", "pending_rows", "prefill", "prefill_chunk", "prefill_rows"]
 
 
 def prefill_rows(eng: EngineConfig, params: dict, prompts: jax.Array, prompt_len: jax.Array, max_len, eos, seeds,
                  sampling: RowSampling, cache: Any, dstate: Any, live: jax.Array) -> EngineState:
     """Run ``prompts [B, P]`` into the empty ``cache`` and drafter state ``dstate`` and take
-    each row's first token. ``live [B]``: real rows (padding rows of a refill own no pages)."""
+    each row's first token. ``live [B]``: real rows (padding rows of a refill own no pages).
+    One ``prefill_chunk`` of the whole width over ``pending_rows``."""
+    st = pending_rows(eng, prompts, prompt_len, max_len, eos, seeds, sampling, cache, dstate, live)
+    return prefill_chunk(eng, params, st, prompts.shape[1])
+
+
+def pending_rows(eng: EngineConfig, prompts: jax.Array, prompt_len: jax.Array, max_len, eos, seeds,
+                 sampling: RowSampling, cache: Any, dstate: Any, live: jax.Array) -> EngineState:
+    """Rows whose prompts ``prompts [B, P]`` are known but not yet in the empty ``cache`` and
+    ``dstate``: every row done (nothing to decode) until ``prefill_chunk`` takes its last
+    prompt token and its first new one."""
     b, p = prompts.shape
-    c = eng.capacity
-    seq = jnp.zeros((b, c), jnp.int32).at[:, :p].set(prompts)
-    positions = reachable_positions(jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p)), max_len)
-    hidden, cache = eng.target.forward_hidden(params["target"], prompts, positions,
-                                              cache.reserve(p, live).bound_write(prompt_len),
+    seq = jnp.zeros((b, eng.capacity), jnp.int32).at[:, :p].set(prompts)
+    return new_state(eng, seq=seq, known=prompt_len, cache=cache, dstate=dstate, prompt_len=prompt_len,
+                     max_len=max_len, eos=eos, seeds=seeds, sampling=sampling, live=live,
+                     done=jnp.ones((b,), bool))
+
+
+def prefill_chunk(eng: EngineConfig, params: dict, st: EngineState, c: int) -> EngineState:
+    """The next ``c`` prompt tokens of every row of ``st`` (``pending_rows``) into its caches
+    and drafter state, from each row's own cache length (a row's prompt may end inside the
+    chunk: only its own tokens count); a row whose prompt ends here takes its first token
+    (its prompt's last hidden state through the head) and is done only if that stops it.
+    A row whose prompt ended in an earlier chunk is left as it is (its chunk writes padding
+    past its length, unread). ``c`` is static: one compile per (rows, width, ``c``)."""
+    b = st.seq.shape[0]
+    start = st.cache.lengths
+    count = jnp.clip(st.prompt_len - start, 0, c)
+    at = start[:, None] + jnp.arange(c, dtype=jnp.int32)[None]
+    positions = reachable_positions(at, st.max_len)
+    tokens = jnp.take_along_axis(st.seq, jnp.minimum(at, st.seq.shape[1] - 1), axis=1)
+    hidden, cache = eng.target.forward_hidden(params["target"], tokens, positions,
+                                              st.cache.reserve(c, st.live).bound_write(count),
                                               attention_impl=eng.attention_impl)
-    cache = cache.advance(prompt_len)
-    h_last = jnp.take_along_axis(hidden, (prompt_len - 1)[:, None, None], axis=1)[:, 0]
+    cache = cache.advance(count)
+    final = (count > 0) & (start + count == st.prompt_len)
+    h_last = jnp.take_along_axis(hidden, jnp.maximum(count - 1, 0)[:, None, None], axis=1)[:, 0]
     last = eng.target.head(params["target"], h_last)  # logits for the one position used
     if eng.greedy:
         first = jnp.argmax(last, axis=-1).astype(jnp.int32)
     else:
-        first = sample(position_keys(seeds, prompt_len[:, None], SAMPLE)[:, 0], probs(last, sampling))
-    seq = seq.at[jnp.arange(b), prompt_len].set(first)
-    st = new_state(eng, seq=seq, known=prompt_len + 1, cache=cache, dstate=dstate, prompt_len=prompt_len,
-                   max_len=max_len, eos=eos, seeds=seeds, sampling=sampling, live=live,
-                   done=jnp.any(first[:, None] == eos, axis=1) | (prompt_len + 1 >= max_len) | ~live)
-    return st.replace(dstate=eng.drafter.prefill(eng, params, st, hidden, positions, live))
+        first = sample(position_keys(st.seeds, st.prompt_len[:, None], SAMPLE)[:, 0], probs(last, st.sampling))
+    rows = jnp.arange(b)
+    seq = st.seq.at[rows, jnp.where(final, st.prompt_len, st.seq.shape[1])].set(first, mode="drop")
+    stops = jnp.any(first[:, None] == st.eos, axis=1) | (st.prompt_len + 1 >= st.max_len) | ~st.live
+    st = st.replace(seq=seq, known=jnp.where(final, st.prompt_len + 1, st.known), cache=cache,
+                    done=jnp.where(final, stops, st.done))
+    return st.replace(dstate=eng.drafter.prefill(eng, params, st, hidden, positions, st.live))
 
 
 def fresh_prefill(eng: EngineConfig, params: dict, prompts, prompt_len, max_len, eos, seeds,

@@ -1,0 +1,188 @@
+"""Chunked prefill: a prompt prefilled ``c`` tokens at a time, from each row's own cache length.
+
+The reference is the whole prefill: after every chunk has run, each row's caches (target,
+MTP block, draft model), its first token, MTP hidden state and first draft must equal what
+one ``prefill_rows`` over the whole prompt leaves, for rows whose prompts end in different
+chunks. In a batch job (``prefill_chunk``), every request's greedy tokens (and, under
+per-sequence, its accepted drafts) equal ``generate`` alone, and a long prompt is prefilled
+one chunk between every two decode steps, so the running rows wait for one chunk at a time.
+"""
+
+import numpy as np
+import pytest
+
+import specjax
+import specjax.batch as batch_mod
+import specjax.latency as latency
+from specjax import Request, batch_generate
+from specjax.engine import make_engine, pending_rows, prefill_chunk, prefill_rows, request_capacity
+from specjax.sampling import RowSampling
+
+from test_batch import DRAFT, EOS, MODEL, SLIDING_MODEL, _alone_run
+
+WIDTH, LENS = 28, [28, 3, 15, 7, 1, 14]  # prompts ending in the first, a middle and the last chunk
+
+
+def _prefilled(drafter, c):
+    """``(whole, chunked)`` prefill states of ``LENS`` prompts (``c=None``: no chunked one)."""
+    eng = make_engine(MODEL, drafter=drafter, draft_model=DRAFT if drafter == "draft_model" else None, depth=3,
+                      kv_advance_rule=specjax.kv_advance("per_sequence"), cache="dense",
+                      capacity=request_capacity(WIDTH, 8, 3))
+    params = {"target": MODEL.params, **({"draft": DRAFT.params} if drafter == "draft_model" else {})}
+    b = len(LENS)
+    rng = np.random.default_rng(1)
+    prompts = np.zeros((b, WIDTH), np.int32)
+    for i, n in enumerate(LENS):
+        prompts[i, :n] = rng.integers(0, 31, n)
+    plen = np.array(LENS, np.int32)
+    args = (prompts, plen, plen + 8, np.full((b, 1), -1, np.int32), np.arange(b, dtype=np.uint32),
+            RowSampling.rows([0.0] * b, [None] * b, [None] * b))
+
+    def fresh():
+        return eng.new_cache(eng.target, b), eng.drafter.empty(eng, b, WIDTH), np.ones(b, bool)
+
+    whole = prefill_rows(eng, params, *args, *fresh())
+    st = pending_rows(eng, *args, *fresh())
+    assert np.all(np.asarray(st.done))  # pending: nothing to decode yet
+    for _ in range(-(-WIDTH // c)):
+        st = prefill_chunk(eng, params, st, c)
+    return whole, st
+
+
+def _same_live_kv(got, want, lengths, what):
+    for layer, (gk, wk, gv, wv) in enumerate(zip(got.k, want.k, got.v, want.v, strict=True)):
+        for i, n in enumerate(lengths):
+            np.testing.assert_allclose(np.asarray(gk)[i, :, :n], np.asarray(wk)[i, :, :n], atol=1e-4,
+                                       err_msg=f"{what} layer {layer} row {i}")
+            np.testing.assert_allclose(np.asarray(gv)[i, :, :n], np.asarray(wv)[i, :, :n], atol=1e-4,
+                                       err_msg=f"{what} layer {layer} row {i}")
+
+
+@pytest.mark.parametrize("drafter,c", [("mtp", 1), ("mtp", 4), ("draft_model", 7), ("ngram", 7)])
+def test_chunks_leave_exactly_what_the_whole_prefill_leaves(drafter, c):
+    whole, st = _prefilled(drafter, c)
+    for f in ("seq", "known", "done"):
+        np.testing.assert_array_equal(np.asarray(getattr(st, f)), np.asarray(getattr(whole, f)), err_msg=f)
+    lengths = np.asarray(whole.cache.lengths)
+    np.testing.assert_array_equal(np.asarray(st.cache.lengths), lengths)
+    np.testing.assert_array_equal(lengths, LENS)
+    _same_live_kv(st.cache.global_kv, whole.cache.global_kv, lengths, "target")
+    if drafter == "mtp":
+        s, w = st.dstate, whole.dstate
+        np.testing.assert_array_equal(np.asarray(s.cache.lengths), np.asarray(w.cache.lengths))
+        _same_live_kv(s.cache, w.cache, np.asarray(w.cache.lengths), "MTP block")
+        np.testing.assert_allclose(np.asarray(s.h), np.asarray(w.h), atol=1e-4)
+        np.testing.assert_array_equal(np.asarray(s.first), np.asarray(w.first))
+    if drafter == "draft_model":
+        np.testing.assert_array_equal(np.asarray(st.dstate.lengths), lengths)
+        _same_live_kv(st.dstate.global_kv, whole.dstate.global_kv, lengths, "draft model")
+
+
+def _requests(seed):
+    rng = np.random.default_rng(seed)
+    return [Request(prompt=rng.integers(0, 31, int(rng.integers(2, 30))).tolist(), id=i,
+                    max_new_tokens=int(rng.integers(3, 30))) for i in range(7)]
+
+
+@pytest.mark.parametrize("drafter,c", [("mtp", 1), ("mtp", 7), ("draft_model", 7), ("ngram", 3)])
+def test_chunked_jobs_give_every_request_its_alone_tokens(drafter, c):
+    reqs = _requests(seed=c)
+    kw = dict(drafter=drafter, depth=3, eos_id=EOS, ngram_n=2, draft_model=DRAFT if drafter == "draft_model" else None)
+    for rule in ("per_sequence", "cohort"):
+        out = {x.id: x for x in batch_generate(MODEL, reqs, slots=3, refill_rows=2, prefill_chunk=c, kv_advance=rule,
+                                               **kw)}
+        assert sorted(out) == [r.id for r in reqs]
+        for r in reqs:
+            alone = _alone_run(MODEL, r, kv_advance=rule, **kw)
+            assert out[r.id].tokens == alone.tokens[0], (rule, r.id)
+            if rule == "per_sequence":  # the drafter state came out of the chunks whole
+                assert out[r.id].metrics["accepted_trace"] == alone.metrics["row_accepted_trace"][0], r.id
+    assert batch_mod._TRACES["chunk"] > 0
+    before = dict(batch_mod._TRACES)  # lengths and budgets are data: the same job again compiles nothing
+    again = [Request(r.prompt, id=r.id, max_new_tokens=max(1, r.max_new_tokens - 1)) for r in reqs]
+    list(batch_generate(MODEL, again, slots=3, refill_rows=2, prefill_chunk=c, kv_advance="cohort", **kw))
+    assert batch_mod._TRACES == before
+
+
+def test_sliding_window_rows_take_their_prompts_in_chunks():
+    reqs = _requests(seed=5)
+    out = {x.id: x.tokens for x in batch_generate(SLIDING_MODEL, reqs, slots=2, prefill_chunk=3, drafter="mtp")}
+    for r in reqs:
+        assert out[r.id] == _alone_run(SLIDING_MODEL, r, drafter="mtp").tokens[0]
+
+
+@pytest.mark.parametrize("chunk", [None, 8])
+def test_a_long_prompt_stalls_the_running_rows_one_chunk_at_a_time(monkeypatch, chunk):
+    """The clock moves only by prefill work: an admit by its prompt width, a chunk by its size.
+    Unchunked, a row running while the 40-token prompt (width 64) is admitted waits >= 64; in
+    chunks of 8, every wait holds one chunk and at most the short admits of one round, and
+    between two chunks runs exactly one decode step."""
+    clock, events = [0.0], []
+    admit, chunk_fn, decode = batch_mod._admit, batch_mod._chunk, batch_mod._decode
+
+    def timed_admit(eng, params, st, idle, rows, prompts, *rest):
+        clock[0] += prompts.shape[1]
+        return admit(eng, params, st, idle, rows, prompts, *rest)
+
+    def timed_chunk(eng, params, sub, c):
+        clock[0] += c
+        events.append("chunk")
+        return chunk_fn(eng, params, sub, c)
+
+    def counted_decode(eng, params, st, target, stop_i):
+        events.append(int(stop_i - st.i))
+        return decode(eng, params, st, target, stop_i)
+
+    monkeypatch.setattr(latency, "now", lambda: clock[0])
+    monkeypatch.setattr(batch_mod, "_admit", timed_admit)
+    monkeypatch.setattr(batch_mod, "_chunk", timed_chunk)
+    monkeypatch.setattr(batch_mod, "_decode", counted_decode)
+    reqs = [Request([1, 2, 3], id="s0", max_new_tokens=30), Request([i % 29 + 1 for i in range(40)], id="long",
+                                                                       max_new_tokens=8)]
+    reqs += [Request([4, 5, 6], id=f"s{i}", max_new_tokens=12) for i in range(1, 4)]
+    out = {c.id: c for c in batch_generate(MODEL, reqs, slots=3, refill_rows=1, prefill_chunk=chunk,
+                                           drafter="ngram", ngram_n=2)}
+    wait = max(max(c.metrics["itl_s"], default=0.0) for k, c in out.items() if k != "long")
+    if chunk is None:
+        assert wait >= 64
+    else:
+        assert 8 <= wait <= 8 + 3 * 8, wait
+        chunks = [i for i, e in enumerate(events) if e == "chunk"]
+        assert len(chunks) == 5  # 40 tokens in chunks of 8
+        for a, b in zip(chunks, chunks[1:], strict=False):
+            assert events[a + 1 : b] == [1], events  # one decode call of one step between two chunks
+    for r in reqs:
+        assert out[r.id].tokens == _alone_run(MODEL, r, drafter="ngram", ngram_n=2).tokens[0]
+
+
+def test_auto_depth_times_its_table_on_running_rows_not_pending_ones(monkeypatch):
+    """Every prompt is longer than a chunk, so the first rounds hold pending rows only: the
+    step-cost table of ``depth="auto"`` waits for rows that decode (timing steps of a batch
+    with nothing running would measure nothing, and the table is kept on disk)."""
+    seen = []
+    real = batch_mod._set_cost
+
+    def spy(eng, params, st, *rest):
+        seen.append(bool(np.any(~np.asarray(st.done))))
+        return real(eng, params, st, *rest)
+
+    monkeypatch.setattr(batch_mod, "_set_cost", spy)
+    rng = np.random.default_rng(3)
+    reqs = [Request(prompt=rng.integers(0, 31, int(rng.integers(10, 30))).tolist(), id=i,
+                    max_new_tokens=int(rng.integers(3, 30))) for i in range(4)]
+    out = {x.id: x.tokens for x in batch_generate(MODEL, reqs, slots=2, refill_rows=2, prefill_chunk=4,
+                                                  drafter="mtp", depth="auto", max_depth=3)}
+    assert seen == [True]
+    for r in reqs:
+        assert out[r.id] == _alone_run(MODEL, r, drafter="mtp", depth=3).tokens[0]
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"prefill_chunk": 0}, r"prefill_chunk=0 is invalid: must be an int >= 1"),
+    ({"prefill_chunk": 8, "cache": "paged"}, r"prefill_chunk=8 is invalid: runs on cache='dense'"),
+])
+def test_bad_chunk_settings_are_refused_before_compile(kw, match):
+    before = dict(batch_mod._TRACES)
+    with pytest.raises(ValueError, match=match):
+        batch_generate(MODEL, [[1, 2]], max_new_tokens=4, **kw)
+    assert batch_mod._TRACES == before
