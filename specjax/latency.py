@@ -5,8 +5,9 @@ steps ``[i_lo, i_hi)`` between host times ``t_lo`` (its dispatch, after the roun
 finished) and ``t_hi`` (the device read after it) spreads its time evenly over its steps
 (``Timeline``). A row's first token, sampled by its prefill, carries the time its admit
 finished; the tokens of its k-th decode step the end time of global step ``start + k``.
-Host work and admits between calls fall into the next call's first step, so a prefill that
-stalls the live rows shows up in their inter-token latency, as a user streaming them sees it.
+Host work, admits and prefill chunks between calls fall into the next call's first step, so
+a prefill that stalls the live rows shows up in their inter-token latency, as a user
+streaming them sees it.
 
 Per request (seconds; the names of vLLM's serving benchmark):
 
