@@ -493,11 +493,12 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
             idle = np.array([held[s] is None for s in range(slots)])
             t_admit = latency.now()
             picked = [x for group in batch for x in group]
-            if chunk is not None and max(len(r.prompt) for _, r in picked) > chunk:
+            longest = max(len(r.prompt) for _, r in picked)
+            if chunk is not None and longest > chunk:
                 args = _admit_inputs(batch, refill, slots, eos_width, chunk)
                 sub = _begin(eng, st, *args)
-                n = -(-max(len(r.prompt) for _, r in picked) // chunk)
-                pending.append(_Pending(args[0], sub, n, [(s, r, arrived.pop(r.id)) for s, r in picked], t_admit))
+                pending.append(_Pending(args[0], sub, -(-longest // chunk),
+                                        [(s, r, arrived.pop(r.id)) for s, r in picked], t_admit))
                 for s, r in picked:
                     held[s] = r
                 continue
