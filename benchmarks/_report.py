@@ -11,15 +11,20 @@ import sys
 import jax
 
 
-def emit(rows: list[dict], out: str | None, as_json: bool) -> bool:
-    """Wrap ``rows`` with the device and JAX version, write it to ``out`` (if given) and print it
-    as one JSON line when ``as_json``; True when printed (the caller skips its table)."""
-    result = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "rows": rows}
+def write_result(result: dict, out: str | None, as_json: bool, indent: int = 1) -> bool:
+    """Write ``result`` to ``out`` (if given) and print it as one JSON line when ``as_json``;
+    True when printed (the caller skips its table)."""
     if out:
-        pathlib.Path(out).write_text(json.dumps(result, indent=2) + "\n")
+        pathlib.Path(out).write_text(json.dumps(result, indent=indent) + "\n")
     if as_json:
         print(json.dumps(result))
     return as_json
+
+
+def emit(rows: list[dict], out: str | None, as_json: bool) -> bool:
+    """``write_result`` of ``rows`` wrapped with the device and JAX version."""
+    return write_result({"device": jax.devices()[0].device_kind, "jax": jax.__version__, "rows": rows}, out,
+                        as_json, indent=2)
 
 
 def loop_args(ap, *, batch: int, windows: range, window: int, steps: int, repeats: int):

@@ -18,12 +18,11 @@ arrives at the job's start, so it includes the queue) and inter-token latency, p
 from __future__ import annotations
 
 import argparse
-import json
-import pathlib
 import sys
 import time
 
 import numpy as np
+from _report import write_result
 
 
 def workload(n: int, seed: int = 0) -> tuple[list[str], list[int]]:
@@ -99,10 +98,7 @@ def main() -> None:
                                                "mean_max_new_tokens": float(np.mean(news)),
                                                "max_max_new_tokens": int(max(news))},
               "rows": rows, "ratios": ratios}
-    if args.out:
-        pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    if args.json:
-        print(json.dumps(result))
+    if write_result(result, args.out, args.json):
         return
     print(f"{'mode':<11} | {'rule':<13} | {'tokens':>7} | {'seconds':>7} | {'tok/s':>7} | same tokens | "
           "TTFT p50/p99 s | ITL p50/p99 ms")

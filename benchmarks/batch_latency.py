@@ -24,12 +24,11 @@ waits for it; chunked, it waits for one chunk at a time.
 from __future__ import annotations
 
 import argparse
-import json
-import pathlib
 import sys
 import time
 
 import numpy as np
+from _report import write_result
 
 
 def workload(n_short: int, n_long: int, long_len: int, new: int, vocab: int, seed: int = 0) -> list:
@@ -103,10 +102,7 @@ def main() -> None:
                    "refill_rows": 4, "drafter": "ngram", "depth": 3},
         "rows": rows,
     }
-    if args.out:
-        pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    if args.json:
-        print(json.dumps(result))
+    if write_result(result, args.out, args.json):
         return
     print(f"{'chunk':>5} | {'tok/s':>5} | same | {'requests':<8} | {'figure':<22} | {'p50':>8} | {'p95':>8} | "
           f"{'p99':>8} | {'max':>8}")

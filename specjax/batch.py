@@ -47,6 +47,7 @@ from specjax import latency
 from specjax.advance import kv_advance as resolve_kv_advance
 from specjax.auto import AutoDepth, auto_state
 from specjax.auto.cost import SLICES, check_cost, cost_key, cost_table, placeholder_cost, slice_timer, warm_steps
+from specjax.cache import PagedKVCache
 from specjax.drafter import default_drafter
 from specjax.engine import (
     PAGE_SIZE,
@@ -65,6 +66,7 @@ from specjax.engine import (
 )
 from specjax.generation import check_mesh, mesh_context
 from specjax.generation_config import GenerationConfig, check_sampling, is_int, shown, takes_settings
+from specjax.prefix_cache import PrefixCache, page_keys
 from specjax.protocols import DecoderModel, check_model
 from specjax.sampling import RowSampling, derive_seed
 from specjax.sharding import constrain, data_shards, shard_model, shardings, state_specs
@@ -96,7 +98,9 @@ class Request:
 class Completion:
     """A finished request: its new tokens (EOS included when hit), why it stopped
     (``"eos"`` | ``"length"``) and its own metrics (``num_tokens``, ``steps``,
-    ``tok_per_step``, ``accepted_drafts``, ``mean_accepted_length``, ``accepted_trace``, and
+    ``tok_per_step``, ``accepted_drafts``, ``mean_accepted_length``, ``accepted_trace``;
+    ``prompt_tokens`` and ``cached_tokens``, those the prefix cache served; ``pages_in_use``,
+    the paged pool's pages held by rows in the round it finished (``None``: dense); and
     its latency in seconds: ``queue_s``, ``ttft_s``, ``tpot_s``, ``e2e_s``, and ``itl_s``
     per decode step; ``specjax.latency``)."""
 
@@ -125,6 +129,11 @@ class _Row:
         """Its prompt's padded width (``prompt_bucket``): an admit holds one bucket."""
         return prompt_bucket([self.prompt])
 
+    @functools.cached_property
+    def keys(self) -> list[bytes]:
+        """Its prompt's full pages' chain keys (``specjax.prefix_cache``)."""
+        return page_keys(self.prompt, PAGE_SIZE)
+
 
 # ----------------------------------------------------------------------------- jitted pieces
 
@@ -141,14 +150,24 @@ def _put_rows(eng: EngineConfig, st: EngineState, rows: jax.Array, sub: EngineSt
     )
 
 
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
-def _admit(eng: EngineConfig, params: dict, st: EngineState, idle: jax.Array, rows: jax.Array, prompts: jax.Array,
-           prompt_len, max_len, eos, seeds, sampling: RowSampling) -> EngineState:
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=3)
+def _admit(eng: EngineConfig, c: int | None, params: dict, st: EngineState, idle: jax.Array, rows: jax.Array,
+           prompts: jax.Array, prompt_len, max_len, eos, seeds, sampling: RowSampling,
+           shared: tuple | None = None) -> EngineState:
     """Release the pages of ``idle [B]`` slots, prefill ``prompts [R, P]`` and put them in
-    slots ``rows [R]`` (``B`` for a padding row). Every other row is untouched."""
+    slots ``rows [R]`` (``B`` for a padding row). Every other row is untouched.
+    ``shared = (pages [pools, R, M], count [R], upto [R])`` (the prefix cache; pools: the
+    target's, then a draft model's): row ``r`` starts on cached pages ``pages[:, r, :count[r]]``,
+    computes only the rest of its prompt (``c`` tokens wide, static; ``None``: ``P``), and its
+    first ``upto[r]`` pages are registered as cached."""
     _TRACES["admit"] += 1
     st = _release(eng, st, idle)
-    sub = prefill_rows(eng, params, *_views(eng, st, rows, prompts, prompt_len, max_len, eos, seeds, sampling))
+    sub = prefill_rows(eng, params, *_views(eng, st, rows, prompts, prompt_len, max_len, eos, seeds, sampling,
+                                            shared), c=c)
+    if shared is not None:
+        sub = sub.replace(cache=sub.cache.register(shared[2]))
+        if shared[0].shape[0] > 1:  # a draft model's pool
+            sub = sub.replace(dstate=sub.dstate.register(shared[2]))
     return _place(eng, st, rows, sub)
 
 
@@ -159,12 +178,19 @@ def _release(eng: EngineConfig, st: EngineState, idle: jax.Array) -> EngineState
 
 
 def _views(eng: EngineConfig, st: EngineState, rows: jax.Array, prompts: jax.Array, prompt_len, max_len, eos, seeds,
-           sampling: RowSampling) -> tuple:
+           sampling: RowSampling, shared: tuple | None = None) -> tuple:
     """``prefill_rows``' / ``pending_rows``' arguments after ``params``: empty per-row views of
-    the live caches for ``rows [R]`` (``B``: padding) of ``prompts [R, P]``."""
+    the live caches for ``rows [R]`` (``B``: padding) of ``prompts [R, P]`` (``shared``: the
+    cached pages each row starts on, ``_admit``)."""
     p = prompts.shape[1]
-    return (prompts, prompt_len, max_len, eos, seeds, sampling, st.cache.rows_view(rows, p),
-            eng.drafter.rows_view(eng, st.dstate, rows, p), rows < st.seq.shape[0])
+    if shared is None:
+        return (prompts, prompt_len, max_len, eos, seeds, sampling, st.cache.rows_view(rows, p),
+                eng.drafter.rows_view(eng, st.dstate, rows, p), rows < st.seq.shape[0])
+    pages, count, _ = shared
+    draft = st.dstate.rows_view(rows, p, (pages[1], count)) if pages.shape[0] > 1 else \
+        eng.drafter.rows_view(eng, st.dstate, rows, p)
+    return (prompts, prompt_len, max_len, eos, seeds, sampling, st.cache.rows_view(rows, p, (pages[0], count)),
+            draft, rows < st.seq.shape[0])
 
 
 def _place(eng: EngineConfig, st: EngineState, rows: jax.Array, sub: EngineState) -> EngineState:
@@ -306,7 +332,7 @@ class _Job:
             fail(f"{where}.eos_id", list(eos), f"at most {self.eos_width} stop ids in a streamed job (the job's "
                   "widest list, at least EOS_WIDTH, sizes every row's stops)")
         w = self.depth + 1
-        pages = -(-max(prompt_bucket([prompt]), len(arr) + n_new + 2 * w - 1) // PAGE_SIZE)
+        pages = -(-(len(arr) + n_new + 2 * w - 1) // PAGE_SIZE)  # (a prefill reserves only its prompt)
         if self.pages is not None and pages > self.pages // self.groups:
             g = self.groups
             held = f"pool holds pages={self.pages}" if g == 1 else \
@@ -334,6 +360,7 @@ def batch_generate(
     refill_rows: int | None = None,
     sync_every: int = 64,
     prefill_chunk: int | None = None,
+    prefix_cache: bool | None = None,
     stop: Callable[[], bool] | None = None,
     where: Sequence[str] | None = None,
     **settings: Any,
@@ -358,7 +385,12 @@ def batch_generate(
     decode step (one chunk, then one step of the live rows, ...): a long prompt stalls the
     running rows for one chunk at a time, not its whole prefill; its row joins the decode
     loop when its last chunk has taken its first token (``cache="dense"``, sliding-window
-    and compressed layers included; one process, no mesh). ``stop``: checked between
+    and compressed layers included; one process, no mesh). ``prefix_cache`` (``cache=
+    "paged"``; default on wherever it applies): a request whose prompt begins with full pages
+    already in the pool starts on them (reference-counted, never written by it) and computes
+    only the rest; unreferenced cached pages are evicted least recently used when the pool
+    needs them (``specjax.prefix_cache``; a model whose layers are all global, drafter "none"
+    or "ngram"; each completion's ``cached_tokens`` says what it reused). ``stop``: checked between
     rounds; when it returns True the job ends early (requests still running are dropped,
     nothing partial is yielded). ``where``: how validation errors
     name each listed request (default ``requests[i] (id ...)``; the CLI names file lines).
@@ -443,8 +475,44 @@ def batch_generate(
         params["draft"] = draft_model.params
     refill = refill_rows or max(1, slots // 4)
     pool = pages if pages is not None else slots * -(-eng.capacity // PAGE_SIZE)
+    prefixes = _prefixes(eng, prefix_cache, groups)
     return _run(eng, params, rows_iter, slots, width, refill, sync_every, pool if cache == "paged" else None,
-                stop or (lambda: False), eos_width, cfg.cost, listed, prefill_chunk)
+                stop or (lambda: False), eos_width, cfg.cost, listed, prefill_chunk, prefixes)
+
+
+def _prefix_refusal(eng: EngineConfig) -> str | None:
+    """Why rows of this engine cannot start on cached prefix pages, or ``None`` if they can."""
+    target = jax.eval_shape(lambda: eng.new_cache(eng.target, eng.pool_groups))
+    if not getattr(target, "shares_prefixes", False):
+        return "needs cache='paged' and a model whose layers are all global (a sliding-window or compressed " \
+               "layer keeps no prefix pages)"
+    if eng.drafter.name == "draft_model":
+        if not getattr(jax.eval_shape(lambda: eng.new_cache(eng.draft, eng.pool_groups)), "shares_prefixes", False):
+            return "needs a draft model whose layers are all global too"
+    elif eng.drafter.name not in ("none", "ngram"):
+        return f"runs with drafters 'none', 'ngram' and 'draft_model' (the {eng.drafter.name!r} drafter's own " \
+               "cache would still need the whole prompt: an MTP block's entry at a position reads the next token)"
+    return None
+
+
+def _prefixes(eng: EngineConfig, prefix_cache: bool | None, groups: int) -> PrefixCache | None:
+    """The job's prefix cache: on by default wherever it applies; ``True`` where it cannot
+    apply is refused."""
+    if prefix_cache not in (None, True, False):
+        fail("prefix_cache", prefix_cache, "must be True, False or None (on wherever it applies)")
+    if prefix_cache is False:
+        return None
+    why = _prefix_refusal(eng)
+    if why is not None:
+        if prefix_cache:
+            fail("prefix_cache", True, why)
+        return None
+    return PrefixCache(PAGE_SIZE, groups, pools=2 if eng.drafter.name == "draft_model" else 1)
+
+
+def _prefix_pools(eng: EngineConfig, st: EngineState) -> list[PagedKVCache]:
+    """The paged pools whose pages a prefix names: the target's, then a draft model's."""
+    return [st.cache.global_kv] + ([st.dstate.global_kv] if eng.drafter.name == "draft_model" else [])
 
 
 def _checked(job: _Job, requests: Iterable[Any], where: Sequence[str] | None = None) -> Iterator[_Row]:
@@ -461,17 +529,20 @@ def _checked(job: _Job, requests: Iterable[Any], where: Sequence[str] | None = N
 
 def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int, width: int, refill: int,
          sync_every: int, pool: int | None, stop: Callable[[], bool], eos_width: int, cost: Any = None,
-         listed: bool = False, chunk: int | None = None) -> Iterator[Completion]:
+         listed: bool = False, chunk: int | None = None, prefixes: PrefixCache | None = None) -> Iterator[Completion]:
     """The host loop: admit, decode, harvest (one device read per round). The host clock at
     round boundaries times every request (``specjax.latency``): a listed job's requests
     arrive at its start, a stream's when it yields them. With ``chunk``, an admit of prompts
     wider than it is pending (``_Pending``): each round runs one chunk of the oldest pending
-    admit, then one decode step; its rows join when their prompts are in."""
+    admit, then one decode step; its rows join when their prompts are in. With ``prefixes``
+    (the prefix cache), each admit starts its rows on the cached pages of their prompts' heads
+    and registers the full prompt pages it writes; at the end every page is back in the pool."""
     start = latency.now()
     st = _empty_state(eng, slots, width, eos_width)
     table_ready = eng.controller is None
     held: list[_Row | None] = [None] * slots  # the request each slot serves
     timed: list[_Timed | None] = [None] * slots  # its host times
+    shares: list[tuple[int, ...]] = [()] * slots  # the cached pages it started on
     arrived: dict[Any, float] = {}
     timeline, i_now = latency.Timeline(), 0  # i_now: global steps taken (read back each round)
     queue: collections.deque[_Row] = collections.deque()
@@ -487,7 +558,9 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
                 arrived[nxt.id] = start if listed else latency.now()
         # admit, refill rows at a time, while free slots, requests and pages allow
         while queue:
-            batch = _pick(held, queue, refill, pool, eng.pool_groups)
+            if prefixes is not None:  # pages evicted since the last look are forgotten
+                prefixes.forget(jax.device_get([c.cached for c in _prefix_pools(eng, st)]))
+            batch, started = _pick(held, queue, refill, pool, eng.pool_groups, prefixes, shares)
             if not any(batch):
                 break
             idle = np.array([held[s] is None for s in range(slots)])
@@ -502,13 +575,25 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
                 for s, r in picked:
                     held[s] = r
                 continue
+            inputs = _admit_inputs(batch, refill, slots, eos_width)
+            c, shared = None, None
+            if prefixes is not None:
+                c, shared = _share_inputs(batch, refill, slots, started, st.cache.global_kv.max_pages,
+                                          inputs[1].shape[1], prefixes.pools)
             with mesh_context(eng):
-                st = _admit(eng, params, st, jnp.asarray(idle), *_admit_inputs(batch, refill, slots, eos_width))
+                st = _admit(eng, c, params, st, jnp.asarray(idle), *inputs, shared)
             jax.block_until_ready(st.done)  # the admit's end: the rows' first token, the live rows' stall
             t_first = latency.now()
+            if prefixes is not None:  # the full prompt pages just written name their prefixes
+                tables = np.stack(jax.device_get([c.block_table for c in _prefix_pools(eng, st)]), axis=-1)
+                for s, r in picked:
+                    m, g = len(started[s]), s // (slots // eng.pool_groups)
+                    prefixes.add(r.keys[m:], tables[s, m : len(r.keys)], g)
+                    prefixes.count(len(r.prompt), m)
             for s, r in picked:
                 held[s] = r
-                timed[s] = _Timed(arrived.pop(r.id), t_admit, t_first, i_now)
+                shares[s] = tuple(p[0] for p in started.get(s, ()))  # the target pool's
+                timed[s] = _Timed(arrived.pop(r.id), t_admit, t_first, i_now, len(shares[s]) * PAGE_SIZE)
         if pending:  # one chunk of the oldest pending admit; its rows join after their last
             head = pending[0]
             head.sub = _chunk(eng, params, head.sub, chunk)
@@ -526,6 +611,7 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
         waiting = {s for g in pending for s, _, _ in g.picked}  # held, not yet in the live state
         busy = sum(r is not None for r in held)
         if busy == 0:
+            _check_pool(eng, st)
             return
         free_now = slots - busy
         more = bool(queue) or not exhausted
@@ -542,11 +628,13 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
         t0 = latency.now()
         with mesh_context(eng):
             st = _decode(eng, params, st, jnp.int32(target), st.i + steps)
-        done, i_next = (np.array(x) for x in jax.device_get((st.done, st.i)))
+        done, i_next, free = (np.array(x) for x in jax.device_get((st.done, st.i, _free_pages(st))))
         timeline.add(i_now, int(i_next), t0, latency.now())
         i_now = int(i_next)
         done[list(waiting)] = False  # pending rows are not finished
-        yield from _harvest(eng, st, held, done, timed, timeline)
+        in_use = None if pool is None else pool - int(free.sum())
+        yield from _harvest(eng, st, held, done, timed, timeline, in_use)
+        shares = [x if held[s] is not None else () for s, x in enumerate(shares)]
         timeline.drop_before(min((t.start_step for t in timed if t is not None), default=i_now))
 
 
@@ -565,39 +653,61 @@ class _Pending:
 @dataclasses.dataclass(frozen=True)
 class _Timed:
     """A running request's host times: arrival, its admit's start and end, and the global
-    step its first decode step runs at."""
+    step its first decode step runs at; and the prompt tokens the prefix cache served it."""
 
     arrival: float
     admit_start: float
     admit_end: float
     start_step: int
+    cached_tokens: int = 0  # prompt tokens it started on from the prefix cache
 
 
 def _pick(held: list[_Row | None], queue: collections.deque[_Row], refill: int, pool: int | None,
-          groups: int) -> list[list[tuple[int, _Row]]]:
+          groups: int, prefixes: PrefixCache | None = None,
+          shares: Sequence[tuple[int, ...]] | None = None) -> tuple[list[list[tuple[int, _Row]]], dict]:
     """One admit's ``(slot, request)`` pairs per slot group (one group per data shard, each with
     its own paged pool of ``pool / groups`` pages), taken from the head of ``queue``: at most
     ``ceil(refill / groups)`` per group, all of the first one's prompt bucket (a short prompt
     is never padded to a long one's width: the next admit of the round takes it). The head
     goes to the group with the most free slots left among those whose pool fits its worst
     case beside the running rows'; when none can take it, it waits (FIFO: later requests do
-    not jump it)."""
+    not jump it). Also ``{slot: cached pages it starts on}``.
+
+    With ``prefixes`` (the prefix cache) a request starts on the cached pages of its prompt's
+    head: its worst case leaves them out, and they count once in the pool however many rows
+    share them (``shares``: each running slot's). An admit never holds two requests that would
+    write the same new prefix page: the later one waits for the next admit and reuses it."""
     per, rg = len(held) // groups, -(-refill // groups)
     share = None if pool is None else pool // groups
+    shares = shares or [()] * len(held)
     free = [[s for s in range(g * per, (g + 1) * per) if held[s] is None] for g in range(groups)]
-    committed = [sum(r.pages for r in held[g * per : (g + 1) * per] if r is not None) for g in range(groups)]
+    used = [{p for s in range(g * per, (g + 1) * per) for p in shares[s]} for g in range(groups)]  # shared pages held
+    committed = [sum(r.pages - len(shares[s]) for s, r in enumerate(held[g * per : (g + 1) * per], g * per)
+                     if r is not None) + len(used[g]) for g in range(groups)]
+    fresh: list[set[bytes]] = [set() for _ in range(groups)]  # prefix pages this admit writes
     picks: list[list[tuple[int, _Row]]] = [[] for _ in range(groups)]
+    started: dict[int, tuple[int, ...]] = {}
     queue_bucket = queue[0].bucket if queue else 0
     while queue and queue[0].bucket == queue_bucket:
         head = queue[0]
+        match = [tuple(prefixes.match(head.keys, len(head.prompt), g)) if prefixes is not None else ()
+                 for g in range(groups)]  # per page: its id in each pool (the target's first)
+        cost = [head.pages - len(match[g]) + len({p[0] for p in match[g]} - used[g]) for g in range(groups)]
         room = [g for g in range(groups) if len(picks[g]) < min(rg, len(free[g]))
-                and (share is None or committed[g] + head.pages <= share)]
+                and (share is None or committed[g] + cost[g] <= share)]
         if not room:
             break
         g = max(room, key=lambda g: (len(free[g]) - len(picks[g]), -g))
-        picks[g].append((free[g][len(picks[g])], queue.popleft()))
-        committed[g] += head.pages
-    return picks
+        new = set(head.keys[len(match[g]):]) if prefixes is not None else set()
+        if new & fresh[g]:
+            break
+        slot = free[g][len(picks[g])]
+        picks[g].append((slot, queue.popleft()))
+        committed[g] += cost[g]
+        used[g] |= {p[0] for p in match[g]}
+        fresh[g] |= new
+        started[slot] = match[g]
+    return picks, started
 
 
 def _set_cost(eng: EngineConfig, params: dict, st: EngineState, slots: int, width: int, cost: Any) -> EngineState:
@@ -617,11 +727,8 @@ def _admit_inputs(batch: list[list[tuple[int, _Row]]], refill: int, slots: int, 
     ``ceil(refill / groups)`` (a prefill's work follows the requests admitted; a few row counts
     per bucket compile). Padding rows point at slot ``slots``. ``chunk``: the prompt width
     rounds up to whole chunks (a chunk past a row's prompt writes padding inside it)."""
-    fullest = max(len(g) for g in batch)
-    rg = min(-(-refill // len(batch)), 1 << (fullest - 1).bit_length())
-    real = [x for g in batch for x in g]
-    laid = [x for g in batch for x in g + [(slots, real[0][1])] * (rg - len(g))]  # padding copies a real row
-    width = prompt_bucket([r.prompt for _, r in real])
+    laid = _layout(batch, refill, slots)
+    width = prompt_bucket([r.prompt for s, r in laid if s < slots])
     if chunk is not None:
         width = -(-width // chunk) * chunk
     rows = np.array([s for s, _ in laid], np.int32)
@@ -639,10 +746,74 @@ def _admit_inputs(batch: list[list[tuple[int, _Row]]], refill: int, slots: int, 
     )
 
 
+def _paged(tree: Any) -> list[PagedKVCache]:
+    """The paged pools in ``tree`` (the target's caches, the drafter's state)."""
+    return [c for c in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, PagedKVCache))
+            if isinstance(c, PagedKVCache)]
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _drained(eng: EngineConfig, st: EngineState) -> list[tuple[jax.Array, jax.Array]]:
+    """Each paged pool's ``(refs, num_free)`` once every slot has let its pages go."""
+    out = _release(eng, st, jnp.ones(st.done.shape, bool))
+    return [(c.refs, c.num_free) for c in _paged((out.cache, out.dstate))]
+
+
+def _check_pool(eng: EngineConfig, st: EngineState) -> None:
+    """At the end of a job on a paged pool: once every slot lets its pages go, no page may
+    keep a reference and every page must be back on the free stack(s); a leak raises."""
+    if not _paged((st.cache, st.dstate)):
+        return
+    with mesh_context(eng):
+        counts = jax.device_get(_drained(eng, st))
+    for refs, free in counts:
+        if refs.any() or int(free.sum()) != refs.size:
+            raise RuntimeError(f"page accounting leaked at the end of the job: {int(np.count_nonzero(refs))} pages "
+                               f"still referenced, {int(free.sum())} of {refs.size} free")
+
+
+def _layout(batch: list[list[tuple[int, _Row]]], refill: int, slots: int) -> list[tuple[int, _Row]]:
+    """``batch``'s ``(slot, request)`` pairs in admit order: group-major, each group padded to
+    the fullest group's count rounded up to a power of two, at most ``ceil(refill / groups)``
+    (padding: slot ``slots``, a copy of a real request)."""
+    fullest = max(len(g) for g in batch)
+    rg = min(-(-refill // len(batch)), 1 << (fullest - 1).bit_length())
+    real = next(x for g in batch for x in g)
+    return [x for g in batch for x in g + [(slots, real[1])] * (rg - len(g))]
+
+
+def _share_inputs(batch: list[list[tuple[int, _Row]]], refill: int, slots: int, started: dict, max_pages: int,
+                  width: int, pools: int = 1) -> tuple[int | None, tuple]:
+    """``_admit``'s prefix arguments for ``batch`` (laid out as ``_admit_inputs``): the prefill
+    width ``c`` (every row's uncached rest fits; ``None``: the whole ``width``) and ``(pages
+    [pools, R, M], count [R], upto [R])``: the cached pages each row starts on in each pool,
+    and its full prompt pages, registered once written."""
+    laid = _layout(batch, refill, slots)
+    pages = np.full((pools, len(laid), max_pages), -1, np.int32)
+    count, upto = np.zeros(len(laid), np.int32), np.zeros(len(laid), np.int32)
+    rest = 1
+    for i, (s, r) in enumerate(laid):
+        if s == slots:
+            continue
+        got = started.get(s, ())
+        if got:
+            pages[:, i, : len(got)] = np.asarray(got).T
+        count[i], upto[i] = len(got), len(r.keys)
+        rest = max(rest, len(r.prompt) - len(got) * PAGE_SIZE)
+    c = prompt_bucket([[0] * rest])
+    return (None if c >= width else c), (jnp.asarray(pages), jnp.asarray(count), jnp.asarray(upto))
+
+
+def _free_pages(st: EngineState) -> jax.Array:
+    """The target pool's free pages (cached ones not held by a row included); 0 for a dense cache."""
+    kv = st.cache.global_kv
+    return kv.num_free if isinstance(kv, PagedKVCache) else jnp.zeros((), jnp.int32)
+
+
 def _harvest(eng: EngineConfig, st: EngineState, held: list[_Row | None], done: np.ndarray,
-             timed: list[_Timed | None], timeline: latency.Timeline) -> Iterator[Completion]:
+             timed: list[_Timed | None], timeline: latency.Timeline, in_use: int | None = None) -> Iterator[Completion]:
     """Completions of rows that finished since the last harvest (``done [B]``, read back);
-    their slots become free."""
+    their slots become free. ``in_use``: the paged pool's pages held by rows at this round."""
     finished = [s for s in range(len(held)) if held[s] is not None and done[s]]
     if not finished:
         return
@@ -667,6 +838,7 @@ def _harvest(eng: EngineConfig, st: EngineState, held: list[_Row | None], done: 
             "accepted_trace": [int(x) for x in trace[s, :n_steps]],
             "drafter": eng.drafter.name, "depth": "auto" if eng.controller else eng.depth,
             "kv_advance": eng.kv_rule.value, "proposed_drafts": int(proposed[s]),
+            "prompt_tokens": len(r.prompt), "cached_tokens": t.cached_tokens, "pages_in_use": in_use,
             **latency.request_latency(timeline, arrival=t.arrival, admit_start=t.admit_start, admit_end=t.admit_end,
                                       start_step=t.start_step, trace=trace[s, :n_steps], num_tokens=len(toks)),
         }))

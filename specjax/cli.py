@@ -452,7 +452,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
         run = _TextRunner(args)
         drafter = _drafter(args, run)
         kw = dict(config=_settings(args, run, drafter), draft_model=run.draft, mesh=run.mesh, slots=args.slots,
-                  pages=args.pages, prefill_chunk=args.prefill_chunk)
+                  pages=args.pages, prefill_chunk=args.prefill_chunk,
+                  prefix_cache=False if args.no_prefix_cache else None)
         return run_job(args, run, kw)
     except (ValueError, CheckpointError, OSError) as e:
         print(f"specjax batch: error: {e}", file=sys.stderr)
@@ -784,6 +785,9 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
                    help="prefill prompts longer than N tokens N at a time, one chunk between two decode steps, so a "
                         "long prompt stalls the running rows for one chunk (--cache dense)")
+    j.add_argument("--no-prefix-cache", action="store_true",
+                   help="with --cache paged, compute every prompt in full (by default a prompt whose head is already "
+                        "in the pool as whole pages reuses them: drafter ngram or none)")
     j.add_argument("--stats", metavar="FILE", default=None,
                    help="also write the job's summary as JSON: throughput and latency percentiles (time to first "
                         "token, inter-token, queue wait)")

@@ -231,7 +231,7 @@ class DraftModelDrafter:
     def prefill(self, eng, params, st, hidden, positions, live):
         # a chunk of the prompt from each row's own length (``prefill_chunk``): its own tokens count
         count = jnp.clip(st.prompt_len - st.dstate.lengths, 0, positions.shape[1])
-        cache = st.dstate.reserve(positions.shape[1], live).bound_write(count)
+        cache = st.dstate.reserve(count, live).bound_write(count)
         tokens = gather_tokens(st.seq, positions)  # (the engine's positions: already reachable ones)
         _, cache = eng.draft.forward_hidden(params["draft"], tokens, positions, cache,
                                             attention_impl=eng.attention_impl)

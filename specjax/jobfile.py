@@ -147,6 +147,7 @@ def run_job(args, runner, kw: dict) -> int:
                           stop=lambda: bool(stopped), **kw)
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     t0, n_tok, acc, steps, written = time.perf_counter(), 0, 0, 0, 0
+    prompt_tok, cached_tok = 0, 0  # the prefix cache's hits
     timings: list[dict] = []  # each written request's latency figures
     first: tuple[float, int] | None = None  # (time, tokens) at the first completion: the rate counts from there
     bar = tqdm(total=len(todo), desc="batch", unit="req", disable=args.json, file=sys.stderr)
@@ -163,6 +164,8 @@ def run_job(args, runner, kw: dict) -> int:
                 n_tok += c.metrics["num_tokens"]
                 acc += c.metrics["accepted_drafts"]
                 steps += c.metrics["steps"]
+                prompt_tok += c.metrics["prompt_tokens"]
+                cached_tok += c.metrics["cached_tokens"]
                 timings.append({k: c.metrics[k] for k in LATENCY_FIELDS})
                 bar.update(1)
                 now = time.perf_counter()
@@ -182,7 +185,9 @@ def run_job(args, runner, kw: dict) -> int:
     summary = {"requests": len(reqs), "skipped": len(skip & {r["id"] for r in encoded}), "written": written,
                "new_tokens": n_tok, "seconds": dt, "tok_per_s_incl_compile": n_tok / dt if dt else 0.0,
                "mean_accepted_length": (acc + steps) / steps if steps else 0.0, "out": args.out,
-               "latency": latency_summary(timings)}
+               "latency": latency_summary(timings),
+               "prefix_cache": {"prompt_tokens": prompt_tok, "cached_tokens": cached_tok,
+                                "hit_rate": cached_tok / prompt_tok if prompt_tok else 0.0}}
     if stats is not None:
         with open(stats, "w", encoding="utf-8") as f:
             f.write(json.dumps(summary, indent=1) + "\n")
@@ -199,4 +204,7 @@ def run_job(args, runner, kw: dict) -> int:
               f"mean accepted length {summary['mean_accepted_length']:.2f}")
         if timings:
             print(latency_line(summary["latency"]))
+        if cached_tok:
+            print(f"prefix cache: {cached_tok} of {prompt_tok} prompt tokens reused "
+                  f"({100 * summary['prefix_cache']['hit_rate']:.1f}%)")
     return 0

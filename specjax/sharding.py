@@ -83,6 +83,8 @@ STATE_RULES: dict[tuple[str, str], P] = {
     ("PagedKVCache", "v"): P(DATA, MODEL, None, None),
     ("PagedKVCache", "free_pages"): P(DATA),  # [G * pages]: each group's free stack on its shard
     ("PagedKVCache", "num_free"): P(DATA),  # [G]
+    ("PagedKVCache", "refs"): P(DATA),  # [G * pages]: each group's page counts on its shard
+    ("PagedKVCache", "cached"): P(DATA),
     ("EngineState", "i"): P(),  # the step counter
     ("EngineState", "auto"): P(),  # depth="auto"'s cost table and window counts
 }
@@ -90,7 +92,7 @@ ROWS = P(DATA)
 # A paged cache with one pool for all rows (``num_free`` a scalar: not ``split_pool``-ed):
 # global page ids, so the pool is replicated over "data" (split over "model" by heads).
 ONE_POOL_RULES: dict[str, P] = {"k": P(None, MODEL, None, None), "v": P(None, MODEL, None, None),
-                                "free_pages": P(), "num_free": P()}
+                                "free_pages": P(), "num_free": P(), "refs": P(), "cached": P()}
 
 
 def make_mesh(data: int | None = None, model: int = 1, *, devices: list | None = None) -> Mesh:

@@ -4,6 +4,7 @@ prints one JSON line: per mesh and setting, whether the tokens equal the unshard
 every parameter and engine-state leaf whose actual sharding differs from what the test
 expects (written out here, independently of ``specjax.sharding``'s table)."""
 
+import dataclasses
 import json
 import os
 import sys
@@ -61,7 +62,7 @@ def state_problems(st, batch: int) -> list[str]:
         key = jax.tree_util.keystr(path)
         if key.endswith((".k", ".v")) or ".k[" in key or ".v[" in key:
             want = (None,) * (x.ndim - 4) + ("data", "model", None, None)  # stacked layers: [L] whole
-        elif key.endswith(("free_pages", "num_free")):
+        elif key.endswith(("free_pages", "num_free", "refs", "cached")):
             want = ("data",)
         elif ".auto" in key or key == ".i":
             want = (None,) * x.ndim
@@ -166,6 +167,16 @@ def extras() -> None:
     got = {c.id: c.tokens for c in specjax.batch_generate(target, reqs, slots=8, depth=2, cache="paged", pages=4,
                                                           mesh=mesh)}
     result["tokens"]["batch_generate paged, a page per shard"] = [got[i] for i in range(len(reqs))] == ref * 3
+    # the prefix cache on a mesh (one map per data shard's pool): requests behind a shared head
+    # reuse its page within their shard, and every request gets its unsharded tokens
+    flat = sharp(dataclasses.replace(CFG, sliding_window=None), seed=1)  # every layer global: pages to share
+    preqs = [{"prompt": list(range(1, 21)) + [21 + i], "max_new_tokens": 5} for i in range(8)]
+    pref = specjax.generate(flat, [r["prompt"] for r in preqs], max_new_tokens=5, drafter="ngram", depth=2).tokens
+    done = {c.id: c for c in specjax.batch_generate(flat, preqs, slots=4, drafter="ngram", depth=2, cache="paged",
+                                                    mesh=mesh)}
+    result["tokens"]["batch_generate paged, shared prefixes"] = [done[i].tokens for i in range(8)] == pref
+    result["tokens"]["batch_generate paged, shared prefixes reused"] = \
+        sum(c.metrics["cached_tokens"] for c in done.values()) == 4 * 16  # each shard's later request
 
     # a draft model the model axis cannot split (4 query heads on 8 devices): replicated, same tokens
     small = sharp(ModelConfig(vocab_size=64, d_model=16, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=4, d_ff=24,

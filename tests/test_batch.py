@@ -85,14 +85,14 @@ def test_admits_fill_each_slot_group_from_its_own_pool():
     row = lambda i, pages: batch_mod._Row(i, [1], 4, 0.0, None, None, 0, (), pages)  # noqa: E731
     held = [None] * 4  # groups: slots 0-1 and 2-3, each with a pool of 6 / 2 = 3 pages
     queue = collections.deque([row("a", 3), row("b", 1), row("c", 1)])
-    got = batch_mod._pick(held, queue, refill=2, pool=6, groups=2)
+    got = batch_mod._pick(held, queue, refill=2, pool=6, groups=2)[0]
     assert [[(s, r.id) for s, r in g] for g in got] == [[(0, "a")], [(2, "b")]] and len(queue) == 1
     held[0], held[2] = got[0][0][1], got[1][0][1]
     queue.append(row("d", 3))
-    got = batch_mod._pick(held, queue, refill=2, pool=6, groups=2)  # "c" fits only group 1's pool (1 + 1 <= 3)
+    got = batch_mod._pick(held, queue, refill=2, pool=6, groups=2)[0]  # "c" fits only group 1's pool (1 + 1 <= 3)
     assert [[(s, r.id) for s, r in g] for g in got] == [[], [(3, "c")]] and [r.id for r in queue] == ["d"]
     held[3] = got[1][0][1]
-    assert batch_mod._pick(held, queue, refill=2, pool=6, groups=2) == [[], []]  # "d" waits: no pool has 3 free
+    assert batch_mod._pick(held, queue, refill=2, pool=6, groups=2)[0] == [[], []]  # "d" waits: no pool has 3 free
     rows = np.asarray(batch_mod._admit_inputs([[(1, row("x", 1)), (0, row("y", 1))], []], 4, 4)[0])
     np.testing.assert_array_equal(rows, [1, 0, 4, 4])  # group-major, each group padded to the fullest's 2 rows
     rows = np.asarray(batch_mod._admit_inputs([[(1, row("x", 1))], []], 4, 4)[0])
@@ -118,10 +118,10 @@ def test_an_admit_prefills_one_prompt_bucket_with_rows_that_follow_its_requests(
     seen = []
     real_admit = batch_mod._admit
 
-    def spy(eng, params, st, idle, rows, prompts, prompt_len, *rest):
+    def spy(eng, c, params, st, idle, rows, prompts, prompt_len, *rest):
         live = np.asarray(rows) < st.seq.shape[0]
         seen.append((prompts.shape[1], np.asarray(prompt_len)[live].tolist(), len(rows)))
-        return real_admit(eng, params, st, idle, rows, prompts, prompt_len, *rest)
+        return real_admit(eng, c, params, st, idle, rows, prompts, prompt_len, *rest)
 
     monkeypatch.setattr(batch_mod, "_admit", spy)
     lens = [3, 20, 4, 5, 6, 30, 2, 7, 9]
@@ -146,10 +146,10 @@ def test_admit_returns_the_pages_of_every_idle_slot():
     params = {"target": MODEL.params}
     st = batch_mod._empty_state(eng, 4, 8)
     first = [(s, batch_mod._Row(s, [1, 2, 3, 4, 5], 20, 0.0, None, None, 0, (), 2)) for s in range(4)]
-    st = batch_mod._admit(eng, params, st, np.ones(4, bool), *batch_mod._admit_inputs([first], 4, 4))
+    st = batch_mod._admit(eng, None, params, st, np.ones(4, bool), *batch_mod._admit_inputs([first], 4, 4))
     assert int(st.cache.global_kv.num_free) == 40 - 4  # one 16-token page per 8-token prefill
     one = [(0, batch_mod._Row("new", [1, 2], 20, 0.0, None, None, 0, (), 2))]
-    st = batch_mod._admit(eng, params, st, np.ones(4, bool), *batch_mod._admit_inputs([one], 4, 4))
+    st = batch_mod._admit(eng, None, params, st, np.ones(4, bool), *batch_mod._admit_inputs([one], 4, 4))
     assert int(st.cache.global_kv.num_free) == 40 - 1
     np.testing.assert_array_equal(np.asarray(st.live), [True, False, False, False])
 
@@ -166,11 +166,11 @@ def test_a_refilled_slot_holds_exactly_a_fresh_prefill_of_its_request():
     row = lambda rid, prompt, n: batch_mod._Row(rid, prompt, n, 0.0, None, None, 0, (), 1)  # noqa: E731
     st = batch_mod._empty_state(eng, 2, 8)
     old = [(0, row("a", [3, 1, 4, 1, 5, 9, 2], 30)), (1, row("b", [2, 7, 1, 8], 30))]
-    st = batch_mod._admit(eng, params, st, np.ones(2, bool), *batch_mod._admit_inputs([old], 2, 2))
+    st = batch_mod._admit(eng, None, params, st, np.ones(2, bool), *batch_mod._admit_inputs([old], 2, 2))
     st = batch_mod._decode(eng, params, st, np.int32(2), st.i + 3)  # both rows move on
     before = np.asarray(st.dstate.h[0]).copy(), int(st.known[0])
     new = [(1, row("c", [6, 6], 12))]
-    st = batch_mod._admit(eng, params, st, np.array([False, True]), *batch_mod._admit_inputs([new], 2, 2))
+    st = batch_mod._admit(eng, None, params, st, np.array([False, True]), *batch_mod._admit_inputs([new], 2, 2))
     ref = prefill(eng, params, np.array([[6, 6, 0, 0, 0, 0, 0, 0]], np.int32), np.array([2], np.int32),
                   np.array([14], np.int32), np.array([-1], np.int32), np.array([0], np.uint32))
     assert int(st.cache.lengths[1]) == 2 and int(st.known[1]) == 3 and int(st.max_len[1]) == 14
@@ -197,7 +197,7 @@ def test_a_refilled_row_starts_at_the_tables_acceptance():
     st = batch_mod._empty_state(eng, 2, 8)
     st = st.replace(auto=auto_state(eng, table, 2), est=st.est.at[0].set(0.1))
     row = batch_mod._Row("a", [3, 1, 4], 12, 0.0, None, None, 0, (), 1)
-    st = batch_mod._admit(eng, params, st, np.array([False, True]), *batch_mod._admit_inputs([[(1, row)]], 2, 2))
+    st = batch_mod._admit(eng, None, params, st, np.array([False, True]), *batch_mod._admit_inputs([[(1, row)]], 2, 2))
     np.testing.assert_allclose(np.asarray(st.est), [[0.1] * 3, [0.8, 0.9, 0.6]], rtol=1e-6)
 
 

@@ -72,6 +72,24 @@ def test_prefill_chunks_give_the_clean_runs_text(clean, tmp_path, capsys):
     assert not bad.exists()
 
 
+def test_a_shared_header_is_reused_and_gives_the_uncached_text(tmp_path, capsys):
+    """Requests behind one 49-byte header, paged pool: the later ones start on its three cached
+    pages (the summary says how many prompt tokens were reused) and every sampled text equals
+    the run with ``--no-prefix-cache``."""
+    header = "# each request of this job begins with this one.\n"  # 49 bytes: three whole pages and one
+    src = _write(tmp_path / "in.jsonl", [{"prompt": header + f"{i}: " + p[:20], "max_new_tokens": 8}
+                                         for i, p in enumerate(bench_prompts()[:6])])
+    base = ["batch", src, "--slots", "4", "--cache", "paged", "--drafter", "ngram"]
+    assert cli.main(base + ["--out", str(tmp_path / "on.jsonl"), "--stats", str(tmp_path / "on.json")]) == 0
+    assert "prefix cache: 240 of " in capsys.readouterr().out  # 5 requests x 3 pages x 16 tokens
+    stats = json.loads((tmp_path / "on.json").read_text())["prefix_cache"]
+    assert stats["cached_tokens"] == 240 and 0 < stats["hit_rate"] < 1
+    assert cli.main(base + ["--out", str(tmp_path / "off.jsonl"), "--no-prefix-cache", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["prefix_cache"]["cached_tokens"] == 0
+    assert {r["id"]: r["text"] for r in _read(tmp_path / "on.jsonl")} == \
+        {r["id"]: r["text"] for r in _read(tmp_path / "off.jsonl")}
+
+
 def test_stats_onto_the_output_file_is_refused(clean, tmp_path, capsys):
     src, _ = clean
     out = str(tmp_path / "out.jsonl")

@@ -120,9 +120,9 @@ def test_a_long_prompt_stalls_the_running_rows_one_chunk_at_a_time(monkeypatch, 
     clock, events = [0.0], []
     admit, chunk_fn, decode = batch_mod._admit, batch_mod._chunk, batch_mod._decode
 
-    def timed_admit(eng, params, st, idle, rows, prompts, *rest):
+    def timed_admit(eng, c, params, st, idle, rows, prompts, *rest):
         clock[0] += prompts.shape[1]
-        return admit(eng, params, st, idle, rows, prompts, *rest)
+        return admit(eng, c, params, st, idle, rows, prompts, *rest)
 
     def timed_chunk(eng, params, sub, c):
         clock[0] += c

@@ -94,7 +94,8 @@ def test_loaders_stream_batch_memory_and_errors_on_a_mesh():
     assert set(result["tokens"]) == {"hf", "bundle", "stream", "batch_generate dense", "batch_generate paged",
                                      "batch_generate dense: latency of every step",
                                      "batch_generate paged: latency of every step",
-                                     "batch_generate paged, a page per shard", "replicated draft model"}
+                                     "batch_generate paged, a page per shard", "batch_generate paged, shared prefixes",
+                                     "batch_generate paged, shared prefixes reused", "replicated draft model"}
     for plan_args, xla_args, act, xla_temp in result["memory"]:
         assert plan_args == xla_args and 0 < act <= xla_temp
     errors = result["errors"]

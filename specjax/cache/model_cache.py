@@ -52,7 +52,7 @@ class ModelCache:
         each = lambda c: None if c is None else fn(c)  # noqa: E731
         return ModelCache(each(self.global_kv), each(self.local_kv), each(self.memory_kv))
 
-    def reserve(self, t: int, live: jax.Array | None = None) -> ModelCache:
+    def reserve(self, t: int | jax.Array, live: jax.Array | None = None) -> ModelCache:
         """Paged global layers: own pages for ``t`` more tokens in ``live [B]`` rows (default
         all; no-op for other kinds)."""
         return self._map(lambda c: c.reserve(t, live) if isinstance(c, PagedKVCache) else c)
@@ -60,7 +60,8 @@ class ModelCache:
     def bound_write(self, n: jax.Array) -> ModelCache:
         """The next write's tokens past ``n [B]`` per row are padding (a right-padded prefill):
         rolling and compressed layers neither keep nor pool them (a no-op for other kinds)."""
-        return self._map(lambda c: c.bound_write(n) if isinstance(c, RollingKVCache | CompressedKVCache) else c)
+        return self._map(lambda c: c.bound_write(n) if isinstance(c, PagedKVCache | RollingKVCache | CompressedKVCache)
+                         else c)
 
     def release(self, idle: jax.Array) -> ModelCache:
         """Paged global layers: return every page of ``idle [B]`` rows to the pool."""
@@ -71,10 +72,25 @@ class ModelCache:
         per data shard of a mesh (``PagedKVCache.split_pool``; a no-op for other kinds)."""
         return self._map(lambda c: c.split_pool(groups) if isinstance(c, PagedKVCache) else c)
 
-    def rows_view(self, rows: jax.Array, width: int) -> ModelCache:
+    def rows_view(self, rows: jax.Array, width: int, shared: tuple | None = None) -> ModelCache:
         """Empty caches for refilling ``rows [R]`` with prompts of ``width`` tokens (a paged
-        view shares the pool: ``put_rows`` must follow)."""
+        view shares the pool: ``put_rows`` must follow). ``shared``: cached prefix pages the
+        rows start on (``PagedKVCache.rows_view``; only a cache of paged global layers alone)."""
+        if shared is not None:
+            if not self.shares_prefixes:
+                raise ValueError("shared prefix pages need a cache of paged global layers only")
+            return ModelCache(self.global_kv.rows_view(rows, width, shared), None, None)
         return self._map(lambda c: c.rows_view(rows, width))
+
+    @property
+    def shares_prefixes(self) -> bool:
+        """Whether rows can start on cached prompt-prefix pages: every layer is a global layer
+        in a paged pool (a sliding-window ring or compressed memory keeps no prefix pages)."""
+        return isinstance(self.global_kv, PagedKVCache) and self.local_kv is None and self.memory_kv is None
+
+    def register(self, upto: jax.Array) -> ModelCache:
+        """Paged global layers: each row's first ``upto [B]`` pages hold a cached prefix."""
+        return self._map(lambda c: c.register(upto) if isinstance(c, PagedKVCache) else c)
 
     def put_rows(self, rows: jax.Array, sub: ModelCache) -> ModelCache:
         """Rows ``rows [R]`` replaced by ``sub``'s (index ``batch``: a padding row, dropped)."""

@@ -18,6 +18,15 @@ pages only from pages ``[g * N/G, (g + 1) * N/G)``, through group ``g``'s own fr
 free stack and pages are one ungrouped cache (``per_shard`` hands the kernels exactly that)
 and no page, allocation or attention read crosses a shard. Allocation is the ungrouped
 code ``vmap``-ed over the groups. With one pool (``num_free`` a scalar) every row shares it.
+
+**Shared pages** (the prefix cache: ``specjax.prefix_cache``). ``refs [num_pages]`` counts the
+rows holding each page; a page returns to the free stack when its last row lets it go.
+``rows_view(..., shared=)`` starts refilled rows on pages already in the pool (their length
+is the shared tokens, so they write only past them). A page ``register``-ed as holding a
+prompt prefix is ``cached``: once unreferenced it goes to the *bottom* of the free stack
+(newest deepest, a prefix's first page below its later ones), so allocation takes uncached
+pages first and then evicts cached ones least recently released first, a prefix's tail
+before its head. Popping a page clears ``cached`` (the host reads it to forget evicted pages).
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from specjax.cache.base import (
     OUT_OF_PAGES,
     POOL_GROUP_MISMATCH,
     ROLLBACK_INVALID,
+    UNBOUNDED,
     Layers,
     as_rows,
     kernel_operands,
@@ -62,9 +72,13 @@ class PagedKVCache:
     free_pages: jax.Array  # int32 [num_pages]: stack(s), valid below num_free (per group: see split_pool)
     num_free: jax.Array  # int32 [] (one pool) or [G] (one per group): shared pool state
     status: jax.Array  # int32 [B]
+    write_end: jax.Array  # int32 [B]: absolute end of the next write's real tokens (bound_write)
+    refs: jax.Array  # int32 [num_pages]: rows holding each page (0: on the free stack)
+    cached: jax.Array  # bool [num_pages]: holds a registered prompt prefix (``register``)
 
     # batch-wide fields that are pool state, not a time base (cache_supports_per_sequence_advance)
     SHARED_POOL_FIELDS = ("num_free",)
+    _POOL = ("free_pages", "refs", "cached")  # [num_pages] pool arrays, split per group like the stack
 
     @classmethod
     def create(
@@ -95,6 +109,9 @@ class PagedKVCache:
             free_pages=jnp.arange(num_pages, dtype=jnp.int32)[::-1],  # pop page 0 first
             num_free=jnp.asarray(num_pages, jnp.int32),
             status=zeros(),
+            write_end=jnp.full((batch,), UNBOUNDED, jnp.int32),
+            refs=jnp.zeros((num_pages,), jnp.int32),
+            cached=jnp.zeros((num_pages,), bool),
         ).split_pool(groups)
 
     def split_pool(self, groups: int) -> PagedKVCache:
@@ -135,11 +152,13 @@ class PagedKVCache:
         g = self.groups
         split = lambda x: x.reshape(g, x.shape[0] // g, *x.shape[1:])  # noqa: E731
         merge = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731
-        per_row = ("block_table", "pages_held", "lengths", "status")
-        axes = self.replace(k=None, v=None, **{f: 0 for f in (*per_row, "free_pages", "num_free")})
-        view = self.replace(free_pages=self.free_pages.reshape(g, -1), **{f: split(getattr(self, f)) for f in per_row})
+        per_row = ("block_table", "pages_held", "lengths", "status", "write_end")
+        axes = self.replace(k=None, v=None, **{f: 0 for f in (*per_row, *self._POOL, "num_free")})
+        view = self.replace(**{f: getattr(self, f).reshape(g, -1) for f in self._POOL},
+                            **{f: split(getattr(self, f)) for f in per_row})
         out = jax.vmap(fn, in_axes=(axes, *[0] * len(rows)), out_axes=axes)(view, *map(split, rows))
-        return out.replace(free_pages=out.free_pages.reshape(-1), **{f: merge(getattr(out, f)) for f in per_row})
+        return out.replace(**{f: getattr(out, f).reshape(-1) for f in self._POOL},
+                           **{f: merge(getattr(out, f)) for f in per_row})
 
     @property
     def batch(self) -> int:
@@ -157,8 +176,9 @@ class PagedKVCache:
     def max_pages(self) -> int:
         return self.block_table.shape[1]
 
-    def reserve(self, t: int, live: jax.Array | None = None) -> PagedKVCache:
-        """Own enough pages for ``lengths[b] + t`` tokens in every ``live [B]`` row (default: all).
+    def reserve(self, t: int | jax.Array, live: jax.Array | None = None) -> PagedKVCache:
+        """Own enough pages for ``lengths[b] + t`` tokens (``t``: one int, or ``[B]`` per row) in
+        every ``live [B]`` row (default: all).
 
         Grants go smallest request first (ties in batch order) while the running total fits
         the free stack (the row's group's): a row needing no new page is always served, and a
@@ -166,9 +186,9 @@ class PagedKVCache:
         ``OUT_OF_PAGES``.
         """
         live = jnp.ones((self.batch,), bool) if live is None else live
-        return self._groupwise(lambda c, lv: c._reserve(t, lv), live)
+        return self._groupwise(PagedKVCache._reserve, as_rows(t, self.batch), live)
 
-    def _reserve(self, t: int, live: jax.Array) -> PagedKVCache:
+    def _reserve(self, t: jax.Array, live: jax.Array) -> PagedKVCache:
         want = _ceil_div(self.lengths + t, self.page_size)
         over_budget = (want > self.max_pages) & live
         need = jnp.where(over_budget | ~live, 0, jnp.maximum(want - self.pages_held, 0))
@@ -184,22 +204,33 @@ class PagedKVCache:
         popped = self.free_pages[jnp.where(fresh, stack_idx, 0)]
         status = self.status | jnp.where(over_budget, CAPACITY_EXCEEDED, 0)
         status |= jnp.where(granted | over_budget | ~live, 0, OUT_OF_PAGES)
+        taken = jnp.where(fresh, popped, self.refs.shape[0])  # out of range: dropped
         return self.replace(
             block_table=jnp.where(fresh, popped, self.block_table),
             pages_held=self.pages_held + need,
             num_free=self.num_free - jnp.sum(need),
             status=status,
+            refs=self.refs.at[taken].set(1, mode="drop"),
+            cached=self.cached.at[taken].set(False, mode="drop"),  # a popped cached page is evicted
         )
 
+    def bound_write(self, n: jax.Array | int) -> PagedKVCache:
+        """The next write's tokens past ``n [B]`` per row are padding (a right-padded prefill):
+        they are not written and need no page. ``advance`` clears the bound."""
+        return self.replace(write_end=self.lengths + as_rows(n, self.batch))
+
     def write(self, layer: int | jax.Array, k_new: jax.Array, v_new: jax.Array) -> PagedKVCache:
-        """Write ``[B, t, Hkv, D]`` at ``lengths[b] + [0, t)`` through the block table.
+        """Write ``[B, t, Hkv, D]`` at ``lengths[b] + [0, t)`` (up to ``bound_write``'s end)
+        through the block table.
 
         Rows without owned pages for the whole write are not written and are flagged.
         """
         t = k_new.shape[1]
-        fits = self.lengths + t <= self.pages_held * self.page_size
-        page, slot = self._page_slots(positions(self.lengths, t))
-        page = jnp.where(fits[:, None], page, self.num_pages)  # explicit out-of-range: dropped
+        pos = positions(self.lengths, t)
+        fits = jnp.minimum(self.lengths + t, self.write_end) <= self.pages_held * self.page_size
+        page, slot = self._page_slots(pos)
+        real = fits[:, None] & (pos < self.write_end[:, None])
+        page = jnp.where(real, page, self.num_pages)  # explicit out-of-range: dropped
         idx = (page, slice(None), slot)
         return self.replace(k=set_rows(self.k, layer, idx, k_new), v=set_rows(self.v, layer, idx, v_new),
                             status=self.status | jnp.where(fits, 0, CAPACITY_EXCEEDED))
@@ -211,22 +242,31 @@ class PagedKVCache:
         return self.replace(
             lengths=jnp.where(fits, new, self.lengths),
             status=self.status | jnp.where(fits, 0, CAPACITY_EXCEEDED),
+            write_end=jnp.full_like(self.write_end, UNBOUNDED),
         )
 
     def apply_plan(self, plan) -> PagedKVCache:
         return self.advance(plan.advance)
 
     def _push_free(self, freed: jax.Array) -> PagedKVCache:
-        """Return the pages marked in ``freed [B, max_pages]`` to the free stack."""
+        """Return the pages marked in ``freed [B, max_pages]`` to the top of the free stack: a
+        row's own pages past its prompt (``rollback``), never shared (nor still a cached prefix)."""
         flat = freed.reshape(-1)
         rank = jnp.cumsum(flat) - 1
-        dest = jnp.where(flat, self.num_free + rank, self.free_pages.shape[0])  # out of range: dropped
-        return self.replace(
-            block_table=jnp.where(freed, -1, self.block_table),
-            pages_held=self.pages_held - jnp.sum(freed, axis=1).astype(jnp.int32),
-            free_pages=self.free_pages.at[dest].set(self.block_table.reshape(-1), mode="drop"),
+        n = self.free_pages.shape[0]
+        dest = jnp.where(flat, self.num_free + rank, n)  # out of range: dropped
+        ids = self.block_table.reshape(-1)
+        return self._drop(freed).replace(
+            free_pages=self.free_pages.at[dest].set(ids, mode="drop"),
             num_free=self.num_free + jnp.sum(flat),
+            refs=self.refs.at[jnp.where(flat, ids, n)].set(0, mode="drop"),
+            cached=self.cached.at[jnp.where(flat, ids, n)].set(False, mode="drop"),
         )
+
+    def _drop(self, freed: jax.Array) -> PagedKVCache:
+        """The entries marked in ``freed [B, max_pages]`` out of the rows' block tables."""
+        return self.replace(block_table=jnp.where(freed, -1, self.block_table),
+                            pages_held=self.pages_held - jnp.sum(freed, axis=1).astype(jnp.int32))
 
     def rollback(self, new_lengths: jax.Array | int) -> PagedKVCache:
         """Shrink rows to ``new_lengths`` (``<= lengths``); pages past it return to the pool."""
@@ -247,9 +287,51 @@ class PagedKVCache:
         return self._groupwise(PagedKVCache._release, done)
 
     def _release(self, done: jax.Array) -> PagedKVCache:
-        m = jnp.arange(self.max_pages, dtype=jnp.int32)[None]
+        # each page loses one reference per releasing row holding it; a page whose count
+        # reaches zero goes back: cached ones below the stack (LRU), the others on top
+        n, mp = self.refs.shape[0], self.max_pages
+        m = jnp.broadcast_to(jnp.arange(mp, dtype=jnp.int32)[None], self.block_table.shape)
         freed = done[:, None] & (m < self.pages_held[:, None])
-        return self._push_free(freed).replace(lengths=jnp.where(done, 0, self.lengths))
+        ids = jnp.where(freed, self.block_table, n).reshape(-1)  # n: dropped
+        lost = jnp.zeros((n,), jnp.int32).at[ids].add(1, mode="drop")
+        refs = self.refs - lost
+        back = (lost > 0) & (refs == 0)
+        deep, top = back & self.cached, back & ~self.cached
+        first = jnp.full((n,), mp, jnp.int32).at[ids].min(m.reshape(-1), mode="drop")  # its lowest logical page
+        below = jnp.argsort(jnp.where(deep, first, mp + 1), stable=True)  # deep pages first, heads deepest
+        above = jnp.argsort(~top, stable=True)  # pages for the top first, in id order
+        n_deep = jnp.sum(deep)
+        i = jnp.arange(n, dtype=jnp.int32)
+        kept = self.free_pages[jnp.clip(i - n_deep, 0, n - 1)]
+        new_top = above[jnp.clip(i - n_deep - self.num_free, 0, n - 1)]
+        stack = jnp.where(i < n_deep, below[i], jnp.where(i < n_deep + self.num_free, kept, new_top))
+        return self._drop(freed).replace(lengths=jnp.where(done, 0, self.lengths), refs=refs,
+                                         free_pages=stack.astype(jnp.int32),
+                                         num_free=self.num_free + jnp.sum(back))
+
+    def register(self, upto: jax.Array) -> PagedKVCache:
+        """Mark each row's first ``upto [B]`` pages as holding a registered prompt prefix
+        (``cached``: kept deep in the free stack once no row holds them)."""
+        return self._groupwise(PagedKVCache._register, upto)
+
+    def _register(self, upto: jax.Array) -> PagedKVCache:
+        m = jnp.arange(self.max_pages, dtype=jnp.int32)[None]
+        mark = (m < jnp.minimum(upto, self.pages_held)[:, None]) & (self.block_table >= 0)
+        ids = jnp.where(mark, self.block_table, self.refs.shape[0])
+        return self.replace(cached=self.cached.at[ids].set(True, mode="drop"))
+
+    def _share(self, pages: jax.Array, count: jax.Array) -> PagedKVCache:
+        """One more reference on each of the first ``count [R]`` entries of ``pages [R, M]``
+        (pool page ids); a page no row held leaves the free stack (order kept)."""
+        n = self.refs.shape[0]
+        take = jnp.arange(pages.shape[1], dtype=jnp.int32)[None] < count[:, None]
+        gained = jnp.zeros((n,), jnp.int32).at[jnp.where(take, pages, n).reshape(-1)].add(1, mode="drop")
+        pulled = (gained > 0) & (self.refs == 0)
+        i = jnp.arange(n, dtype=jnp.int32)
+        stays = (i < self.num_free) & ~pulled[jnp.clip(self.free_pages, 0, n - 1)]
+        dest = jnp.where(stays, jnp.cumsum(stays) - 1, n)
+        return self.replace(refs=self.refs + gained, num_free=jnp.sum(stays).astype(jnp.int32),
+                            free_pages=self.free_pages.at[dest].set(self.free_pages, mode="drop"))
 
     def compact(self, src: jax.Array) -> PagedKVCache:
         """Logical slot ``lengths + k`` takes the K/V of slot ``lengths + src[b, k]`` (``src
@@ -270,10 +352,13 @@ class PagedKVCache:
         logical = jnp.minimum(pos // self.page_size, self.max_pages - 1)
         return jnp.take_along_axis(self._pool_table(), logical, axis=1), pos % self.page_size
 
-    def rows_view(self, rows: jax.Array, width: int) -> PagedKVCache:
+    def rows_view(self, rows: jax.Array, width: int, shared: tuple | None = None) -> PagedKVCache:
         """An empty cache over ``rows [R]`` (index ``batch``: a padding row), for refilling
         them: their pages go back to the pool first, and the view shares the pool, so
         ``put_rows(rows, view)`` must follow (the pool's state moves with the view).
+        ``shared = (pages [R, M], count [R])``: row ``r`` starts on the pool's pages
+        ``pages[r, :count[r]]`` (group-local ids; a cached prompt prefix), holding them as its
+        first pages with its length at their end: it writes only past them.
 
         With ``G`` pool groups the view has them too: ``rows`` is group-major, its ``g``-th
         block of ``R / G`` entries rows of group ``g`` (or padding). A row listed in another
@@ -288,12 +373,21 @@ class PagedKVCache:
             slot = jnp.arange(r, dtype=jnp.int32)
             wrong = (rows < self.batch) & (rows // (self.batch // g) != slot // (r // g))
             status = jnp.where(wrong, POOL_GROUP_MISMATCH, 0)
-        return pool.replace(
+        view = pool.replace(
             block_table=jnp.full((r, self.max_pages), -1, jnp.int32),
             pages_held=jnp.zeros((r,), jnp.int32),
             lengths=jnp.zeros((r,), jnp.int32),
             status=status,
+            write_end=jnp.full((r,), UNBOUNDED, jnp.int32),
         )
+        if shared is None:
+            return view
+        pages, count = shared
+        count = jnp.where(rows < self.batch, jnp.clip(count, 0, self.max_pages), 0)
+        m = jnp.arange(self.max_pages, dtype=jnp.int32)[None]
+        view = view._groupwise(PagedKVCache._share, pages, count)
+        return view.replace(block_table=jnp.where(m < count[:, None], pages, -1), pages_held=count,
+                            lengths=count * self.page_size)
 
     def put_rows(self, rows: jax.Array, sub: PagedKVCache) -> PagedKVCache:
         """Rows ``rows [R]`` replaced by ``sub``'s (padding rows dropped); the pool is ``sub``'s."""
@@ -303,6 +397,7 @@ class PagedKVCache:
             pages_held=put(self.pages_held, sub.pages_held),
             lengths=put(self.lengths, sub.lengths),
             status=put(self.status, sub.status),
+            write_end=put(self.write_end, sub.write_end),
         )
 
     def gather(self, layer: int | jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:

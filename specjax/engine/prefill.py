@@ -18,12 +18,13 @@ __all__ = ["fresh_prefill", "pending_rows", "prefill", "prefill_chunk", "prefill
 
 
 def prefill_rows(eng: EngineConfig, params: dict, prompts: jax.Array, prompt_len: jax.Array, max_len, eos, seeds,
-                 sampling: RowSampling, cache: Any, dstate: Any, live: jax.Array) -> EngineState:
+                 sampling: RowSampling, cache: Any, dstate: Any, live: jax.Array, c: int | None = None) -> EngineState:
     """Run ``prompts [B, P]`` into the empty ``cache`` and drafter state ``dstate`` and take
     each row's first token. ``live [B]``: real rows (padding rows of a refill own no pages).
-    One ``prefill_chunk`` of the whole width over ``pending_rows``."""
+    One ``prefill_chunk`` over ``pending_rows``, of the whole width, or ``c`` tokens where
+    rows start past their prompt's head (cached prefix pages: every row's rest fits ``c``)."""
     st = pending_rows(eng, prompts, prompt_len, max_len, eos, seeds, sampling, cache, dstate, live)
-    return prefill_chunk(eng, params, st, prompts.shape[1])
+    return prefill_chunk(eng, params, st, prompts.shape[1] if c is None else c)
 
 
 def pending_rows(eng: EngineConfig, prompts: jax.Array, prompt_len: jax.Array, max_len, eos, seeds,
@@ -52,7 +53,7 @@ def prefill_chunk(eng: EngineConfig, params: dict, st: EngineState, c: int) -> E
     positions = reachable_positions(at, st.max_len)
     tokens = jnp.take_along_axis(st.seq, jnp.minimum(at, st.seq.shape[1] - 1), axis=1)
     hidden, cache = eng.target.forward_hidden(params["target"], tokens, positions,
-                                              st.cache.reserve(c, st.live).bound_write(count),
+                                              st.cache.reserve(count, st.live).bound_write(count),
                                               attention_impl=eng.attention_impl)
     cache = cache.advance(count)
     final = (count > 0) & (start + count == st.prompt_len)
