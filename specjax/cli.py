@@ -787,7 +787,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "long prompt stalls the running rows for one chunk (--cache dense)")
     j.add_argument("--no-prefix-cache", action="store_true",
                    help="with --cache paged, compute every prompt in full (by default a prompt whose head is already "
-                        "in the pool as whole pages reuses them: drafter ngram or none)")
+                        "in the pool as whole pages reuses them, with drafters ngram, draft_model and none; the mtp "
+                        "drafter computes every prompt)")
     j.add_argument("--stats", metavar="FILE", default=None,
                    help="also write the job's summary as JSON: throughput and latency percentiles (time to first "
                         "token, inter-token, queue wait)")
