@@ -201,27 +201,62 @@ def _place(eng: EngineConfig, st: EngineState, rows: jax.Array, sub: EngineState
     return constrain(_put_rows(eng, st, rows, sub), eng.mesh)
 
 
-@functools.partial(jax.jit, static_argnums=0)
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
 def _begin(eng: EngineConfig, st: EngineState, rows: jax.Array, prompts: jax.Array, prompt_len, max_len, eos, seeds,
-           sampling: RowSampling) -> EngineState:
-    """A chunked admit's rows, pending (``pending_rows``): their prompts known, nothing cached;
-    the live state is not touched (dense views are their own buffers)."""
+           sampling: RowSampling) -> tuple[EngineState, EngineState]:
+    """A chunked admit's rows, pending (``pending_rows``): their prompts known, nothing cached.
+    Dense views are their own buffers; a paged pool keeps one owner, the live state, which
+    holds the rows' (emptied) pool entries from here on (``_give``). There the rows are done
+    (no step advances them) but live: a step still writes its window past their length, so
+    it reserves the pages for it (rolled back after), and no write is refused and flagged;
+    the next chunk writes over those slots before anything reads them. Returns ``(st, sub)``."""
     _TRACES["begin"] += 1
-    return pending_rows(eng, *_views(eng, st, rows, prompts, prompt_len, max_len, eos, seeds, sampling))
+    sub = pending_rows(eng, *_views(eng, st, rows, prompts, prompt_len, max_len, eos, seeds, sampling))
+    if _pooled(st.cache) or _pooled(st.dstate):
+        st = st.replace(live=st.live.at[rows].set(True, mode="drop"), done=st.done.at[rows].set(True, mode="drop"))
+    return _give(st, sub, rows)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3), donate_argnums=2)
-def _chunk(eng: EngineConfig, params: dict, sub: EngineState, c: int) -> EngineState:
-    """The next ``c`` prompt tokens of pending rows ``sub`` (``prefill_chunk``)."""
+@functools.partial(jax.jit, static_argnums=(0, 5), donate_argnums=(2, 3))
+def _chunk(eng: EngineConfig, params: dict, st: EngineState, sub: EngineState, rows: jax.Array,
+           c: int) -> tuple[EngineState, EngineState]:
+    """The next ``c`` prompt tokens of pending rows ``sub`` in slots ``rows`` (``prefill_chunk``),
+    their paged entries and the pool lent by the live state ``st`` for the call (``_lend``)."""
     _TRACES["chunk"] += 1
-    return prefill_chunk(eng, params, sub, c)
+    return _give(st, prefill_chunk(eng, params, _lend(st, sub, rows), c), rows)
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
 def _finish(eng: EngineConfig, st: EngineState, idle: jax.Array, rows: jax.Array, sub: EngineState) -> EngineState:
     """Fully prefilled pending rows ``sub`` into slots ``rows`` (``idle`` slots released first)."""
     _TRACES["finish"] += 1
-    return _place(eng, _release(eng, st, idle), rows, sub)
+    st = _release(eng, st, idle)
+    return _place(eng, st, rows, _lend(st, sub, rows))
+
+
+def _pooled(part: Any) -> bool:
+    """Whether a cache part (the target's caches, a drafter's state) holds a paged pool."""
+    return isinstance(getattr(part, "global_kv", None), PagedKVCache)
+
+
+def _lend(st: EngineState, sub: EngineState, rows: jax.Array) -> EngineState:
+    """Pending rows ``sub`` (slots ``rows``) with their paged entries and the pool of the live
+    state ``st`` (the target's, a draft model's): the pool has one owner between calls."""
+    take = lambda part, mine: mine.replace(global_kv=part.global_kv.take_rows(rows)) if _pooled(part) else mine  # noqa: E731
+    return sub.replace(cache=take(st.cache, sub.cache), dstate=take(st.dstate, sub.dstate))
+
+
+def _give(st: EngineState, sub: EngineState, rows: jax.Array) -> tuple[EngineState, EngineState]:
+    """``_lend``'s inverse: the rows' paged entries and the pool back into ``st``, ``sub``
+    keeping its own (dense) parts only."""
+    def back(part, mine):
+        if not _pooled(mine):
+            return part, mine
+        return part.replace(global_kv=part.global_kv.put_rows(rows, mine.global_kv)), mine.replace(global_kv=None)
+
+    cache, sub_cache = back(st.cache, sub.cache)
+    dstate, sub_dstate = back(st.dstate, sub.dstate)
+    return st.replace(cache=cache, dstate=dstate), sub.replace(cache=sub_cache, dstate=sub_dstate)
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
@@ -384,8 +419,8 @@ def batch_generate(
     ``prefill_chunk``: prompts longer than this are prefilled ``prefill_chunk`` tokens per
     decode step (one chunk, then one step of the live rows, ...): a long prompt stalls the
     running rows for one chunk at a time, not its whole prefill; its row joins the decode
-    loop when its last chunk has taken its first token (``cache="dense"``, sliding-window
-    and compressed layers included; one process, no mesh). ``prefix_cache`` (``cache=
+    loop when its last chunk has taken its first token (dense and paged caches, sliding-window
+    and compressed layers included; one process, no mesh; not with the prefix cache). ``prefix_cache`` (``cache=
     "paged"``; default on wherever it applies): a request whose prompt begins with full pages
     already in the pool starts on them (reference-counted, never written by it) and computes
     only the rest; unreferenced cached pages are evicted least recently used when the pool
@@ -422,9 +457,6 @@ def batch_generate(
     if prefill_chunk is not None:
         if not is_int(prefill_chunk) or prefill_chunk < 1:
             fail("prefill_chunk", prefill_chunk, "must be an int >= 1 (prompt tokens per chunk), or None")
-        if cache == "paged":
-            fail("prefill_chunk", prefill_chunk, "runs on cache='dense' (sliding-window and compressed layers "
-                 "included): a paged pool would share its pages with the running rows while a prompt is pending")
         if mesh is not None:
             fail("prefill_chunk", prefill_chunk, "runs without a mesh (one device) for now")
     check_mesh(mesh, slots, "slots", slots)
@@ -475,7 +507,7 @@ def batch_generate(
         params["draft"] = draft_model.params
     refill = refill_rows or max(1, slots // 4)
     pool = pages if pages is not None else slots * -(-eng.capacity // PAGE_SIZE)
-    prefixes = _prefixes(eng, prefix_cache, groups)
+    prefixes = _prefixes(eng, prefix_cache, groups, prefill_chunk)
     return _run(eng, params, rows_iter, slots, width, refill, sync_every, pool if cache == "paged" else None,
                 stop or (lambda: False), eos_width, cfg.cost, listed, prefill_chunk, prefixes)
 
@@ -495,14 +527,15 @@ def _prefix_refusal(eng: EngineConfig) -> str | None:
     return None
 
 
-def _prefixes(eng: EngineConfig, prefix_cache: bool | None, groups: int) -> PrefixCache | None:
+def _prefixes(eng: EngineConfig, prefix_cache: bool | None, groups: int, chunk: int | None) -> PrefixCache | None:
     """The job's prefix cache: on by default wherever it applies; ``True`` where it cannot
     apply is refused."""
     if prefix_cache not in (None, True, False):
         fail("prefix_cache", prefix_cache, "must be True, False or None (on wherever it applies)")
     if prefix_cache is False:
         return None
-    why = _prefix_refusal(eng)
+    why = _prefix_refusal(eng) if chunk is None else "does not combine with prefill_chunk yet (a pending " \
+        "admit's rows compute their whole prompts)"
     if why is not None:
         if prefix_cache:
             fail("prefix_cache", True, why)
@@ -569,7 +602,7 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
             longest = max(len(r.prompt) for _, r in picked)
             if chunk is not None and longest > chunk:
                 args = _admit_inputs(batch, refill, slots, eos_width, chunk)
-                sub = _begin(eng, st, *args)
+                st, sub = _begin(eng, st, *args)
                 pending.append(_Pending(args[0], sub, -(-longest // chunk),
                                         [(s, r, arrived.pop(r.id)) for s, r in picked], t_admit))
                 for s, r in picked:
@@ -596,7 +629,7 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
                 timed[s] = _Timed(arrived.pop(r.id), t_admit, t_first, i_now, len(shares[s]) * PAGE_SIZE)
         if pending:  # one chunk of the oldest pending admit; its rows join after their last
             head = pending[0]
-            head.sub = _chunk(eng, params, head.sub, chunk)
+            st, head.sub = _chunk(eng, params, st, head.sub, head.rows, chunk)
             head.left -= 1
             if head.left == 0:
                 pending.popleft()

@@ -784,7 +784,7 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--seed", type=int, default=0, help="lines without a seed derive theirs from this and their id")
     j.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
                    help="prefill prompts longer than N tokens N at a time, one chunk between two decode steps, so a "
-                        "long prompt stalls the running rows for one chunk (--cache dense)")
+                        "long prompt stalls the running rows for one chunk (no prefix cache with it)")
     j.add_argument("--no-prefix-cache", action="store_true",
                    help="with --cache paged, compute every prompt in full (by default a prompt whose head is already "
                         "in the pool as whole pages reuses them, with drafters ngram, draft_model and none; the mtp "

@@ -1795,4 +1795,18 @@ Mutation(
         "        if False:\n",
         ("tests/test_prefix_cache.py::test_a_job_that_leaks_a_page_reference_is_caught_at_its_end",),
     ),
+    Mutation(
+        "chunked prefill, paged: a chunk's pages and writes stay in the pending rows, not the live pool",
+        "_give",
+        "part.replace(global_kv=part.global_kv.put_rows(rows, mine.global_kv))",
+        "part",
+        ("tests/test_chunked_prefill.py::test_chunked_paged_jobs_share_a_tight_pool_with_the_running_rows",),
+    ),
+    Mutation(
+        "chunked prefill, paged: pending rows in the live state are not live (a step's window write is refused)",
+        "_begin",
+        "live=st.live.at[rows].set(True, mode=\"drop\")",
+        "live=st.live.at[rows].set(False, mode=\"drop\")",
+        ("tests/test_chunked_prefill.py::test_chunked_paged_jobs_share_a_tight_pool_with_the_running_rows",),
+    ),
 ]

@@ -84,10 +84,15 @@ def _requests(seed):
                     max_new_tokens=int(rng.integers(3, 30))) for i in range(7)]
 
 
-@pytest.mark.parametrize("drafter,c", [("mtp", 1), ("mtp", 7), ("draft_model", 7), ("ngram", 3)])
-def test_chunked_jobs_give_every_request_its_alone_tokens(drafter, c):
+@pytest.mark.parametrize("drafter,c,cache", [("mtp", 1, "dense"), ("mtp", 7, "dense"), ("draft_model", 7, "dense"),
+                                             ("ngram", 3, "dense"), ("mtp", 4, "paged"), ("draft_model", 5, "paged")])
+def test_chunked_jobs_give_every_request_its_alone_tokens(drafter, c, cache):
+    """Paged: the pool has one owner, the live state, which lends a pending admit its rows'
+    entries and the pool for each chunk (the draft model's pool too), so pending and running
+    rows never take the same page."""
     reqs = _requests(seed=c)
-    kw = dict(drafter=drafter, depth=3, eos_id=EOS, ngram_n=2, draft_model=DRAFT if drafter == "draft_model" else None)
+    kw = dict(drafter=drafter, depth=3, eos_id=EOS, ngram_n=2, draft_model=DRAFT if drafter == "draft_model" else None,
+              cache=cache)
     for rule in ("per_sequence", "cohort"):
         out = {x.id: x for x in batch_generate(MODEL, reqs, slots=3, refill_rows=2, prefill_chunk=c, kv_advance=rule,
                                                **kw)}
@@ -102,6 +107,19 @@ def test_chunked_jobs_give_every_request_its_alone_tokens(drafter, c):
     again = [Request(r.prompt, id=r.id, max_new_tokens=max(1, r.max_new_tokens - 1)) for r in reqs]
     list(batch_generate(MODEL, again, slots=3, refill_rows=2, prefill_chunk=c, kv_advance="cohort", **kw))
     assert batch_mod._TRACES == before
+
+
+def test_chunked_paged_jobs_share_a_tight_pool_with_the_running_rows():
+    """A pool of 10 pages for 3 slots whose requests need up to 5 each: pending admits and
+    running rows take pages from the one pool, requests wait for pages, every request gets
+    its alone tokens, and every page is back at the end (``_check_pool``)."""
+    rng = np.random.default_rng(11)
+    reqs = [Request(prompt=rng.integers(0, 31, int(rng.integers(12, 30))).tolist(), id=i,
+                    max_new_tokens=int(rng.integers(8, 30))) for i in range(7)]
+    out = {x.id: x.tokens for x in batch_generate(MODEL, reqs, slots=3, refill_rows=2, prefill_chunk=4, cache="paged",
+                                                  pages=10, drafter="mtp", depth=3)}
+    for r in reqs:
+        assert out[r.id] == _alone_run(MODEL, r, drafter="mtp", depth=3).tokens[0], r.id
 
 
 def test_sliding_window_rows_take_their_prompts_in_chunks():
@@ -124,10 +142,10 @@ def test_a_long_prompt_stalls_the_running_rows_one_chunk_at_a_time(monkeypatch, 
         clock[0] += prompts.shape[1]
         return admit(eng, c, params, st, idle, rows, prompts, *rest)
 
-    def timed_chunk(eng, params, sub, c):
+    def timed_chunk(eng, params, st, sub, rows, c):
         clock[0] += c
         events.append("chunk")
-        return chunk_fn(eng, params, sub, c)
+        return chunk_fn(eng, params, st, sub, rows, c)
 
     def counted_decode(eng, params, st, target, stop_i):
         events.append(int(stop_i - st.i))
@@ -179,7 +197,8 @@ def test_auto_depth_times_its_table_on_running_rows_not_pending_ones(monkeypatch
 
 @pytest.mark.parametrize("kw,match", [
     ({"prefill_chunk": 0}, r"prefill_chunk=0 is invalid: must be an int >= 1"),
-    ({"prefill_chunk": 8, "cache": "paged"}, r"prefill_chunk=8 is invalid: runs on cache='dense'"),
+    ({"prefill_chunk": 8, "cache": "paged", "drafter": "ngram", "prefix_cache": True},
+     r"prefix_cache=True is invalid: does not combine with prefill_chunk"),
 ])
 def test_bad_chunk_settings_are_refused_before_compile(kw, match):
     before = dict(batch_mod._TRACES)

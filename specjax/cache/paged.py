@@ -389,6 +389,14 @@ class PagedKVCache:
         return view.replace(block_table=jnp.where(m < count[:, None], pages, -1), pages_held=count,
                             lengths=count * self.page_size)
 
+    def take_rows(self, rows: jax.Array) -> PagedKVCache:
+        """Rows ``rows [R]`` (index ``batch``: an empty padding row) over the same pool: what
+        ``put_rows(rows, ...)`` takes back (group-major under pool groups, as ``rows_view``)."""
+        take = lambda x, fill: jnp.take(x, rows, axis=0, mode="fill", fill_value=fill)  # noqa: E731
+        return self.replace(block_table=take(self.block_table, -1), pages_held=take(self.pages_held, 0),
+                            lengths=take(self.lengths, 0), status=take(self.status, 0),
+                            write_end=take(self.write_end, UNBOUNDED))
+
     def put_rows(self, rows: jax.Array, sub: PagedKVCache) -> PagedKVCache:
         """Rows ``rows [R]`` replaced by ``sub``'s (padding rows dropped); the pool is ``sub``'s."""
         put = lambda big, small: big.at[rows].set(small, mode="drop")  # noqa: E731
