@@ -214,7 +214,8 @@ def _begin(eng: EngineConfig, st: EngineState, rows: jax.Array, prompts: jax.Arr
     sub = pending_rows(eng, *_views(eng, st, rows, prompts, prompt_len, max_len, eos, seeds, sampling))
     if _pooled(st.cache) or _pooled(st.dstate):
         st = st.replace(live=st.live.at[rows].set(True, mode="drop"), done=st.done.at[rows].set(True, mode="drop"))
-    return _give(st, sub, rows)
+    st, sub = _give(st, sub, rows)
+    return constrain(st, eng.mesh), constrain(sub, eng.mesh)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 5), donate_argnums=(2, 3))
@@ -223,7 +224,8 @@ def _chunk(eng: EngineConfig, params: dict, st: EngineState, sub: EngineState, r
     """The next ``c`` prompt tokens of pending rows ``sub`` in slots ``rows`` (``prefill_chunk``),
     their paged entries and the pool lent by the live state ``st`` for the call (``_lend``)."""
     _TRACES["chunk"] += 1
-    return _give(st, prefill_chunk(eng, params, _lend(st, sub, rows), c), rows)
+    st, sub = _give(st, prefill_chunk(eng, params, _lend(st, sub, rows), c), rows)
+    return constrain(st, eng.mesh), constrain(sub, eng.mesh)
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
@@ -420,7 +422,7 @@ def batch_generate(
     decode step (one chunk, then one step of the live rows, ...): a long prompt stalls the
     running rows for one chunk at a time, not its whole prefill; its row joins the decode
     loop when its last chunk has taken its first token (dense and paged caches, sliding-window
-    and compressed layers included; one process, no mesh; not with the prefix cache). ``prefix_cache`` (``cache=
+    and compressed layers included, a mesh too; not with the prefix cache). ``prefix_cache`` (``cache=
     "paged"``; default on wherever it applies): a request whose prompt begins with full pages
     already in the pool starts on them (reference-counted, never written by it) and computes
     only the rest; unreferenced cached pages are evicted least recently used when the pool
@@ -457,8 +459,6 @@ def batch_generate(
     if prefill_chunk is not None:
         if not is_int(prefill_chunk) or prefill_chunk < 1:
             fail("prefill_chunk", prefill_chunk, "must be an int >= 1 (prompt tokens per chunk), or None")
-        if mesh is not None:
-            fail("prefill_chunk", prefill_chunk, "runs without a mesh (one device) for now")
     check_mesh(mesh, slots, "slots", slots)
     groups = data_shards(mesh)
     if pages is not None and pages % groups:
@@ -602,7 +602,8 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
             longest = max(len(r.prompt) for _, r in picked)
             if chunk is not None and longest > chunk:
                 args = _admit_inputs(batch, refill, slots, eos_width, chunk)
-                st, sub = _begin(eng, st, *args)
+                with mesh_context(eng):
+                    st, sub = _begin(eng, st, *args)
                 pending.append(_Pending(args[0], sub, -(-longest // chunk),
                                         [(s, r, arrived.pop(r.id)) for s, r in picked], t_admit))
                 for s, r in picked:
@@ -629,12 +630,14 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
                 timed[s] = _Timed(arrived.pop(r.id), t_admit, t_first, i_now, len(shares[s]) * PAGE_SIZE)
         if pending:  # one chunk of the oldest pending admit; its rows join after their last
             head = pending[0]
-            st, head.sub = _chunk(eng, params, st, head.sub, head.rows, chunk)
+            with mesh_context(eng):
+                st, head.sub = _chunk(eng, params, st, head.sub, head.rows, chunk)
             head.left -= 1
             if head.left == 0:
                 pending.popleft()
                 idle = np.array([held[s] is None for s in range(slots)])
-                st = _finish(eng, st, jnp.asarray(idle), head.rows, head.sub)
+                with mesh_context(eng):
+                    st = _finish(eng, st, jnp.asarray(idle), head.rows, head.sub)
                 jax.block_until_ready(st.done)
                 t_first = latency.now()
                 for s, _, arrival in head.picked:

@@ -167,6 +167,11 @@ def extras() -> None:
     got = {c.id: c.tokens for c in specjax.batch_generate(target, reqs, slots=8, depth=2, cache="paged", pages=4,
                                                           mesh=mesh)}
     result["tokens"]["batch_generate paged, a page per shard"] = [got[i] for i in range(len(reqs))] == ref * 3
+    # chunked prefill on a mesh (dense; paged: each shard's pool lent to the chunks): unsharded tokens
+    for cache in ("dense", "paged"):
+        got = {c.id: c.tokens for c in specjax.batch_generate(target, reqs, slots=4, depth=2, cache=cache, mesh=mesh,
+                                                              prefill_chunk=2)}
+        result["tokens"][f"batch_generate {cache}, chunked prefill"] = [got[i] for i in range(len(reqs))] == ref * 3
     # the prefix cache on a mesh (one map per data shard's pool): requests behind a shared head
     # reuse its page within their shard, and every request gets its unsharded tokens
     flat = sharp(dataclasses.replace(CFG, sliding_window=None), seed=1)  # every layer global: pages to share

@@ -95,7 +95,9 @@ def test_loaders_stream_batch_memory_and_errors_on_a_mesh():
                                      "batch_generate dense: latency of every step",
                                      "batch_generate paged: latency of every step",
                                      "batch_generate paged, a page per shard", "batch_generate paged, shared prefixes",
-                                     "batch_generate paged, shared prefixes reused", "replicated draft model"}
+                                     "batch_generate paged, shared prefixes reused",
+                                     "batch_generate dense, chunked prefill", "batch_generate paged, chunked prefill",
+                                     "replicated draft model"}
     for plan_args, xla_args, act, xla_temp in result["memory"]:
         assert plan_args == xla_args and 0 < act <= xla_temp
     errors = result["errors"]
