@@ -203,15 +203,16 @@ def _place(eng: EngineConfig, st: EngineState, rows: jax.Array, sub: EngineState
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
 def _begin(eng: EngineConfig, st: EngineState, rows: jax.Array, prompts: jax.Array, prompt_len, max_len, eos, seeds,
-           sampling: RowSampling) -> tuple[EngineState, EngineState]:
+           sampling: RowSampling, shared: tuple | None = None) -> tuple[EngineState, EngineState]:
     """A chunked admit's rows, pending (``pending_rows``): their prompts known, nothing cached.
     Dense views are their own buffers; a paged pool keeps one owner, the live state, which
     holds the rows' (emptied) pool entries from here on (``_give``). There the rows are done
     (no step advances them) but live: a step still writes its window past their length, so
     it reserves the pages for it (rolled back after), and no write is refused and flagged;
-    the next chunk writes over those slots before anything reads them. Returns ``(st, sub)``."""
+    the next chunk writes over those slots before anything reads them. ``shared``: the cached
+    prefix pages each row starts on (``_admit``; its chunks start past them). Returns ``(st, sub)``."""
     _TRACES["begin"] += 1
-    sub = pending_rows(eng, *_views(eng, st, rows, prompts, prompt_len, max_len, eos, seeds, sampling))
+    sub = pending_rows(eng, *_views(eng, st, rows, prompts, prompt_len, max_len, eos, seeds, sampling, shared))
     if _pooled(st.cache) or _pooled(st.dstate):
         st = st.replace(live=st.live.at[rows].set(True, mode="drop"), done=st.done.at[rows].set(True, mode="drop"))
     st, sub = _give(st, sub, rows)
@@ -229,11 +230,17 @@ def _chunk(eng: EngineConfig, params: dict, st: EngineState, sub: EngineState, r
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
-def _finish(eng: EngineConfig, st: EngineState, idle: jax.Array, rows: jax.Array, sub: EngineState) -> EngineState:
-    """Fully prefilled pending rows ``sub`` into slots ``rows`` (``idle`` slots released first)."""
+def _finish(eng: EngineConfig, st: EngineState, idle: jax.Array, rows: jax.Array, sub: EngineState,
+            upto: jax.Array | None = None) -> EngineState:
+    """Fully prefilled pending rows ``sub`` into slots ``rows`` (``idle`` slots released first);
+    ``upto [R]`` (the prefix cache): each row's full prompt pages, registered as cached."""
     _TRACES["finish"] += 1
     st = _release(eng, st, idle)
-    return _place(eng, st, rows, _lend(st, sub, rows))
+    sub = _lend(st, sub, rows)
+    if upto is not None:
+        sub = sub.replace(cache=sub.cache.register(upto),
+                          dstate=sub.dstate.register(upto) if _pooled(sub.dstate) else sub.dstate)
+    return _place(eng, st, rows, sub)
 
 
 def _pooled(part: Any) -> bool:
@@ -422,7 +429,7 @@ def batch_generate(
     decode step (one chunk, then one step of the live rows, ...): a long prompt stalls the
     running rows for one chunk at a time, not its whole prefill; its row joins the decode
     loop when its last chunk has taken its first token (dense and paged caches, sliding-window
-    and compressed layers included, a mesh too; not with the prefix cache). ``prefix_cache`` (``cache=
+    and compressed layers included, a mesh and the prefix cache too). ``prefix_cache`` (``cache=
     "paged"``; default on wherever it applies): a request whose prompt begins with full pages
     already in the pool starts on them (reference-counted, never written by it) and computes
     only the rest; unreferenced cached pages are evicted least recently used when the pool
@@ -507,7 +514,7 @@ def batch_generate(
         params["draft"] = draft_model.params
     refill = refill_rows or max(1, slots // 4)
     pool = pages if pages is not None else slots * -(-eng.capacity // PAGE_SIZE)
-    prefixes = _prefixes(eng, prefix_cache, groups, prefill_chunk)
+    prefixes = _prefixes(eng, prefix_cache, groups)
     return _run(eng, params, rows_iter, slots, width, refill, sync_every, pool if cache == "paged" else None,
                 stop or (lambda: False), eos_width, cfg.cost, listed, prefill_chunk, prefixes)
 
@@ -527,15 +534,14 @@ def _prefix_refusal(eng: EngineConfig) -> str | None:
     return None
 
 
-def _prefixes(eng: EngineConfig, prefix_cache: bool | None, groups: int, chunk: int | None) -> PrefixCache | None:
+def _prefixes(eng: EngineConfig, prefix_cache: bool | None, groups: int) -> PrefixCache | None:
     """The job's prefix cache: on by default wherever it applies; ``True`` where it cannot
     apply is refused."""
     if prefix_cache not in (None, True, False):
         fail("prefix_cache", prefix_cache, "must be True, False or None (on wherever it applies)")
     if prefix_cache is False:
         return None
-    why = _prefix_refusal(eng) if chunk is None else "does not combine with prefill_chunk yet (a pending " \
-        "admit's rows compute their whole prompts)"
+    why = _prefix_refusal(eng)
     if why is not None:
         if prefix_cache:
             fail("prefix_cache", True, why)
@@ -599,15 +605,18 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
             idle = np.array([held[s] is None for s in range(slots)])
             t_admit = latency.now()
             picked = [x for group in batch for x in group]
-            longest = max(len(r.prompt) for _, r in picked)
-            if chunk is not None and longest > chunk:
+            rest = max(len(r.prompt) - len(started.get(s, ())) * PAGE_SIZE for s, r in picked)  # to compute
+            if chunk is not None and rest > chunk:
                 args = _admit_inputs(batch, refill, slots, eos_width, chunk)
+                shared = None if prefixes is None else \
+                    _share_inputs(batch, refill, slots, started, st.cache.global_kv.max_pages, 0, prefixes.pools)[1]
                 with mesh_context(eng):
-                    st, sub = _begin(eng, st, *args)
-                pending.append(_Pending(args[0], sub, -(-longest // chunk),
-                                        [(s, r, arrived.pop(r.id)) for s, r in picked], t_admit))
+                    st, sub = _begin(eng, st, *args, shared)
+                pending.append(_Pending(args[0], sub, -(-rest // chunk), [(s, r, arrived.pop(r.id)) for s, r in picked],
+                                        t_admit, started, None if shared is None else shared[2]))
                 for s, r in picked:
                     held[s] = r
+                    shares[s] = tuple(p[0] for p in started.get(s, ()))  # held from its admit on
                 continue
             inputs = _admit_inputs(batch, refill, slots, eos_width)
             c, shared = None, None
@@ -618,12 +627,7 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
                 st = _admit(eng, c, params, st, jnp.asarray(idle), *inputs, shared)
             jax.block_until_ready(st.done)  # the admit's end: the rows' first token, the live rows' stall
             t_first = latency.now()
-            if prefixes is not None:  # the full prompt pages just written name their prefixes
-                tables = np.stack(jax.device_get([c.block_table for c in _prefix_pools(eng, st)]), axis=-1)
-                for s, r in picked:
-                    m, g = len(started[s]), s // (slots // eng.pool_groups)
-                    prefixes.add(r.keys[m:], tables[s, m : len(r.keys)], g)
-                    prefixes.count(len(r.prompt), m)
+            _name_pages(eng, st, prefixes, picked, started, slots)
             for s, r in picked:
                 held[s] = r
                 shares[s] = tuple(p[0] for p in started.get(s, ()))  # the target pool's
@@ -637,11 +641,12 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
                 pending.popleft()
                 idle = np.array([held[s] is None for s in range(slots)])
                 with mesh_context(eng):
-                    st = _finish(eng, st, jnp.asarray(idle), head.rows, head.sub)
+                    st = _finish(eng, st, jnp.asarray(idle), head.rows, head.sub, head.upto)
                 jax.block_until_ready(st.done)
                 t_first = latency.now()
+                _name_pages(eng, st, prefixes, [(s, r) for s, r, _ in head.picked], head.started, slots)
                 for s, _, arrival in head.picked:
-                    timed[s] = _Timed(arrival, head.t_admit, t_first, i_now)
+                    timed[s] = _Timed(arrival, head.t_admit, t_first, i_now, len(shares[s]) * PAGE_SIZE)
             else:
                 jax.block_until_ready(head.sub.done)  # its time is the running rows' stall
         waiting = {s for g in pending for s, _, _ in g.picked}  # held, not yet in the live state
@@ -677,13 +682,16 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
 @dataclasses.dataclass
 class _Pending:
     """A chunked admit in progress: its slots ``rows [R]`` (``B``: padding), its rows' state
-    ``sub`` (``pending_rows``), the chunks ``left``, and each ``(slot, request, arrival)``."""
+    ``sub`` (``pending_rows``), the chunks ``left``, each ``(slot, request, arrival)``, and
+    what the prefix cache gave and takes."""
 
     rows: jax.Array
     sub: EngineState
     left: int
     picked: list[tuple[int, _Row, float]]
     t_admit: float
+    started: dict  # {slot: the cached pages it starts on} (the prefix cache)
+    upto: jax.Array | None  # its rows' full prompt pages, registered when they are in
 
 
 @dataclasses.dataclass(frozen=True)
@@ -780,6 +788,19 @@ def _admit_inputs(batch: list[list[tuple[int, _Row]]], refill: int, slots: int, 
         jnp.asarray(np.array([r.seed for r in req], np.uint32)),
         RowSampling.rows([r.temperature for r in req], [r.top_k for r in req], [r.top_p for r in req]),
     )
+
+
+def _name_pages(eng: EngineConfig, st: EngineState, prefixes: PrefixCache | None, picked: list[tuple[int, _Row]],
+                started: dict, slots: int) -> None:
+    """The prefix cache: the full prompt pages the rows ``picked`` just wrote (past the cached
+    ones they ``started`` on) name their prefixes; one read of the block tables."""
+    if prefixes is None:
+        return
+    tables = np.stack(jax.device_get([c.block_table for c in _prefix_pools(eng, st)]), axis=-1)
+    for s, r in picked:
+        m, g = len(started.get(s, ())), s // (slots // eng.pool_groups)
+        prefixes.add(r.keys[m:], tables[s, m : len(r.keys)], g)
+        prefixes.count(len(r.prompt), m)
 
 
 def _paged(tree: Any) -> list[PagedKVCache]:

@@ -1809,4 +1809,18 @@ Mutation(
         "live=st.live.at[rows].set(False, mode=\"drop\")",
         ("tests/test_chunked_prefill.py::test_chunked_paged_jobs_share_a_tight_pool_with_the_running_rows",),
     ),
+    Mutation(
+        "prefix cache with chunked prefill: a pending admit registers no page",
+        "_finish",
+        "        sub = sub.replace(cache=sub.cache.register(upto),\n",
+        "        sub = sub.replace(cache=sub.cache,\n",
+        ("tests/test_prefix_cache.py::test_chunked_prefills_start_past_their_cached_pages",),
+    ),
+    Mutation(
+        "prefix cache with chunked prefill: a pending admit's rows ignore their cached pages (start at 0)",
+        "specjax/batch.py::_run",
+        "                    st, sub = _begin(eng, st, *args, shared)\n",
+        "                    st, sub = _begin(eng, st, *args)\n",
+        ("tests/test_prefix_cache.py::test_chunked_prefills_start_past_their_cached_pages",),
+    ),
 ]

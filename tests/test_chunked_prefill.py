@@ -197,8 +197,6 @@ def test_auto_depth_times_its_table_on_running_rows_not_pending_ones(monkeypatch
 
 @pytest.mark.parametrize("kw,match", [
     ({"prefill_chunk": 0}, r"prefill_chunk=0 is invalid: must be an int >= 1"),
-    ({"prefill_chunk": 8, "cache": "paged", "drafter": "ngram", "prefix_cache": True},
-     r"prefix_cache=True is invalid: does not combine with prefill_chunk"),
 ])
 def test_bad_chunk_settings_are_refused_before_compile(kw, match):
     before = dict(batch_mod._TRACES)

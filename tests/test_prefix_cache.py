@@ -293,6 +293,23 @@ def test_rows_sharing_prefixes_equal_generate_alone(drafter):
         assert {i: c.metrics["cached_tokens"] for i, c in out.items()} == _CACHED, rule
 
 
+@pytest.mark.parametrize("drafter", ["ngram", "draft_model"])
+def test_chunked_prefills_start_past_their_cached_pages(drafter):
+    """With ``prefill_chunk``, a pending admit's rows start on their cached pages too (chunks
+    of 4 tokens from the end of the shared ones) and register their full prompt pages when
+    their prompts are in: every request's tokens and accepted trace equal alone."""
+    reqs = _sharing_requests()
+    kw = dict(drafter=drafter, depth=3, ngram_n=2, cache="paged",
+              draft_model=DRAFT if drafter == "draft_model" else None)
+    out = {c.id: c for c in batch_generate(MODEL, reqs, slots=3, refill_rows=2, prefill_chunk=4, **kw)}
+    # request 1 computes the header too: request 0's pages are registered only when its prompt is in
+    assert {i: c.metrics["cached_tokens"] for i, c in out.items()} == {**_CACHED, 1: 0}
+    for r in reqs:
+        alone = _alone_run(MODEL, r, **kw)
+        assert out[r.id].tokens == alone.tokens[0], r.id
+        assert out[r.id].metrics["accepted_trace"] == alone.metrics["row_accepted_trace"][0], r.id
+
+
 def test_seeded_sampled_rows_sharing_prefixes_equal_alone():
     reqs = [Request(prompt=r.prompt, id=r.id, max_new_tokens=r.max_new_tokens, seed=40 + r.id,
                     temperature=0.9, top_p=0.9) for r in _sharing_requests()]
