@@ -165,9 +165,7 @@ def _admit(eng: EngineConfig, c: int | None, params: dict, st: EngineState, idle
     sub = prefill_rows(eng, params, *_views(eng, st, rows, prompts, prompt_len, max_len, eos, seeds, sampling,
                                             shared), c=c)
     if shared is not None:
-        sub = sub.replace(cache=sub.cache.register(shared[2]))
-        if shared[0].shape[0] > 1:  # a draft model's pool
-            sub = sub.replace(dstate=sub.dstate.register(shared[2]))
+        sub = _register(sub, shared[2])
     return _place(eng, st, rows, sub)
 
 
@@ -238,14 +236,25 @@ def _finish(eng: EngineConfig, st: EngineState, idle: jax.Array, rows: jax.Array
     st = _release(eng, st, idle)
     sub = _lend(st, sub, rows)
     if upto is not None:
-        sub = sub.replace(cache=sub.cache.register(upto),
-                          dstate=sub.dstate.register(upto) if _pooled(sub.dstate) else sub.dstate)
+        sub = _register(sub, upto)
     return _place(eng, st, rows, sub)
+
+
+def _register(sub: EngineState, upto: jax.Array) -> EngineState:
+    """The prefix cache: each row's first ``upto [R]`` pages registered as cached, in every
+    paged pool (the target's, a draft model's)."""
+    return sub.replace(cache=sub.cache.register(upto),
+                       dstate=sub.dstate.register(upto) if _pooled(sub.dstate) else sub.dstate)
 
 
 def _pooled(part: Any) -> bool:
     """Whether a cache part (the target's caches, a drafter's state) holds a paged pool."""
     return isinstance(getattr(part, "global_kv", None), PagedKVCache)
+
+
+def _pools(st: EngineState) -> list[PagedKVCache]:
+    """The paged pools of ``st``: the target's, then a draft model's (an MTP block's cache is dense)."""
+    return [part.global_kv for part in (st.cache, st.dstate) if _pooled(part)]
 
 
 def _lend(st: EngineState, sub: EngineState, rows: jax.Array) -> EngineState:
@@ -433,8 +442,8 @@ def batch_generate(
     "paged"``; default on wherever it applies): a request whose prompt begins with full pages
     already in the pool starts on them (reference-counted, never written by it) and computes
     only the rest; unreferenced cached pages are evicted least recently used when the pool
-    needs them (``specjax.prefix_cache``; a model whose layers are all global, drafter "none"
-    or "ngram"; each completion's ``cached_tokens`` says what it reused). ``stop``: checked between
+    needs them (``specjax.prefix_cache``; a model whose layers are all global, drafter "none",
+    "ngram" or "draft_model"; each completion's ``cached_tokens`` says what it reused). ``stop``: checked between
     rounds; when it returns True the job ends early (requests still running are dropped,
     nothing partial is yielded). ``where``: how validation errors
     name each listed request (default ``requests[i] (id ...)``; the CLI names file lines).
@@ -549,10 +558,6 @@ def _prefixes(eng: EngineConfig, prefix_cache: bool | None, groups: int) -> Pref
     return PrefixCache(PAGE_SIZE, groups, pools=2 if eng.drafter.name == "draft_model" else 1)
 
 
-def _prefix_pools(eng: EngineConfig, st: EngineState) -> list[PagedKVCache]:
-    """The paged pools whose pages a prefix names: the target's, then a draft model's."""
-    return [st.cache.global_kv] + ([st.dstate.global_kv] if eng.drafter.name == "draft_model" else [])
-
 
 def _checked(job: _Job, requests: Iterable[Any], where: Sequence[str] | None = None) -> Iterator[_Row]:
     """Each request validated as it is read; ``where`` names listed requests in errors."""
@@ -598,7 +603,7 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
         # admit, refill rows at a time, while free slots, requests and pages allow
         while queue:
             if prefixes is not None:  # pages evicted since the last look are forgotten
-                prefixes.forget(jax.device_get([c.cached for c in _prefix_pools(eng, st)]))
+                prefixes.forget(jax.device_get([c.cached for c in _pools(st)]))
             batch, started = _pick(held, queue, refill, pool, eng.pool_groups, prefixes, shares)
             if not any(batch):
                 break
@@ -606,31 +611,26 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
             t_admit = latency.now()
             picked = [x for group in batch for x in group]
             rest = max(len(r.prompt) - len(started.get(s, ())) * PAGE_SIZE for s, r in picked)  # to compute
+            shared = None if prefixes is None else \
+                _share_inputs(batch, refill, slots, started, st.cache.global_kv.max_pages, prefixes.pools)
+            for s, r in picked:  # the cached pages are held from the admit on (the target pool's ids)
+                held[s], shares[s] = r, tuple(p[0] for p in started.get(s, ()))
             if chunk is not None and rest > chunk:
                 args = _admit_inputs(batch, refill, slots, eos_width, chunk)
-                shared = None if prefixes is None else \
-                    _share_inputs(batch, refill, slots, started, st.cache.global_kv.max_pages, 0, prefixes.pools)[1]
                 with mesh_context(eng):
                     st, sub = _begin(eng, st, *args, shared)
                 pending.append(_Pending(args[0], sub, -(-rest // chunk), [(s, r, arrived.pop(r.id)) for s, r in picked],
                                         t_admit, started, None if shared is None else shared[2]))
-                for s, r in picked:
-                    held[s] = r
-                    shares[s] = tuple(p[0] for p in started.get(s, ()))  # held from its admit on
                 continue
             inputs = _admit_inputs(batch, refill, slots, eos_width)
-            c, shared = None, None
-            if prefixes is not None:
-                c, shared = _share_inputs(batch, refill, slots, started, st.cache.global_kv.max_pages,
-                                          inputs[1].shape[1], prefixes.pools)
+            c = prompt_bucket([[0] * rest])  # the uncached rests' width (the whole width without the cache)
             with mesh_context(eng):
-                st = _admit(eng, c, params, st, jnp.asarray(idle), *inputs, shared)
+                st = _admit(eng, None if c >= inputs[1].shape[1] else c, params, st, jnp.asarray(idle), *inputs,
+                            shared)
             jax.block_until_ready(st.done)  # the admit's end: the rows' first token, the live rows' stall
             t_first = latency.now()
             _name_pages(eng, st, prefixes, picked, started, slots)
             for s, r in picked:
-                held[s] = r
-                shares[s] = tuple(p[0] for p in started.get(s, ()))  # the target pool's
                 timed[s] = _Timed(arrived.pop(r.id), t_admit, t_first, i_now, len(shares[s]) * PAGE_SIZE)
         if pending:  # one chunk of the oldest pending admit; its rows join after their last
             head = pending[0]
@@ -796,30 +796,23 @@ def _name_pages(eng: EngineConfig, st: EngineState, prefixes: PrefixCache | None
     ones they ``started`` on) name their prefixes; one read of the block tables."""
     if prefixes is None:
         return
-    tables = np.stack(jax.device_get([c.block_table for c in _prefix_pools(eng, st)]), axis=-1)
+    tables = np.stack(jax.device_get([c.block_table for c in _pools(st)]), axis=-1)
     for s, r in picked:
         m, g = len(started.get(s, ())), s // (slots // eng.pool_groups)
         prefixes.add(r.keys[m:], tables[s, m : len(r.keys)], g)
         prefixes.count(len(r.prompt), m)
 
 
-def _paged(tree: Any) -> list[PagedKVCache]:
-    """The paged pools in ``tree`` (the target's caches, the drafter's state)."""
-    return [c for c in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, PagedKVCache))
-            if isinstance(c, PagedKVCache)]
-
-
 @functools.partial(jax.jit, static_argnums=0)
 def _drained(eng: EngineConfig, st: EngineState) -> list[tuple[jax.Array, jax.Array]]:
     """Each paged pool's ``(refs, num_free)`` once every slot has let its pages go."""
-    out = _release(eng, st, jnp.ones(st.done.shape, bool))
-    return [(c.refs, c.num_free) for c in _paged((out.cache, out.dstate))]
+    return [(c.refs, c.num_free) for c in _pools(_release(eng, st, jnp.ones(st.done.shape, bool)))]
 
 
 def _check_pool(eng: EngineConfig, st: EngineState) -> None:
     """At the end of a job on a paged pool: once every slot lets its pages go, no page may
     keep a reference and every page must be back on the free stack(s); a leak raises."""
-    if not _paged((st.cache, st.dstate)):
+    if not _pools(st):
         return
     with mesh_context(eng):
         counts = jax.device_get(_drained(eng, st))
@@ -840,15 +833,13 @@ def _layout(batch: list[list[tuple[int, _Row]]], refill: int, slots: int) -> lis
 
 
 def _share_inputs(batch: list[list[tuple[int, _Row]]], refill: int, slots: int, started: dict, max_pages: int,
-                  width: int, pools: int = 1) -> tuple[int | None, tuple]:
-    """``_admit``'s prefix arguments for ``batch`` (laid out as ``_admit_inputs``): the prefill
-    width ``c`` (every row's uncached rest fits; ``None``: the whole ``width``) and ``(pages
-    [pools, R, M], count [R], upto [R])``: the cached pages each row starts on in each pool,
+                  pools: int = 1) -> tuple:
+    """``_admit``'s prefix arguments for ``batch`` (laid out as ``_admit_inputs``): ``(pages
+    [pools, R, M], count [R], upto [R])``, the cached pages each row starts on in each pool,
     and its full prompt pages, registered once written."""
     laid = _layout(batch, refill, slots)
     pages = np.full((pools, len(laid), max_pages), -1, np.int32)
     count, upto = np.zeros(len(laid), np.int32), np.zeros(len(laid), np.int32)
-    rest = 1
     for i, (s, r) in enumerate(laid):
         if s == slots:
             continue
@@ -856,15 +847,12 @@ def _share_inputs(batch: list[list[tuple[int, _Row]]], refill: int, slots: int, 
         if got:
             pages[:, i, : len(got)] = np.asarray(got).T
         count[i], upto[i] = len(got), len(r.keys)
-        rest = max(rest, len(r.prompt) - len(got) * PAGE_SIZE)
-    c = prompt_bucket([[0] * rest])
-    return (None if c >= width else c), (jnp.asarray(pages), jnp.asarray(count), jnp.asarray(upto))
+    return jnp.asarray(pages), jnp.asarray(count), jnp.asarray(upto)
 
 
 def _free_pages(st: EngineState) -> jax.Array:
     """The target pool's free pages (cached ones not held by a row included); 0 for a dense cache."""
-    kv = st.cache.global_kv
-    return kv.num_free if isinstance(kv, PagedKVCache) else jnp.zeros((), jnp.int32)
+    return st.cache.global_kv.num_free if _pooled(st.cache) else jnp.zeros((), jnp.int32)
 
 
 def _harvest(eng: EngineConfig, st: EngineState, held: list[_Row | None], done: np.ndarray,

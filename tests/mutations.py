@@ -1770,8 +1770,8 @@ Mutation(
     Mutation(
         "prefix cache: an admit registers no page",
         "specjax/batch.py::_admit",
-        "        sub = sub.replace(cache=sub.cache.register(shared[2]))\n",
-        "",
+        "        sub = _register(sub, shared[2])\n",
+        "        sub = sub\n",
         ("tests/test_prefix_cache.py::test_rows_sharing_prefixes_equal_generate_alone",),
     ),
     Mutation(
@@ -1812,8 +1812,8 @@ Mutation(
     Mutation(
         "prefix cache with chunked prefill: a pending admit registers no page",
         "_finish",
-        "        sub = sub.replace(cache=sub.cache.register(upto),\n",
-        "        sub = sub.replace(cache=sub.cache,\n",
+        "        sub = _register(sub, upto)\n",
+        "        sub = sub\n",
         ("tests/test_prefix_cache.py::test_chunked_prefills_start_past_their_cached_pages",),
     ),
     Mutation(

@@ -48,8 +48,7 @@ def _fill(c, row, tokens, value):
 
 def _keys(c, row):
     """Row ``row``'s K through its block table, layer 0, by position ``[T]``."""
-    k, _, pos = c.gather(0)
-    return np.asarray(k)[row, 0, : int(c.lengths[row]), 0]
+    return np.asarray(c.gather(0)[0])[row, 0, : int(c.lengths[row]), 0]
 
 
 def _share(c, row, pages):

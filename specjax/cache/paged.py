@@ -79,6 +79,7 @@ class PagedKVCache:
     # batch-wide fields that are pool state, not a time base (cache_supports_per_sequence_advance)
     SHARED_POOL_FIELDS = ("num_free",)
     _POOL = ("free_pages", "refs", "cached")  # [num_pages] pool arrays, split per group like the stack
+    _ROWS = {"block_table": -1, "pages_held": 0, "lengths": 0, "status": 0, "write_end": UNBOUNDED}  # per row: empty
 
     @classmethod
     def create(
@@ -152,7 +153,7 @@ class PagedKVCache:
         g = self.groups
         split = lambda x: x.reshape(g, x.shape[0] // g, *x.shape[1:])  # noqa: E731
         merge = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731
-        per_row = ("block_table", "pages_held", "lengths", "status", "write_end")
+        per_row = tuple(self._ROWS)
         axes = self.replace(k=None, v=None, **{f: 0 for f in (*per_row, *self._POOL, "num_free")})
         view = self.replace(**{f: getattr(self, f).reshape(g, -1) for f in self._POOL},
                             **{f: split(getattr(self, f)) for f in per_row})
@@ -373,13 +374,7 @@ class PagedKVCache:
             slot = jnp.arange(r, dtype=jnp.int32)
             wrong = (rows < self.batch) & (rows // (self.batch // g) != slot // (r // g))
             status = jnp.where(wrong, POOL_GROUP_MISMATCH, 0)
-        view = pool.replace(
-            block_table=jnp.full((r, self.max_pages), -1, jnp.int32),
-            pages_held=jnp.zeros((r,), jnp.int32),
-            lengths=jnp.zeros((r,), jnp.int32),
-            status=status,
-            write_end=jnp.full((r,), UNBOUNDED, jnp.int32),
-        )
+        view = pool.take_rows(jnp.full((r,), self.batch, jnp.int32)).replace(status=status)  # r empty rows
         if shared is None:
             return view
         pages, count = shared
@@ -392,21 +387,12 @@ class PagedKVCache:
     def take_rows(self, rows: jax.Array) -> PagedKVCache:
         """Rows ``rows [R]`` (index ``batch``: an empty padding row) over the same pool: what
         ``put_rows(rows, ...)`` takes back (group-major under pool groups, as ``rows_view``)."""
-        take = lambda x, fill: jnp.take(x, rows, axis=0, mode="fill", fill_value=fill)  # noqa: E731
-        return self.replace(block_table=take(self.block_table, -1), pages_held=take(self.pages_held, 0),
-                            lengths=take(self.lengths, 0), status=take(self.status, 0),
-                            write_end=take(self.write_end, UNBOUNDED))
+        return self.replace(**{f: jnp.take(getattr(self, f), rows, axis=0, mode="fill", fill_value=fill)
+                               for f, fill in self._ROWS.items()})
 
     def put_rows(self, rows: jax.Array, sub: PagedKVCache) -> PagedKVCache:
         """Rows ``rows [R]`` replaced by ``sub``'s (padding rows dropped); the pool is ``sub``'s."""
-        put = lambda big, small: big.at[rows].set(small, mode="drop")  # noqa: E731
-        return sub.replace(
-            block_table=put(self.block_table, sub.block_table),
-            pages_held=put(self.pages_held, sub.pages_held),
-            lengths=put(self.lengths, sub.lengths),
-            status=put(self.status, sub.status),
-            write_end=put(self.write_end, sub.write_end),
-        )
+        return sub.replace(**{f: getattr(self, f).at[rows].set(getattr(sub, f), mode="drop") for f in self._ROWS})
 
     def gather(self, layer: int | jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Per-row contiguous ``k, v [B, Hkv, max_pages * page_size, D]`` and ``key_pos``
