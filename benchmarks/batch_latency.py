@@ -2,7 +2,7 @@
 the rows that are already decoding (issue #52's mixed workload).
 
     python benchmarks/batch_latency.py [--short 64] [--long 8] [--long-len 1500] [--slots 16]
-                                       [--prefill-chunks none,128] [--json]
+                                       [--prefill-chunks none,128] [--chunk-modes mixed,separate] [--json]
 
 Model: random weights, d_model 512, 8 layers, 8 heads, vocabulary 32,000, context 2,048
 (``specjax.scale.random_models``; random weights, so the n-gram drafter's acceptance is
@@ -13,8 +13,10 @@ greedy, n-gram depth 3, dense cache, ``--slots`` slots, ``refill_rows`` 4. The j
 to compile and warm, then once timed. Reported per class of request (short, long): time to
 first token and inter-token latency (p50 / p95 / p99 / max: one entry per decode step of
 every request; ``specjax.latency``), and for the job: tokens, seconds, tok/s; one row per
-``--prefill-chunks`` value, in one run (``none``: each long prompt prefilled whole in its
-admit; N: in chunks of N tokens, one between every two decode steps).
+``--prefill-chunks`` value and ``--chunk-modes`` mode, in one run (``none``: each long prompt
+prefilled whole in its admit; N: in chunks of N tokens, one per decode step; ``mixed``, the
+default: each chunk in the step's own forward, ``_chunk_step``; ``separate``: each chunk its
+own call before the step, ``specjax.batch.MIXED_STEP = False``).
 
 The figure to watch is the short rows' p99 inter-token latency against their median: an
 admit of a long prompt runs its whole prefill between two decode steps, and every live row
@@ -56,6 +58,8 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=16)
     ap.add_argument("--prefill-chunks", default="none,128",
                     help="comma-separated prefill_chunk values to compare in one run ('none': whole prompts)")
+    ap.add_argument("--chunk-modes", default="mixed",
+                    help="comma-separated: 'mixed' (each chunk in a decode step's forward), 'separate' (its own call)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", default=None, help="also write the JSON here (e.g. docs/batch_latency.json)")
     args = ap.parse_args()
@@ -75,26 +79,31 @@ def main() -> None:
         chunks = [None if x.strip() == "none" else int(x) for x in args.prefill_chunks.split(",") if x.strip()]
     except ValueError:
         sys.exit(f"--prefill-chunks {args.prefill_chunks!r} is invalid: comma-separated ints or 'none'")
+    modes = [m.strip() for m in args.chunk_modes.split(",") if m.strip()]
+    if not modes or any(m not in ("mixed", "separate") for m in modes):
+        sys.exit(f"--chunk-modes {args.chunk_modes!r} is invalid: comma-separated 'mixed' and 'separate'")
+    runs = [(c, m) for c in chunks for m in (modes if c is not None else ["whole"])]
 
-    def run(chunk):
+    def run(chunk, mode):
+        specjax.batch.MIXED_STEP = mode == "mixed"
         return list(specjax.batch_generate(model, reqs, slots=args.slots, refill_rows=4, drafter="ngram", depth=3,
                                            max_new_tokens=args.new, prefill_chunk=chunk))
 
     rows, ref = [], None
-    for chunk in chunks:
-        print(f"prefill_chunk={chunk}: warm-up (compiles)", file=sys.stderr)
-        warm = {c.id: c.tokens for c in run(chunk)}
+    for chunk, mode in runs:
+        print(f"prefill_chunk={chunk} {mode}: warm-up (compiles)", file=sys.stderr)
+        warm = {c.id: c.tokens for c in run(chunk, mode)}
         ref = ref or warm
         t0 = time.perf_counter()
-        out = run(chunk)
+        out = run(chunk, mode)
         dt = time.perf_counter() - t0
         n_tok = sum(len(c.tokens) for c in out)
         lat = {kind: latency_summary(c for c in out if c.id.startswith(kind)) for kind in ("short", "long")}
         short_itl = lat["short"]["itl_s"]
-        rows.append({"prefill_chunk": chunk, "tokens": n_tok, "seconds": dt, "tok_per_s": n_tok / dt,
+        rows.append({"prefill_chunk": chunk, "mode": mode, "tokens": n_tok, "seconds": dt, "tok_per_s": n_tok / dt,
                      "same_tokens": {c.id: c.tokens for c in out} == ref == warm, "latency": lat,
                      "short_itl_p99_over_p50": short_itl["p99"] / short_itl["p50"]})
-        print(f"prefill_chunk={chunk}: {n_tok} tokens in {dt:.1f} s = {n_tok / dt:.0f} tok/s", file=sys.stderr)
+        print(f"prefill_chunk={chunk} {mode}: {n_tok} tokens in {dt:.1f} s = {n_tok / dt:.0f} tok/s", file=sys.stderr)
     result = {
         "machine": machine(),
         "config": {"model": {"d_model": 512, "n_layers": 8, "vocab": 32000, "context": 2048}, "short": args.short,
@@ -104,17 +113,17 @@ def main() -> None:
     }
     if write_result(result, args.out, args.json):
         return
-    print(f"{'chunk':>5} | {'tok/s':>5} | same | {'requests':<8} | {'figure':<22} | {'p50':>8} | {'p95':>8} | "
-          f"{'p99':>8} | {'max':>8}")
+    print(f"{'chunk':>5} | {'mode':<8} | {'tok/s':>5} | same | {'requests':<8} | {'figure':<22} | "
+          f"{'p50':>8} | {'p95':>8} | {'p99':>8} | {'max':>8}")
     for r in rows:
         for kind in ("short", "long"):
             for key, name in (("ttft_s", "time to first token s"), ("itl_s", "inter-token ms")):
                 st, scale = r["latency"][kind][key], (1e3 if key == "itl_s" else 1.0)
                 cells = " | ".join(f"{st[p] * scale:>8.2f}" for p in ("p50", "p95", "p99", "max"))
-                print(f"{str(r['prefill_chunk']):>5} | {r['tok_per_s']:>5.0f} | {str(r['same_tokens']):<4} | "
-                      f"{kind:<8} | {name:<22} | {cells}")
+                print(f"{str(r['prefill_chunk']):>5} | {r['mode']:<8} | {r['tok_per_s']:>5.0f} | "
+                      f"{str(r['same_tokens']):<4} | {kind:<8} | {name:<22} | {cells}")
     for r in rows:
-        print(f"prefill_chunk={r['prefill_chunk']}: short rows' inter-token p99 / p50 "
+        print(f"prefill_chunk={r['prefill_chunk']} {r['mode']}: short rows' inter-token p99 / p50 "
               f"{r['short_itl_p99_over_p50']:.1f}x, job {r['tok_per_s']:.0f} tok/s")
 
 

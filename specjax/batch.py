@@ -54,6 +54,8 @@ from specjax.engine import (
     EngineConfig,
     EngineState,
     check_status,
+    chunk_commit,
+    chunk_window,
     make_engine,
     new_state,
     pending_rows,
@@ -63,6 +65,7 @@ from specjax.engine import (
     request_capacity,
     row_status,
     run_steps,
+    step_with_chunk,
 )
 from specjax.generation import check_mesh, mesh_context
 from specjax.generation_config import GenerationConfig, check_sampling, is_int, shown, takes_settings
@@ -75,7 +78,12 @@ from specjax.validate import EOS_WIDTH, check_drafter_models, check_eos, eos_tab
 
 __all__ = ["Completion", "Request", "batch_generate"]
 
-_TRACES = {"admit": 0, "decode": 0, "begin": 0, "chunk": 0, "finish": 0}
+# Chunked prefill runs each chunk in a decode step's forward (``_chunk_step``) wherever the
+# step's window is fixed (no step controller); False: each chunk is its own call before the
+# step (``_chunk``), the baseline ``benchmarks/batch_latency.py`` compares against.
+MIXED_STEP = True
+
+_TRACES = {"admit": 0, "decode": 0, "begin": 0, "chunk": 0, "chunk_step": 0, "finish": 0}
 _ROW_FIELDS = ("seq", "known", "u", "prompt_len", "max_len", "eos", "seeds", "live", "done", "steps", "emitted",
                "accepted", "proposed", "acc_pos", "prop_pos", "seen_pos", "trace", "est")
 
@@ -224,6 +232,24 @@ def _chunk(eng: EngineConfig, params: dict, st: EngineState, sub: EngineState, r
     their paged entries and the pool lent by the live state ``st`` for the call (``_lend``)."""
     _TRACES["chunk"] += 1
     st, sub = _give(st, prefill_chunk(eng, params, _lend(st, sub, rows), c), rows)
+    return constrain(st, eng.mesh), constrain(sub, eng.mesh)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 5), donate_argnums=(2, 3))
+def _chunk_step(eng: EngineConfig, params: dict, st: EngineState, sub: EngineState, rows: jax.Array,
+                c: int) -> tuple[EngineState, EngineState]:
+    """One decode step of the live rows with the next ``c`` prompt tokens of pending rows
+    ``sub`` (slots ``rows``) in its verify forward (``step_with_chunk``: one forward, the
+    weights read once). The chunk's pages are reserved first and given back, so the step
+    reserves its own from what is left; after the forward the rows borrow the pool again for
+    the chunk's commit (``chunk_commit``: their first token, the drafter's prefill)."""
+    _TRACES["chunk_step"] += 1
+    lent = _lend(st, sub, rows)
+    chunk = chunk_window(eng, lent, c)
+    st, sub = _give(st, lent.replace(cache=chunk.cache), rows)
+    st, _, (hidden, cache) = step_with_chunk(eng, params, st, eng.window, chunk)
+    sub = _lend(st, sub.replace(cache=cache), rows)  # the chunk's dense parts; the pool's rows as the step left them
+    st, sub = _give(st, chunk_commit(eng, params, sub, chunk, hidden, sub.cache), rows)
     return constrain(st, eng.mesh), constrain(sub, eng.mesh)
 
 
@@ -577,8 +603,10 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
     """The host loop: admit, decode, harvest (one device read per round). The host clock at
     round boundaries times every request (``specjax.latency``): a listed job's requests
     arrive at its start, a stream's when it yields them. With ``chunk``, an admit of prompts
-    wider than it is pending (``_Pending``): each round runs one chunk of the oldest pending
-    admit, then one decode step; its rows join when their prompts are in. With ``prefixes``
+    wider than it is pending (``_Pending``): each round runs one decode step with the next
+    chunk of the oldest pending admit in its forward (``_chunk_step``; under a step
+    controller, the chunk as its own call, then the step); its rows join when their prompts
+    are in. With ``prefixes``
     (the prefix cache), each admit starts its rows on the cached pages of their prompts' heads
     and registers the full prompt pages it writes; at the end every page is back in the pool."""
     start = latency.now()
@@ -592,6 +620,26 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
     queue: collections.deque[_Row] = collections.deque()
     pending: collections.deque[_Pending] = collections.deque()  # chunked admits, oldest first
     exhausted = False
+    mixed = chunk is not None and MIXED_STEP and eng.controller is None  # chunks ride in the step's forward
+
+    def chunk_done(st: EngineState) -> EngineState:
+        """After a chunk of the oldest pending admit: its rows join when their prompts are in."""
+        head = pending[0]
+        head.left -= 1
+        if head.left:
+            jax.block_until_ready(head.sub.done)  # its time is the running rows' stall
+            return st
+        pending.popleft()
+        idle = np.array([held[s] is None for s in range(slots)])
+        with mesh_context(eng):
+            st = _finish(eng, st, jnp.asarray(idle), head.rows, head.sub, head.upto)
+        jax.block_until_ready(st.done)
+        t_first = latency.now()
+        _name_pages(eng, st, prefixes, [(s, r) for s, r, _ in head.picked], head.started, slots)
+        for s, _, arrival in head.picked:
+            timed[s] = _Timed(arrival, head.t_admit, t_first, i_now, len(shares[s]) * PAGE_SIZE)
+        return st
+
     while not stop():
         while not exhausted and len(queue) < slots:  # look ahead: enough to fill every free slot
             nxt = next(rows_iter, None)
@@ -632,23 +680,10 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
             _name_pages(eng, st, prefixes, picked, started, slots)
             for s, r in picked:
                 timed[s] = _Timed(arrived.pop(r.id), t_admit, t_first, i_now, len(shares[s]) * PAGE_SIZE)
-        if pending:  # one chunk of the oldest pending admit; its rows join after their last
-            head = pending[0]
+        if pending and not mixed:  # one chunk of the oldest pending admit, as its own call
             with mesh_context(eng):
-                st, head.sub = _chunk(eng, params, st, head.sub, head.rows, chunk)
-            head.left -= 1
-            if head.left == 0:
-                pending.popleft()
-                idle = np.array([held[s] is None for s in range(slots)])
-                with mesh_context(eng):
-                    st = _finish(eng, st, jnp.asarray(idle), head.rows, head.sub, head.upto)
-                jax.block_until_ready(st.done)
-                t_first = latency.now()
-                _name_pages(eng, st, prefixes, [(s, r) for s, r, _ in head.picked], head.started, slots)
-                for s, _, arrival in head.picked:
-                    timed[s] = _Timed(arrival, head.t_admit, t_first, i_now, len(shares[s]) * PAGE_SIZE)
-            else:
-                jax.block_until_ready(head.sub.done)  # its time is the running rows' stall
+                st, pending[0].sub = _chunk(eng, params, st, pending[0].sub, pending[0].rows, chunk)
+            st = chunk_done(st)
         waiting = {s for g in pending for s, _, _ in g.picked}  # held, not yet in the live state
         busy = sum(r is not None for r in held)
         if busy == 0:
@@ -668,10 +703,15 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
             i_now, table_ready = i_next, True
         t0 = latency.now()
         with mesh_context(eng):
-            st = _decode(eng, params, st, jnp.int32(target), st.i + steps)
+            if pending and mixed:  # one step, the oldest pending admit's next chunk in its forward
+                st, pending[0].sub = _chunk_step(eng, params, st, pending[0].sub, pending[0].rows, chunk)
+            else:
+                st = _decode(eng, params, st, jnp.int32(target), st.i + steps)
         done, i_next, free = (np.array(x) for x in jax.device_get((st.done, st.i, _free_pages(st))))
         timeline.add(i_now, int(i_next), t0, latency.now())
         i_now = int(i_next)
+        if pending and mixed:
+            st = chunk_done(st)
         done[list(waiting)] = False  # pending rows are not finished
         in_use = None if pool is None else pool - int(free.sum())
         yield from _harvest(eng, st, held, done, timed, timeline, in_use)

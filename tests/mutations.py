@@ -1382,9 +1382,9 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "engine: the prefill hands the model its padding's positions (past max_seq_len)",
-        "prefill_chunk",
-        "    positions = reachable_positions(at, st.max_len)",
-        "    positions = at",
+        "chunk_window",
+        "return Chunk(tokens, reachable_positions(at, st.max_len),",
+        "return Chunk(tokens, at,",
         ("tests/test_plugins.py::test_positions_stay_reachable_and_padding_nans_stay_masked",),
     ),
     Mutation(
@@ -1647,16 +1647,16 @@ Mutation(
 # --- chunked prefill ---
     Mutation(
         "chunked prefill: every row advances a whole chunk (past the end of its own prompt)",
-        "prefill_chunk",
+        "chunk_window",
         "    count = jnp.clip(st.prompt_len - start, 0, c)\n",
         "    count = jnp.full_like(start, c)\n",
         ("tests/test_chunked_prefill.py::test_chunks_leave_exactly_what_the_whole_prefill_leaves",),
     ),
     Mutation(
         "chunked prefill: a row whose prompt ended earlier takes its first token again from padding",
-        "prefill_chunk",
-        "    final = (count > 0) & (start + count == st.prompt_len)\n",
-        "    final = start + count == st.prompt_len\n",
+        "chunk_commit",
+        "    final = (count > 0) & (st.cache.lengths + count == st.prompt_len)\n",
+        "    final = st.cache.lengths + count == st.prompt_len\n",
         ("tests/test_chunked_prefill.py::test_chunks_leave_exactly_what_the_whole_prefill_leaves",),
     ),
     Mutation(
@@ -1693,6 +1693,28 @@ Mutation(
         "        if not table_ready and busy > len(waiting):",
         "        if not table_ready:",
         ("tests/test_chunked_prefill.py::test_auto_depth_times_its_table_on_running_rows_not_pending_ones",),
+    ),
+    Mutation(
+        "mixed forward: a later group writes over the pool as it was before the earlier group's write",
+        "forward_mixed",
+        "                glob = glob.replace(k=out[-1][0].k, v=out[-1][0].v)  # the pool as the group before left it\n",
+        "                pass\n",
+        ("tests/test_chunked_prefill.py::test_a_mixed_forward_equals_each_group_alone",),
+    ),
+    Mutation(
+        "mixed forward: the decode window's cache keeps a pool without the chunk's K/V",
+        "forward_mixed",
+        "            out = [(g.replace(k=last.k, v=last.v) if isinstance(g, PagedKVCache) else g, loc, mem)\n",
+        "            out = [(g, loc, mem)\n",
+        ("tests/test_chunked_prefill.py::test_a_mixed_forward_equals_each_group_alone",
+         "tests/test_chunked_prefill.py::test_chunked_jobs_give_every_request_its_alone_tokens"),
+    ),
+    Mutation(
+        "chunk in the step: the chunk commits on its pre-step view of the pool (the step's pages and K/V lost)",
+        "_chunk_step",
+        "    sub = _lend(st, sub.replace(cache=cache), rows)",
+        "    sub = sub.replace(cache=cache)",
+        ("tests/test_chunked_prefill.py::test_chunked_paged_jobs_share_a_tight_pool_with_the_running_rows",),
     ),
     # --- prefix cache ---
     Mutation(

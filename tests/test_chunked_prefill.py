@@ -8,6 +8,8 @@ per-sequence, its accepted drafts) equal ``generate`` alone, and a long prompt i
 one chunk between every two decode steps, so the running rows wait for one chunk at a time.
 """
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -102,7 +104,7 @@ def test_chunked_jobs_give_every_request_its_alone_tokens(drafter, c, cache):
             assert out[r.id].tokens == alone.tokens[0], (rule, r.id)
             if rule == "per_sequence":  # the drafter state came out of the chunks whole
                 assert out[r.id].metrics["accepted_trace"] == alone.metrics["row_accepted_trace"][0], r.id
-    assert batch_mod._TRACES["chunk"] > 0
+    assert batch_mod._TRACES["chunk_step"] > 0  # each chunk in a decode step's forward
     before = dict(batch_mod._TRACES)  # lengths and budgets are data: the same job again compiles nothing
     again = [Request(r.prompt, id=r.id, max_new_tokens=max(1, r.max_new_tokens - 1)) for r in reqs]
     list(batch_generate(MODEL, again, slots=3, refill_rows=2, prefill_chunk=c, kv_advance="cohort", **kw))
@@ -129,14 +131,16 @@ def test_sliding_window_rows_take_their_prompts_in_chunks():
         assert out[r.id] == _alone_run(SLIDING_MODEL, r, drafter="mtp").tokens[0]
 
 
-@pytest.mark.parametrize("chunk", [None, 8])
-def test_a_long_prompt_stalls_the_running_rows_one_chunk_at_a_time(monkeypatch, chunk):
+@pytest.mark.parametrize("chunk,mixed", [(None, True), (8, True), (8, False)])
+def test_a_long_prompt_stalls_the_running_rows_one_chunk_at_a_time(monkeypatch, chunk, mixed):
     """The clock moves only by prefill work: an admit by its prompt width, a chunk by its size.
     Unchunked, a row running while the 40-token prompt (width 64) is admitted waits >= 64; in
-    chunks of 8, every wait holds one chunk and at most the short admits of one round, and
-    between two chunks runs exactly one decode step."""
+    chunks of 8, every wait holds one chunk and at most the short admits of one round. Mixed
+    (the default), each chunk runs in a decode step's forward (``_chunk_step``: one step, no
+    other decode call between two chunks); else between two chunks runs exactly one decode
+    call of one step."""
     clock, events = [0.0], []
-    admit, chunk_fn, decode = batch_mod._admit, batch_mod._chunk, batch_mod._decode
+    admit, chunk_fn, chunk_step, decode = batch_mod._admit, batch_mod._chunk, batch_mod._chunk_step, batch_mod._decode
 
     def timed_admit(eng, c, params, st, idle, rows, prompts, *rest):
         clock[0] += prompts.shape[1]
@@ -147,13 +151,23 @@ def test_a_long_prompt_stalls_the_running_rows_one_chunk_at_a_time(monkeypatch, 
         events.append("chunk")
         return chunk_fn(eng, params, st, sub, rows, c)
 
+    def timed_chunk_step(eng, params, st, sub, rows, c):
+        clock[0] += c
+        events.append("chunk")
+        i = int(st.i)
+        st, sub = chunk_step(eng, params, st, sub, rows, c)
+        assert int(st.i) == i + 1  # one step of the running rows
+        return st, sub
+
     def counted_decode(eng, params, st, target, stop_i):
         events.append(int(stop_i - st.i))
         return decode(eng, params, st, target, stop_i)
 
+    monkeypatch.setattr(batch_mod, "MIXED_STEP", mixed)
     monkeypatch.setattr(latency, "now", lambda: clock[0])
     monkeypatch.setattr(batch_mod, "_admit", timed_admit)
     monkeypatch.setattr(batch_mod, "_chunk", timed_chunk)
+    monkeypatch.setattr(batch_mod, "_chunk_step", timed_chunk_step)
     monkeypatch.setattr(batch_mod, "_decode", counted_decode)
     reqs = [Request([1, 2, 3], id="s0", max_new_tokens=30), Request([i % 29 + 1 for i in range(40)], id="long",
                                                                        max_new_tokens=8)]
@@ -168,7 +182,7 @@ def test_a_long_prompt_stalls_the_running_rows_one_chunk_at_a_time(monkeypatch, 
         chunks = [i for i, e in enumerate(events) if e == "chunk"]
         assert len(chunks) == 5  # 40 tokens in chunks of 8
         for a, b in zip(chunks, chunks[1:], strict=False):
-            assert events[a + 1 : b] == [1], events  # one decode call of one step between two chunks
+            assert events[a + 1 : b] == ([] if mixed else [1]), events
     for r in reqs:
         assert out[r.id].tokens == _alone_run(MODEL, r, drafter="ngram", ngram_n=2).tokens[0]
 
@@ -203,3 +217,53 @@ def test_bad_chunk_settings_are_refused_before_compile(kw, match):
     with pytest.raises(ValueError, match=match):
         batch_generate(MODEL, [[1, 2]], max_new_tokens=4, **kw)
     assert batch_mod._TRACES == before
+
+
+def _cache_after(model, kind, lens, seed):
+    """A cache of ``len(lens)`` rows holding random prompts of ``lens`` tokens (capacity 48)."""
+    dec, params = model.decoder, model.params
+    b, width = len(lens), max(lens)
+    cache = dec.init_cache(b, 48, kind=kind, slack=8, page_size=16, num_pages=None)
+    tokens = jnp.asarray(np.random.default_rng(seed).integers(0, 31, (b, width)), jnp.int32)
+    n = jnp.asarray(lens, jnp.int32)
+    _, cache = dec.forward_hidden(params, tokens, jnp.arange(width, dtype=jnp.int32)[None].repeat(b, 0),
+                                  cache.reserve(n).bound_write(n), attention_impl="xla")
+    return cache.advance(n)
+
+
+def _window(cache, t, seed):
+    """``t`` random tokens per row at each row's length: ``(tokens, positions)``."""
+    b = cache.lengths.shape[0]
+    pos = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
+    return jnp.asarray(np.random.default_rng(seed).integers(0, 31, (b, t)), jnp.int32), pos
+
+
+@pytest.mark.parametrize("model,kind,impl", [(MODEL, "paged", "xla"), (MODEL, "paged", "pallas"),
+                                             (MODEL, "dense", "xla"), (SLIDING_MODEL, "dense", "xla")])
+def test_a_mixed_forward_equals_each_group_alone(model, kind, impl):
+    """``forward_mixed`` of a decode window (4 rows x 4 tokens) and a prefill chunk (2 rows x 9
+    tokens; the reference: the window's forward, then the chunk's over the pool it left): each
+    group's hidden state and caches equal its own. Paged, the groups are two views of one pool
+    and row 3 is in both (a pending row the live state holds done): the chunk's K/V win there."""
+    dec, params = model.decoder, model.params
+    if kind == "paged":
+        full = _cache_after(model, kind, [12, 5, 9, 3, 7], seed=0)
+        full = full.reserve(jnp.asarray([4, 4, 4, 9, 9], jnp.int32))  # both groups' pages, from one free stack
+        g = full.global_kv
+        a = full.replace(global_kv=g.take_rows(jnp.arange(4)))
+        b = full.replace(global_kv=g.take_rows(jnp.asarray([3, 4]))).bound_write(jnp.asarray([9, 6], jnp.int32))
+    else:
+        a, b = _cache_after(model, kind, [12, 5, 9, 3], seed=0), _cache_after(model, kind, [3, 7], seed=1)
+        b = b.bound_write(jnp.asarray([9, 6], jnp.int32))
+    (tok_a, pos_a), (tok_b, pos_b) = _window(a, 4, seed=2), _window(b, 9, seed=3)
+    (h_a, out_a), (h_b, out_b) = dec.forward_mixed(params, [(tok_a, pos_a, a, None), (tok_b, pos_b, b, None)],
+                                                   attention_impl=impl)
+    ref_h_a, ref_a = dec.forward_hidden(params, tok_a, pos_a, a, attention_impl=impl)
+    ref_h_b, ref_b = dec.forward_hidden(params, tok_b, pos_b, b.on_pool_of(ref_a), attention_impl=impl)
+    np.testing.assert_allclose(np.asarray(h_b), np.asarray(ref_h_b), atol=1e-5)
+    keep = np.arange(4) != 3  # row 3 reads the chunk's K/V where the reference window read its own
+    np.testing.assert_allclose(np.asarray(h_a)[keep], np.asarray(ref_h_a)[keep], atol=1e-5)
+    for got, want in ((out_a, ref_a.on_pool_of(ref_b)), (out_b, ref_b)):  # paged: both on the final pool
+        for part_got, part_want in zip(got.parts, want.parts, strict=True):
+            for x, y in zip(jax.tree.leaves(part_got), jax.tree.leaves(part_want), strict=True):
+                np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5)

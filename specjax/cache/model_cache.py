@@ -63,6 +63,13 @@ class ModelCache:
         return self._map(lambda c: c.bound_write(n) if isinstance(c, PagedKVCache | RollingKVCache | CompressedKVCache)
                          else c)
 
+    def on_pool_of(self, other: ModelCache) -> ModelCache:
+        """These rows over ``other``'s paged pool storage (two views of one pool, written one
+        after the other); every other part is the rows' own."""
+        if isinstance(self.global_kv, PagedKVCache) and isinstance(other.global_kv, PagedKVCache):
+            return self.replace(global_kv=self.global_kv.replace(k=other.global_kv.k, v=other.global_kv.v))
+        return self
+
     def release(self, idle: jax.Array) -> ModelCache:
         """Paged global layers: return every page of ``idle [B]`` rows to the pool."""
         return self._map(lambda c: c.release(idle) if isinstance(c, PagedKVCache) else c)

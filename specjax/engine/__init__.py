@@ -16,13 +16,22 @@
 from specjax.engine.config import PAGE_SIZE, EngineConfig, make_engine, prompt_bucket, request_capacity
 from specjax.engine.controller import StepController
 from specjax.engine.loop import decode_step, generate_loop, run_steps, step
-from specjax.engine.prefill import fresh_prefill, pending_rows, prefill, prefill_chunk, prefill_rows
+from specjax.engine.prefill import (
+    Chunk,
+    chunk_commit,
+    chunk_window,
+    fresh_prefill,
+    pending_rows,
+    prefill,
+    prefill_chunk,
+    prefill_rows,
+)
 from specjax.engine.state import EngineState, check_status, fetch, new_state, row_status
-from specjax.engine.step import StepVerdicts, step_window
+from specjax.engine.step import StepVerdicts, step_window, step_with_chunk
 
 __all__ = [
-    "PAGE_SIZE", "EngineConfig", "EngineState", "StepController", "StepVerdicts", "check_status", "decode_step",
-    "fetch", "fresh_prefill", "generate_loop", "make_engine", "new_state", "pending_rows", "prefill",
-    "prefill_chunk", "prefill_rows",
-    "prompt_bucket", "request_capacity", "row_status", "run_steps", "step", "step_window",
+    "PAGE_SIZE", "Chunk", "EngineConfig", "EngineState", "StepController", "StepVerdicts", "check_status",
+    "chunk_commit", "chunk_window", "decode_step", "fetch", "fresh_prefill", "generate_loop", "make_engine",
+    "new_state", "pending_rows", "prefill", "prefill_chunk", "prefill_rows", "prompt_bucket", "request_capacity",
+    "row_status", "run_steps", "step", "step_window", "step_with_chunk",
 ]

@@ -3,7 +3,7 @@ starts from)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +14,8 @@ from specjax.engine.state import EngineState, new_state
 from specjax.protocols import reachable_positions
 from specjax.sampling import SAMPLE, RowSampling, position_keys, probs, sample
 
-__all__ = ["fresh_prefill", "pending_rows", "prefill", "prefill_chunk", "prefill_rows"]
+__all__ = ["Chunk", "chunk_commit", "chunk_window", "fresh_prefill", "pending_rows", "prefill", "prefill_chunk",
+           "prefill_rows"]
 
 
 def prefill_rows(eng: EngineConfig, params: dict, prompts: jax.Array, prompt_len: jax.Array, max_len, eos, seeds,
@@ -45,18 +46,43 @@ def prefill_chunk(eng: EngineConfig, params: dict, st: EngineState, c: int) -> E
     chunk: only its own tokens count); a row whose prompt ends here takes its first token
     (its prompt's last hidden state through the head) and is done only if that stops it.
     A row whose prompt ended in an earlier chunk is left as it is (its chunk writes padding
-    past its length, unread). ``c`` is static: one compile per (rows, width, ``c``)."""
-    b = st.seq.shape[0]
+    past its length, unread). ``c`` is static: one compile per (rows, width, ``c``).
+    ``chunk_window`` and ``chunk_commit`` are its halves, either side of the target's forward
+    (a batch job runs that forward beside a decode step's: ``specjax.engine.step``)."""
+    chunk = chunk_window(eng, st, c)
+    hidden, cache = eng.target.forward_hidden(params["target"], chunk.tokens, chunk.positions, chunk.cache,
+                                              attention_impl=eng.attention_impl)
+    return chunk_commit(eng, params, st, chunk, hidden, cache)
+
+
+class Chunk(NamedTuple):
+    """The target's input for the next chunk of pending rows' prompts (``chunk_window``)."""
+
+    tokens: jax.Array  # int32 [R, c]: each row's next prompt tokens (padding past its prompt)
+    positions: jax.Array  # int32 [R, c]
+    cache: Any  # the rows' target caches: pages reserved for their real tokens, the write bounded to them
+    count: jax.Array  # int32 [R]: each row's real tokens in the chunk (0: its prompt is in)
+
+
+def chunk_window(eng: EngineConfig, st: EngineState, c: int) -> Chunk:
+    """``prefill_chunk``'s first half: the next ``c`` tokens of each row from its own cache length."""
     start = st.cache.lengths
     count = jnp.clip(st.prompt_len - start, 0, c)
     at = start[:, None] + jnp.arange(c, dtype=jnp.int32)[None]
-    positions = reachable_positions(at, st.max_len)
     tokens = jnp.take_along_axis(st.seq, jnp.minimum(at, st.seq.shape[1] - 1), axis=1)
-    hidden, cache = eng.target.forward_hidden(params["target"], tokens, positions,
-                                              st.cache.reserve(count, st.live).bound_write(count),
-                                              attention_impl=eng.attention_impl)
+    return Chunk(tokens, reachable_positions(at, st.max_len), st.cache.reserve(count, st.live).bound_write(count),
+                 count)
+
+
+def chunk_commit(eng: EngineConfig, params: dict, st: EngineState, chunk: Chunk, hidden: jax.Array,
+                 cache: Any) -> EngineState:
+    """``prefill_chunk``'s second half: the target's ``hidden [R, c, d]`` and written ``cache``
+    for ``chunk``: the rows' caches advance by their counts, a row whose prompt ends here takes
+    its first token, and the drafter takes the chunk."""
+    b = st.seq.shape[0]
+    count = chunk.count
     cache = cache.advance(count)
-    final = (count > 0) & (start + count == st.prompt_len)
+    final = (count > 0) & (st.cache.lengths + count == st.prompt_len)
     h_last = jnp.take_along_axis(hidden, jnp.maximum(count - 1, 0)[:, None, None], axis=1)[:, 0]
     last = eng.target.head(params["target"], h_last)  # logits for the one position used
     if eng.greedy:
@@ -68,7 +94,7 @@ def prefill_chunk(eng: EngineConfig, params: dict, st: EngineState, c: int) -> E
     stops = jnp.any(first[:, None] == st.eos, axis=1) | (st.prompt_len + 1 >= st.max_len) | ~st.live
     st = st.replace(seq=seq, known=jnp.where(final, st.prompt_len + 1, st.known), cache=cache,
                     done=jnp.where(final, stops, st.done))
-    return st.replace(dstate=eng.drafter.prefill(eng, params, st, hidden, positions, st.live))
+    return st.replace(dstate=eng.drafter.prefill(eng, params, st, hidden, chunk.positions, st.live))
 
 
 def fresh_prefill(eng: EngineConfig, params: dict, prompts, prompt_len, max_len, eos, seeds,

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.engine.config import EngineConfig
+from specjax.engine.prefill import Chunk
 from specjax.engine.state import EngineState
 from specjax.plan import plan_step
 from specjax.protocols import reachable_positions
@@ -31,7 +32,7 @@ from specjax.tree import (
 )
 from specjax.verify import greedy_verify, rejection_verify
 
-__all__ = ["StepVerdicts", "step_window"]
+__all__ = ["StepVerdicts", "step_window", "step_with_chunk"]
 
 
 class StepVerdicts(NamedTuple):
@@ -62,13 +63,47 @@ def step_window(eng: EngineConfig, params: dict, st: EngineState, w: int,
     controller's choice); ``None``: every slot of the window. State arrays keep the engine's
     ``depth``; the step counts its verdicts (``seen_pos``) and nothing else a controller keeps.
     With ``eng.tree`` the window is a token tree (``_tree_verify``), else a chain."""
-    v = _tree_verify(eng, params, st) if eng.tree is not None else _chain_verify(eng, params, st, w, drafts)
+    v, _ = _tree_verify(eng, params, st) if eng.tree is not None else _chain_verify(eng, params, st, w, drafts)
     return _commit(eng, params, st, w, v)
 
 
+def step_with_chunk(eng: EngineConfig, params: dict, st: EngineState, w: int, chunk: Chunk
+                    ) -> tuple[EngineState, StepVerdicts, tuple[jax.Array, Any]]:
+    """``step_window`` with a prefill ``chunk`` of pending rows (``specjax.engine.prefill.Chunk``,
+    rows outside ``st``) in the same target forward (``forward_mixed``: the weights are read
+    once for the window and the chunk). Returns ``(st, verdicts, (hidden [R, c, d], cache))``,
+    the chunk's half for ``chunk_commit``. ``st``'s paged pool ends with the chunk's K/V; a
+    slot both write (a pending row's, which ``st`` holds done) takes the chunk's."""
+    v, out = _tree_verify(eng, params, st, chunk) if eng.tree is not None else \
+        _chain_verify(eng, params, st, w, None, chunk)
+    st, verdicts = _commit(eng, params, st, w, v)
+    return st, verdicts, out
+
+
+def _target_forward(eng: EngineConfig, params: dict, window: jax.Array, pos: jax.Array, cache: Any,
+                    tree: TreeMask | None, chunk: Chunk | None) -> tuple[jax.Array, Any, tuple | None]:
+    """The target's verify forward over ``window [B, w]`` at ``pos`` (``tree``: a token tree's
+    mask), and ``chunk``'s tokens in the same forward where one rides along: ``(hidden, cache,
+    (chunk hidden, chunk cache) or None)``. A model without ``forward_mixed`` runs the chunk
+    after the window, over the pool the window left."""
+    tp, impl = params["target"], eng.attention_impl
+    extra = {} if tree is None else {"tree": tree}
+    if chunk is None:
+        return (*eng.target.forward_hidden(tp, window, pos, cache, attention_impl=impl, **extra), None)
+    if hasattr(eng.target, "forward_mixed"):
+        (hidden, cache), out = eng.target.forward_mixed(
+            tp, [(window, pos, cache, tree), (chunk.tokens, chunk.positions, chunk.cache, None)], attention_impl=impl)
+        return hidden, cache, out
+    hidden, cache = eng.target.forward_hidden(tp, window, pos, cache, attention_impl=impl, **extra)
+    chunk_hidden, chunk_cache = eng.target.forward_hidden(tp, chunk.tokens, chunk.positions,
+                                                          chunk.cache.on_pool_of(cache), attention_impl=impl)
+    return hidden, cache.on_pool_of(chunk_cache), (chunk_hidden, chunk_cache)
+
+
 def _chain_verify(eng: EngineConfig, params: dict, st: EngineState, w: int,
-                  drafts: tuple[jax.Array, jax.Array] | None) -> _Verified:
-    """Draft a chain and verify it: ``u`` known tokens, then ``w - u`` drafts."""
+                  drafts: tuple[jax.Array, jax.Array] | None, chunk: Chunk | None = None) -> tuple[_Verified, Any]:
+    """Draft a chain and verify it: ``u`` known tokens, then ``w - u`` drafts (``chunk``: a
+    prefill chunk in the same forward, ``step_with_chunk``)."""
     d = w - 1
     c = st.seq.shape[1]
     lengths, u = st.cache.lengths, st.u
@@ -89,18 +124,18 @@ def _chain_verify(eng: EngineConfig, params: dict, st: EngineState, w: int,
         window = jnp.where(j < u[:, None], known_tok, draft_tok)
     else:
         window = known_tok
-    hidden, cache = eng.target.forward_hidden(params["target"], window, reachable_positions(pos, st.max_len),
-                                              st.cache.reserve(w, st.live),
-                                              attention_impl=eng.attention_impl)
+    hidden, cache, out = _target_forward(eng, params, window, reachable_positions(pos, st.max_len),
+                                         st.cache.reserve(w, st.live), None, chunk)
     logits = eng.target.head(params["target"], hidden)  # [B, w, V]
     if eng.greedy:
         a, nxt = greedy_verify(logits, proposals, u, proposed)
     else:
         a, nxt = rejection_verify(logits, proposals, draft_probs, u, lengths, st.seeds, st.sampling, proposed)
-    return _Verified(a, proposals, nxt, hidden, cache, dstate, asked, proposed)
+    return _Verified(a, proposals, nxt, hidden, cache, dstate, asked, proposed), out
 
 
-def _tree_verify(eng: EngineConfig, params: dict, st: EngineState) -> _Verified:
+def _tree_verify(eng: EngineConfig, params: dict, st: EngineState, chunk: Chunk | None = None
+                 ) -> tuple[_Verified, Any]:
     """Draft a token tree (``eng.tree``) and verify it in one target forward.
 
     Window node ``j < u`` is a known token (a chain); the drafter's tree (a preset or a
@@ -128,9 +163,8 @@ def _tree_verify(eng: EngineConfig, params: dict, st: EngineState) -> _Verified:
     window = jnp.where(is_known, known_tok, jnp.take_along_axis(tokens, k - 1, axis=1))
 
     mask = TreeMask(lengths, anc, pos, pos)
-    hidden, cache = eng.target.forward_hidden(params["target"], window, reachable_positions(pos, st.max_len),
-                                              st.cache.reserve(w, st.live), attention_impl=eng.attention_impl,
-                                              tree=mask)
+    hidden, cache, out = _target_forward(eng, params, window, reachable_positions(pos, st.max_len),
+                                         st.cache.reserve(w, st.live), mask, chunk)
     logits = eng.target.head(params["target"], hidden)  # [B, w, V]
     if eng.greedy:
         a, path, nxt = tree_greedy_verify(logits, window, parents, u, max_depth=depth, anc=anc)
@@ -150,7 +184,7 @@ def _tree_verify(eng: EngineConfig, params: dict, st: EngineState) -> _Verified:
         dstate = eng.drafter.compact_tree(dstate, src)
     path_tok = jnp.take_along_axis(window, jnp.clip(path, 0, w - 1), axis=1)
     asked = jnp.max(jnp.where(is_known, 0, node_depth - u[:, None] + 1), axis=1)  # the drafts' deepest level
-    return _Verified(a, path_tok, nxt, hidden, cache.compact(src), dstate, asked, w - u)
+    return _Verified(a, path_tok, nxt, hidden, cache.compact(src), dstate, asked, w - u), out
 
 
 def _commit(eng: EngineConfig, params: dict, st: EngineState, w: int, v: _Verified

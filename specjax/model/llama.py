@@ -27,7 +27,7 @@ import numpy as np
 
 from specjax._pytree import pytree_dataclass, static_field
 from specjax.attention import TreeMask, attend_visible
-from specjax.cache import CompressedKVCache, DenseKVCache, RollingKVCache
+from specjax.cache import CompressedKVCache, DenseKVCache, PagedKVCache, RollingKVCache
 from specjax.cache.base import is_stacked
 from specjax.cache.compressed import compressed_attention
 from specjax.cache.model_cache import ModelCache, global_cache
@@ -37,9 +37,10 @@ from specjax.model.rope import rope, rope_frequencies
 from specjax.sharding import per_shard
 
 __all__ = [
-    "LAYER_LOOPS", "LlamaDecoder", "Model", "ModelCache", "embed", "forward", "forward_hidden", "fuse_params", "head",
-    "init_cache", "init_model", "init_mtp_params", "layer_loop", "layer_params", "logits", "mtp_forward", "mtp_hidden",
-    "mtp_input", "mtp_logits", "rms_norm", "unfuse_params", "with_draft_vocab", "with_layer_loop",
+    "LAYER_LOOPS", "LlamaDecoder", "Model", "ModelCache", "embed", "forward", "forward_hidden", "forward_mixed",
+    "fuse_params", "head", "init_cache", "init_model", "init_mtp_params", "layer_loop", "layer_params", "logits",
+    "mtp_forward", "mtp_hidden", "mtp_input", "mtp_logits", "rms_norm", "unfuse_params", "with_draft_vocab",
+    "with_layer_loop",
 ]
 
 
@@ -411,37 +412,96 @@ def forward_hidden(
     caches, which must then be stacked too (``init_cache(..., stacked=True)``) and are written
     in place; listed params run a Python loop over per-layer cache buffers.
     """
-    loop = layer_loop(params)
-    if any(is_stacked(c.k) != (loop == "scan") for c in cache.parts):
-        raise ValueError(f"the params' layers are laid out for layer_loop={loop!r} but the cache is "
-                         f"{'not ' if loop == 'scan' else ''}stacked: init_cache(..., stacked={loop == 'scan'})")
+    return forward_mixed(params, config, [(tokens, positions, cache, tree)], attention_impl=attention_impl)[0]
 
+
+def forward_mixed(
+    params: dict,
+    config: ModelConfig,
+    groups: list[tuple[jax.Array, jax.Array, ModelCache, TreeMask | None]],
+    *,
+    attention_impl: str = "xla",
+) -> list[tuple[jax.Array, ModelCache]]:
+    """``forward_hidden`` of several groups of rows ``(tokens [B_g, t_g], positions [B_g, t_g],
+    cache, tree)`` of different widths in one forward (a mixed batch: a step's decode windows
+    and a prefill chunk): each layer's matmuls run once over every group's tokens, so the
+    weights are read once, and attention runs per group over its own cache.
+
+    The groups' paged global caches are views of one pool (their rows' pages are disjoint).
+    Each layer writes them in group order, each group over the pool as the group before left
+    it, so a later group's write wins where two overlap (a pending row's slots, which a decode
+    step's window also writes, take its prefill chunk); every group's cache comes back on the
+    final pool. Returns ``[(hidden [B_g, t_g, d], cache)]`` per group."""
+    loop = layer_loop(params)
+    for _, _, cache, tree in groups:
+        if any(is_stacked(c.k) != (loop == "scan") for c in cache.parts):
+            raise ValueError(f"the params' layers are laid out for layer_loop={loop!r} but the cache is "
+                             f"{'not ' if loop == 'scan' else ''}stacked: init_cache(..., stacked={loop == 'scan'})")
+        if tree is not None and cache.memory_kv is not None:
+            raise ValueError("tree attention has no path through compressed-memory layers (this model has them)")
+    shapes = [tokens.shape for tokens, *_ in groups]
+    positions = _join([pos for _, pos, _, _ in groups])
+
+    def layer_fn(x, caches, kind_layer, layer, idx):
+        p = layer_params(params, layer)
+        q, k, v = (_split(a, shapes) for a in block_qkv(p, x, positions, config, kind_layer))
+        out, attn = [], []
+        for g, (_, _, _, tree) in enumerate(groups):
+            glob, loc, mem = caches[g]
+            if g and isinstance(glob, PagedKVCache) and isinstance(out[-1][0], PagedKVCache):
+                glob = glob.replace(k=out[-1][0].k, v=out[-1][0].v)  # the pool as the group before left it
+            glob, loc, mem, a = _layer_attention(config, (glob, loc, mem), q[g], k[g], v[g], kind_layer, idx,
+                                                 attention_impl, tree)
+            out.append((glob, loc, mem))
+            attn.append(a)
+        last = out[-1][0]
+        if isinstance(last, PagedKVCache):  # every group on the final pool
+            out = [(g.replace(k=last.k, v=last.v) if isinstance(g, PagedKVCache) else g, loc, mem)
+                   for g, loc, mem in out]
+        return block_finish(p, x, _join(attn), config), tuple(out)
+
+    caches = tuple((cache.global_kv, cache.local_kv, cache.memory_kv) for _, _, cache, _ in groups)
+    x = _join([embed(params, config, tokens) for tokens, *_ in groups])
+    x, caches = _run_layers(config, x, caches, layer_fn, loop)
+    return [(h, ModelCache(*c)) for h, c in zip(_split(x, shapes), caches, strict=True)]
+
+
+def _layer_attention(config: ModelConfig, caches: tuple, q, k, v, kind_layer: int, idx, attention_impl: str,
+                     tree: TreeMask | None) -> tuple:
+    """One group's attention at one layer: its K/V written into the layer's cache (global,
+    sliding-window or compressed), then its queries attend. ``(glob, loc, mem, attn)``."""
+    glob, loc, mem = caches
     extra = {} if tree is None else {"tree": tree}
-    if tree is not None and cache.memory_kv is not None:
-        raise ValueError("tree attention has no path through compressed-memory layers (this model has them)")
 
     def attend(c, q, idx):  # one device's rows and heads under a mesh (per_shard)
         return c.attend(q, idx, impl=attention_impl, **extra)
 
-    def layer_fn(x, caches, kind_layer, layer, idx):
-        glob, loc, mem = caches
-        p = layer_params(params, layer)
-        q, k, v = block_qkv(p, x, positions, config, kind_layer)
-        if config.is_compressed(kind_layer):  # XLA path only (no Pallas kernel for this kind yet)
-            mem, attn = mem.write_attend(idx, q, k, v)
-        elif config.is_local(kind_layer) and k.shape[1] > loc.slack:  # a prefill wider than the ring: XLA
-            loc, attn = loc.write_attend(idx, q, k, v)
-        elif config.is_local(kind_layer):
-            loc = loc.write(idx, k, v)
-            attn = per_shard(attend, loc, q, idx)
-        else:
-            glob = glob.write(idx, k, v)
-            attn = per_shard(attend, glob, q, idx)
-        return block_finish(p, x, attn, config), (glob, loc, mem)
+    if config.is_compressed(kind_layer):  # XLA path only (no Pallas kernel for this kind yet)
+        mem, attn = mem.write_attend(idx, q, k, v)
+    elif config.is_local(kind_layer) and k.shape[1] > loc.slack:  # a prefill wider than the ring: XLA
+        loc, attn = loc.write_attend(idx, q, k, v)
+    elif config.is_local(kind_layer):
+        loc = loc.write(idx, k, v)
+        attn = per_shard(attend, loc, q, idx)
+    else:
+        glob = glob.write(idx, k, v)
+        attn = per_shard(attend, glob, q, idx)
+    return glob, loc, mem, attn
 
-    caches = (cache.global_kv, cache.local_kv, cache.memory_kv)
-    x, caches = _run_layers(config, embed(params, config, tokens), caches, layer_fn, loop)
-    return x, ModelCache(*caches)
+
+def _join(parts: list[jax.Array]) -> jax.Array:
+    """Groups' ``[B_g, t_g, ...]`` as one row ``[1, sum B_g t_g, ...]`` (one group: as it is)."""
+    if len(parts) == 1:
+        return parts[0]
+    return jnp.concatenate([a.reshape(1, -1, *a.shape[2:]) for a in parts], axis=1)
+
+
+def _split(a: jax.Array, shapes: list[tuple[int, int]]) -> list[jax.Array]:
+    """``_join``'s inverse: ``a [1, sum B_g t_g, ...]`` back into ``[B_g, t_g, ...]`` per group."""
+    if len(shapes) == 1:
+        return [a]
+    cuts = np.cumsum([b * t for b, t in shapes])[:-1].tolist()
+    return [part.reshape(b, t, *a.shape[2:]) for part, (b, t) in zip(jnp.split(a, cuts, axis=1), shapes, strict=True)]
 
 
 def forward(
@@ -599,6 +659,10 @@ class LlamaDecoder:
 
     def forward_hidden(self, params, tokens, positions, cache, *, attention_impl="xla", tree=None):
         return forward_hidden(params, self.config, tokens, positions, cache, attention_impl=attention_impl, tree=tree)
+
+    def forward_mixed(self, params, groups, *, attention_impl="xla"):
+        """Groups of rows of different widths in one forward (``forward_mixed``)."""
+        return forward_mixed(params, self.config, groups, attention_impl=attention_impl)
 
     def head(self, params, hidden):
         return head(params, self.config, hidden)
