@@ -131,6 +131,7 @@ class _Row:
     seed: int
     eos: tuple[int, ...]  # stop ids (empty: none)
     pages: int  # worst-case pages this request can hold (paged caches)
+    key_ahead: int = 0  # tokens past a page its key covers (an MTP block's entry reads the next token)
 
     @property
     def bucket(self) -> int:
@@ -140,7 +141,7 @@ class _Row:
     @functools.cached_property
     def keys(self) -> list[bytes]:
         """Its prompt's full pages' chain keys (``specjax.prefix_cache``)."""
-        return page_keys(self.prompt, PAGE_SIZE)
+        return page_keys(self.prompt, PAGE_SIZE, self.key_ahead)
 
 
 # ----------------------------------------------------------------------------- jitted pieces
@@ -172,9 +173,9 @@ def _admit(eng: EngineConfig, c: int | None, params: dict, st: EngineState, idle
     st = _release(eng, st, idle)
     sub = prefill_rows(eng, params, *_views(eng, st, rows, prompts, prompt_len, max_len, eos, seeds, sampling,
                                             shared), c=c)
-    if shared is not None:
-        sub = _register(sub, shared[2])
-    return _place(eng, st, rows, sub)
+    if shared is None:
+        return _place(eng, st, rows, sub)
+    return _keep_prefix(eng, _place(eng, st, rows, _register(sub, shared[2])), rows, shared[2])
 
 
 def _release(eng: EngineConfig, st: EngineState, idle: jax.Array) -> EngineState:
@@ -193,8 +194,12 @@ def _views(eng: EngineConfig, st: EngineState, rows: jax.Array, prompts: jax.Arr
         return (prompts, prompt_len, max_len, eos, seeds, sampling, st.cache.rows_view(rows, p),
                 eng.drafter.rows_view(eng, st.dstate, rows, p), rows < st.seq.shape[0])
     pages, count, _ = shared
-    draft = st.dstate.rows_view(rows, p, (pages[1], count)) if pages.shape[0] > 1 else \
-        eng.drafter.rows_view(eng, st.dstate, rows, p)
+    if pages.shape[0] > 1:  # a draft model's pool
+        draft = st.dstate.rows_view(rows, p, (pages[1], count))
+    elif getattr(st.dstate, "prefix", None) is not None:  # the MTP block's store of cached pages
+        draft = eng.drafter.rows_view(eng, st.dstate, rows, p, (pages[0], count))
+    else:
+        draft = eng.drafter.rows_view(eng, st.dstate, rows, p)
     return (prompts, prompt_len, max_len, eos, seeds, sampling, st.cache.rows_view(rows, p, (pages[0], count)),
             draft, rows < st.seq.shape[0])
 
@@ -261,9 +266,9 @@ def _finish(eng: EngineConfig, st: EngineState, idle: jax.Array, rows: jax.Array
     _TRACES["finish"] += 1
     st = _release(eng, st, idle)
     sub = _lend(st, sub, rows)
-    if upto is not None:
-        sub = _register(sub, upto)
-    return _place(eng, st, rows, sub)
+    if upto is None:
+        return _place(eng, st, rows, sub)
+    return _keep_prefix(eng, _place(eng, st, rows, _register(sub, upto)), rows, upto)
 
 
 def _register(sub: EngineState, upto: jax.Array) -> EngineState:
@@ -271,6 +276,15 @@ def _register(sub: EngineState, upto: jax.Array) -> EngineState:
     paged pool (the target's, a draft model's)."""
     return sub.replace(cache=sub.cache.register(upto),
                        dstate=sub.dstate.register(upto) if _pooled(sub.dstate) else sub.dstate)
+
+
+def _keep_prefix(eng: EngineConfig, st: EngineState, rows: jax.Array, upto: jax.Array) -> EngineState:
+    """The prefix cache, after rows ``rows [R]`` are placed: a drafter that keeps its own
+    entries of cached pages (the MTP block, ``MtpDrafter.keep_prefix``) keeps the rows'
+    first ``upto [R]`` pages' under the target's page ids."""
+    if getattr(st.dstate, "prefix", None) is None:
+        return st
+    return st.replace(dstate=eng.drafter.keep_prefix(st.dstate, rows, st.cache.global_kv.block_table, upto))
 
 
 def _pooled(part: Any) -> bool:
@@ -371,6 +385,7 @@ class _Job:
     bounded: bool  # a stream: max_new_tokens bounds each request (it sized the caches)
     eos_width: int | None  # stop ids per row a stream's requests must fit (None: listed, the list sizes it)
     groups: int = 1  # pool groups (the mesh's data axis): a request must fit one group's pool
+    key_ahead: int = 0  # its rows' prefix keys cover this many tokens past each page (``_Row``)
 
     def row(self, r: Request, index: int, where: str | None = None) -> _Row:
         """Validate one request against the model and the job; errors name the request
@@ -419,7 +434,8 @@ class _Job:
             fail(f"{where}", f"{len(arr)} + {n_new} tokens", f"needs {pages} pages of {PAGE_SIZE} tokens but the "
                  f"{held}")
         seed = derive_seed(self.seed, r.id) if r.seed is None else int(r.seed)
-        return _Row(r.id, [int(t) for t in arr], int(n_new), float(temp), top_k, top_p, seed, eos, pages)
+        return _Row(r.id, [int(t) for t in arr], int(n_new), float(temp), top_k, top_p, seed, eos, pages,
+                    self.key_ahead)
 
 
 # ----------------------------------------------------------------------------- the job
@@ -522,7 +538,7 @@ def batch_generate(
     job = _Job(model, max_new_tokens, bound if not listed else model_cfg.max_seq_len - 1, d, float(cfg.temperature),
                cfg.top_k, cfg.top_p, seed, cfg.eos_id, pages, bounded=not listed,
                eos_width=None if listed else max(EOS_WIDTH, len(check_eos("eos_id", cfg.eos_id, model_cfg.vocab_size))),
-               groups=groups)
+               groups=groups, key_ahead=int(drafter == "mtp"))
     job.row(Request([0], max_new_tokens=1), -1, where="batch_generate")  # the defaults (temperature, ...)
     rows_iter: Iterator[_Row]
     if listed:  # everything checked before any compile; the list sizes the caches
@@ -563,9 +579,12 @@ def _prefix_refusal(eng: EngineConfig) -> str | None:
     if eng.drafter.name == "draft_model":
         if not getattr(jax.eval_shape(lambda: eng.new_cache(eng.draft, eng.pool_groups)), "shares_prefixes", False):
             return "needs a draft model whose layers are all global too"
-    elif eng.drafter.name not in ("none", "ngram"):
-        return f"runs with drafters 'none', 'ngram' and 'draft_model' (the {eng.drafter.name!r} drafter's own " \
-               "cache would still need the whole prompt: an MTP block's entry at a position reads the next token)"
+    elif eng.drafter.name == "mtp" and eng.mesh is not None:
+        return "runs with the 'mtp' drafter without a mesh only (the MTP block's store of cached pages is not " \
+               "sharded yet); drafters 'none', 'ngram' and 'draft_model' share prefixes on a mesh"
+    elif eng.drafter.name not in ("none", "ngram", "mtp"):
+        return f"runs with drafters 'none', 'ngram', 'mtp' and 'draft_model' (the {eng.drafter.name!r} drafter " \
+               "keeps caches of its own that cached pages do not hold)"
     return None
 
 
@@ -611,6 +630,8 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
     and registers the full prompt pages it writes; at the end every page is back in the pool."""
     start = latency.now()
     st = _empty_state(eng, slots, width, eos_width)
+    if prefixes is not None and hasattr(eng.drafter, "with_prefix_store"):  # the MTP block's entries of cached pages
+        st = st.replace(dstate=eng.drafter.with_prefix_store(eng, st.dstate, st.cache.global_kv.num_pages, PAGE_SIZE))
     table_ready = eng.controller is None
     held: list[_Row | None] = [None] * slots  # the request each slot serves
     timed: list[_Timed | None] = [None] * slots  # its host times

@@ -783,12 +783,12 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--top-p", type=float, default=0.95, help="for lines without top_p; 1 = no filter")
     j.add_argument("--seed", type=int, default=0, help="lines without a seed derive theirs from this and their id")
     j.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
-                   help="prefill prompts longer than N tokens N at a time, one chunk between two decode steps, so a "
-                        "long prompt stalls the running rows for one chunk (no prefix cache with it)")
+                   help="prefill prompts longer than N tokens N at a time, one chunk in each decode step's forward, "
+                        "so a long prompt stalls the running rows for one chunk at a time")
     j.add_argument("--no-prefix-cache", action="store_true",
                    help="with --cache paged, compute every prompt in full (by default a prompt whose head is already "
-                        "in the pool as whole pages reuses them, with drafters ngram, draft_model and none; the mtp "
-                        "drafter computes every prompt)")
+                        "in the pool as whole pages reuses them, with every drafter on a model whose layers are all "
+                        "global; with mtp, not on a mesh)")
     j.add_argument("--stats", metavar="FILE", default=None,
                    help="also write the job's summary as JSON: throughput and latency percentiles (time to first "
                         "token, inter-token, queue wait)")

@@ -320,6 +320,9 @@ class MtpState:
     first_probs: jax.Array | None  # [B, V] when sampling
     pending: jax.Array  # [B, R, d_model]: target hiddens of window-1 commits the block has not run over yet
     pending_n: jax.Array  # int32 [B]: how many of ``pending`` each row holds (R = 0: nothing is deferred)
+    # a batch job's prefix cache: the block's K/V of cached prompt pages, ``(k, v) [num_pages,
+    # Hkv, page_size, D]`` by the target's page ids (``MtpDrafter.keep_prefix``); None: no cache
+    prefix: tuple[jax.Array, jax.Array] | None = None
 
 
 def beam_tree(tree: DynamicTree, depth: int, root: tuple[jax.Array, jax.Array], level, carry):
@@ -464,8 +467,52 @@ class MtpDrafter:
                         first_probs, jnp.zeros((batch, r, dec.hidden_size), eng.dtype),
                         jnp.zeros((batch,), jnp.int32))
 
-    def rows_view(self, eng, dstate, rows, width):
-        return self.empty(eng, rows.shape[0], width, capacity=width)
+    def rows_view(self, eng, dstate, rows, width, shared=None):
+        """Empty rows for refilling ``rows [R]`` with prompts of ``width`` tokens. ``shared =
+        (pages [R, M], count [R])`` (the prefix cache): row ``r`` starts on the target's cached
+        pages ``pages[r, :count[r]]``, so the block's cache starts with their K/V from
+        ``dstate.prefix`` and its length at their end."""
+        sub = self.empty(eng, rows.shape[0], width, capacity=width)
+        page = 0 if shared is None else dstate.prefix[0].shape[2]
+        if shared is None or width < page:  # (a prompt shorter than a page has no cached page)
+            return sub
+        pages, count = shared
+        b, m = rows.shape[0], min(shared[0].shape[1], width // page)  # pages the view holds (a row's cached all fit)
+        keep = (jnp.arange(m * page) < (count * page)[:, None])[:, None, :, None]
+
+        def slots(store, into):  # [R, Hkv, m * page, D]: the rows' cached pages, slot-major
+            got = jnp.take(store, jnp.maximum(pages[:, :m], 0), axis=0).transpose(0, 2, 1, 3, 4)
+            got = jnp.where(keep, got.reshape(b, got.shape[1], m * page, -1), 0).astype(into.dtype)
+            return into.at[:, :, : m * page].set(got)
+
+        c = sub.cache
+        cache = c.replace(k=(slots(dstate.prefix[0], c.k[0]),), v=(slots(dstate.prefix[1], c.v[0]),),
+                          lengths=count * page)
+        return sub.replace(cache=cache)
+
+    def with_prefix_store(self, eng, dstate, num_pages: int, page_size: int):
+        """``dstate`` with an empty store of the block's K/V for ``num_pages`` cached pages."""
+        one = dstate.cache.k[0]
+        shape = (num_pages, one.shape[1], page_size, one.shape[3])
+        return dstate.replace(prefix=(jnp.zeros(shape, one.dtype), jnp.zeros(shape, one.dtype)))
+
+    def keep_prefix(self, dstate, rows, table, upto):
+        """The block's K/V of rows ``rows [R]``'s first ``upto [R]`` pages (their full prompt
+        pages, just registered in the target's pool) into ``dstate.prefix`` at the target's
+        page ids ``table [B, M]``: a later row starting on those pages starts with them."""
+        k_store, v_store = dstate.prefix
+        n, _, page, _ = k_store.shape
+        c = dstate.cache.k[0]
+        b, r = c.shape[0], rows.shape[0]
+        m = min(table.shape[1], c.shape[2] // page)
+        mine = jnp.minimum(rows, b - 1)
+        ids = jnp.where((jnp.arange(m) < upto[:, None]) & (rows < b)[:, None], table[mine, :m], n)  # n: dropped
+
+        def pages(slots, store):  # [R, m, Hkv, page, D]
+            got = slots[mine, :, : m * page].reshape(r, slots.shape[1], m, page, -1).transpose(0, 2, 1, 3, 4)
+            return store.at[ids].set(got.astype(store.dtype), mode="drop")
+
+        return dstate.replace(prefix=(pages(c, k_store), pages(dstate.cache.v[0], v_store)))
 
     def release(self, dstate, idle):
         return dstate  # a dense cache: nothing to return
@@ -474,7 +521,7 @@ class MtpDrafter:
         put = lambda big, small: big.at[rows].set(small.astype(big.dtype), mode="drop")  # noqa: E731
         probs_ = None if dstate.first_probs is None else put(dstate.first_probs, sub.first_probs)
         return MtpState(dstate.cache.put_rows(rows, sub.cache), put(dstate.h, sub.h), put(dstate.first, sub.first),
-                        probs_, dstate.pending, put(dstate.pending_n, sub.pending_n))
+                        probs_, dstate.pending, put(dstate.pending_n, sub.pending_n), dstate.prefix)
 
     def prefill(self, eng, params, st, hidden, positions, live):
         # a chunk of the prompt from each row's own length (``prefill_chunk``); a row whose

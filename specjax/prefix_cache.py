@@ -25,12 +25,15 @@ import numpy as np
 __all__ = ["PrefixCache", "page_keys"]
 
 
-def page_keys(prompt: Sequence[int], page_size: int) -> list[bytes]:
-    """The chain keys of ``prompt``'s full pages (``len(prompt) // page_size`` of them)."""
+def page_keys(prompt: Sequence[int], page_size: int, ahead: int = 0) -> list[bytes]:
+    """The chain keys of ``prompt``'s full pages (``(len(prompt) - ahead) // page_size`` of
+    them). ``ahead``: each key also covers that many tokens past its page (an MTP block's
+    entry at a position reads the next token: its last one on a page reads the next page's
+    first), so two prompts share a page only if they agree that far too."""
     keys, prev = [], b""
     arr = np.asarray(prompt, np.int64)
-    for i in range(len(arr) // page_size):
-        prev = hashlib.sha256(prev + arr[i * page_size : (i + 1) * page_size].tobytes()).digest()
+    for i in range((len(arr) - ahead) // page_size):
+        prev = hashlib.sha256(prev + arr[i * page_size : (i + 1) * page_size + ahead].tobytes()).digest()
         keys.append(prev)
     return keys
 

@@ -1792,8 +1792,8 @@ Mutation(
     Mutation(
         "prefix cache: an admit registers no page",
         "specjax/batch.py::_admit",
-        "        sub = _register(sub, shared[2])\n",
-        "        sub = sub\n",
+        "_place(eng, st, rows, _register(sub, shared[2]))",
+        "_place(eng, st, rows, sub)",
         ("tests/test_prefix_cache.py::test_rows_sharing_prefixes_equal_generate_alone",),
     ),
     Mutation(
@@ -1818,6 +1818,42 @@ Mutation(
         ("tests/test_prefix_cache.py::test_a_job_that_leaks_a_page_reference_is_caught_at_its_end",),
     ),
     Mutation(
+        "prefix cache, MTP: a sharing row's MTP block starts past the cached pages without their entries",
+        "MtpDrafter.rows_view",
+        "        cache = c.replace(k=(slots(dstate.prefix[0], c.k[0]),), v=(slots(dstate.prefix[1], c.v[0]),),\n",
+        "        cache = c.replace(\n",
+        ("tests/test_prefix_cache.py::test_the_mtp_block_keeps_its_entries_of_cached_pages_and_a_sharing_row_starts_with_them",),
+    ),
+    Mutation(
+        "prefix cache, MTP: the block's entries of registered pages are never stored",
+        "MtpDrafter.keep_prefix",
+        "        ids = jnp.where((jnp.arange(m) < upto[:, None]) & (rows < b)[:, None], table[mine, :m], n)",
+        "        ids = jnp.full((r, m), n)",
+        ("tests/test_prefix_cache.py::test_the_mtp_block_keeps_its_entries_of_cached_pages_and_a_sharing_row_starts_with_them",),
+    ),
+    Mutation(
+        "prefix cache, MTP: an admit stores no block entries of the pages it registers",
+        "_keep_prefix",
+        "    if getattr(st.dstate, \"prefix\", None) is None:\n",
+        "    if True:\n",
+        ("tests/test_prefix_cache.py::test_a_job_hands_a_sharing_row_the_mtp_entries_its_cached_pages_were_written_with",),
+    ),
+    Mutation(
+        "prefix cache, MTP: a sharing row's block cache starts empty (its cached pages' entries not handed over)",
+        "_views",
+        "        draft = eng.drafter.rows_view(eng, st.dstate, rows, p, (pages[0], count))\n",
+        "        draft = eng.drafter.rows_view(eng, st.dstate, rows, p)\n",
+        ("tests/test_prefix_cache.py::test_a_job_hands_a_sharing_row_the_mtp_entries_its_cached_pages_were_written_with",
+         "tests/test_prefix_cache.py::test_rows_sharing_prefixes_equal_generate_alone"),
+    ),
+    Mutation(
+        "prefix cache, MTP: keys end at the page (a page's last block entry read another prompt's next token)",
+        "batch_generate",
+        "key_ahead=int(drafter == \"mtp\")",
+        "key_ahead=0",
+        ("tests/test_prefix_cache.py::test_rows_sharing_prefixes_equal_generate_alone",),
+    ),
+    Mutation(
         "chunked prefill, paged: a chunk's pages and writes stay in the pending rows, not the live pool",
         "_give",
         "part.replace(global_kv=part.global_kv.put_rows(rows, mine.global_kv))",
@@ -1834,8 +1870,8 @@ Mutation(
     Mutation(
         "prefix cache with chunked prefill: a pending admit registers no page",
         "_finish",
-        "        sub = _register(sub, upto)\n",
-        "        sub = sub\n",
+        "_place(eng, st, rows, _register(sub, upto))",
+        "_place(eng, st, rows, sub)",
         ("tests/test_prefix_cache.py::test_chunked_prefills_start_past_their_cached_pages",),
     ),
     Mutation(

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import specjax
 import specjax.batch as batch_mod
 from specjax import Request, batch_generate
 from specjax.cache import PagedKVCache
@@ -277,9 +278,16 @@ def _sharing_requests():
 _CACHED = {0: 0, 1: 32, 2: 0, 3: 16, 4: 32, 5: 32, 6: 32, 7: 32, 8: 0}
 
 
-@pytest.mark.parametrize("drafter", [None, "ngram", "draft_model"])
+# the MTP block's entry at a position reads the next token: its keys cover one token past each
+# page, so request 3 (the head's first page, then a token of its own) shares a page less;
+# request 6's own token after two pages happens to be the head's next one: it shares both
+_CACHED_MTP = {**_CACHED, 3: 0}
+
+
+@pytest.mark.parametrize("drafter", [None, "ngram", "draft_model", "mtp"])
 def test_rows_sharing_prefixes_equal_generate_alone(drafter):
     reqs = _sharing_requests()
+    assert _HEAD[16] != 5 and _HEAD[32] == 2  # what _CACHED_MTP assumes
     kw = dict(drafter=drafter, cache="paged", eos_id=EOS, ngram_n=2,
               draft_model=DRAFT if drafter == "draft_model" else None, **({"depth": 3} if drafter else {}))
     alone = {r.id: _alone_run(MODEL, r, **kw) for r in reqs}  # greedy: the same tokens under either rule
@@ -289,10 +297,11 @@ def test_rows_sharing_prefixes_equal_generate_alone(drafter):
             assert out[r.id].tokens == alone[r.id].tokens[0], (rule, r.id)
             if drafter and rule == "per_sequence":
                 assert out[r.id].metrics["accepted_trace"] == alone[r.id].metrics["row_accepted_trace"][0], r.id
-        assert {i: c.metrics["cached_tokens"] for i, c in out.items()} == _CACHED, rule
+        assert {i: c.metrics["cached_tokens"] for i, c in out.items()} == \
+            (_CACHED_MTP if drafter == "mtp" else _CACHED), rule
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "draft_model"])
+@pytest.mark.parametrize("drafter", ["ngram", "draft_model", "mtp"])
 def test_chunked_prefills_start_past_their_cached_pages(drafter):
     """With ``prefill_chunk``, a pending admit's rows start on their cached pages too (chunks
     of 4 tokens from the end of the shared ones) and register their full prompt pages when
@@ -302,7 +311,8 @@ def test_chunked_prefills_start_past_their_cached_pages(drafter):
               draft_model=DRAFT if drafter == "draft_model" else None)
     out = {c.id: c for c in batch_generate(MODEL, reqs, slots=3, refill_rows=2, prefill_chunk=4, **kw)}
     # request 1 computes the header too: request 0's pages are registered only when its prompt is in
-    assert {i: c.metrics["cached_tokens"] for i, c in out.items()} == {**_CACHED, 1: 0}
+    assert {i: c.metrics["cached_tokens"] for i, c in out.items()} == \
+        {**(_CACHED_MTP if drafter == "mtp" else _CACHED), 1: 0}
     for r in reqs:
         alone = _alone_run(MODEL, r, **kw)
         assert out[r.id].tokens == alone.tokens[0], r.id
@@ -365,11 +375,13 @@ def test_prefix_cache_off_computes_every_prompt_and_gives_the_same_tokens():
 @pytest.mark.parametrize(("model", "kw", "match"), [
     (MODEL, dict(cache="dense"), "cache='paged'"),
     (SLIDING_MODEL, dict(cache="paged"), "all global"),
-    (MODEL, dict(cache="paged", drafter="mtp"), "MTP block"),
+    (MODEL, dict(cache="paged", drafter="mtp", mesh="1x1"), "without a mesh"),
     (MODEL, dict(cache="paged", prefix_cache="yes"), "True, False or None"),
 ])
 def test_a_prefix_cache_that_cannot_apply_is_refused_before_compile(model, kw, match):
     kw.setdefault("prefix_cache", True)
+    if kw.get("mesh") == "1x1":
+        kw["mesh"] = specjax.make_mesh(1, 1, devices=jax.devices()[:1])
     with pytest.raises(ValueError, match=match):
         batch_generate(model, [[1, 2, 3]], max_new_tokens=4, **kw)
 
@@ -391,3 +403,66 @@ def test_a_job_that_leaks_a_page_reference_is_caught_at_its_end(monkeypatch):
     finally:
         monkeypatch.undo()
         jax.clear_caches()  # nor after it
+
+
+def test_the_mtp_block_keeps_its_entries_of_cached_pages_and_a_sharing_row_starts_with_them():
+    """``MtpDrafter.keep_prefix`` stores the block's K/V of each row's registered pages under
+    the target's page ids (a padding row stores nothing); ``rows_view(shared=...)`` starts a
+    row with its cached pages' entries and its length at their end."""
+    import specjax as sj
+    from specjax.engine import make_engine
+
+    eng = make_engine(MODEL, drafter="mtp", draft_model=None, depth=2, kv_advance_rule=sj.kv_advance("per_sequence"),
+                      cache="paged", capacity=48)
+    d = eng.drafter
+    s = d.empty(eng, 3, 48)
+    rng = np.random.default_rng(0)
+    k, v = (jnp.asarray(rng.normal(size=s.cache.k[0].shape), jnp.float32) for _ in range(2))
+    s = d.with_prefix_store(eng, s.replace(cache=s.cache.replace(k=(k,), v=(v,))), num_pages=8, page_size=16)
+    table = jnp.asarray([[5, 2, 7], [1, 3, -1], [0, 4, -1]], jnp.int32)
+    s = d.keep_prefix(s, jnp.asarray([0, 1, 3]), table, jnp.asarray([2, 1, 2], jnp.int32))  # row 3: padding
+    store = np.asarray(s.prefix[0])
+    for page, row, at in ((5, 0, 0), (2, 0, 16), (1, 1, 0)):
+        np.testing.assert_array_equal(store[page], np.asarray(k)[row, :, at : at + 16])
+    assert not store[[0, 3, 4, 6, 7]].any()  # unregistered pages and the padding row's: nothing stored
+    view = d.rows_view(eng, s, jnp.asarray([0, 1]), 40, (jnp.asarray([[5, 2, -1], [1, -1, -1]], jnp.int32),
+                                                         jnp.asarray([2, 1], jnp.int32)))
+    np.testing.assert_array_equal(np.asarray(view.cache.lengths), [32, 16])
+    got_k, got_v = np.asarray(view.cache.k[0]), np.asarray(view.cache.v[0])
+    np.testing.assert_array_equal(got_k[0, :, :32], np.asarray(k)[0, :, :32])
+    np.testing.assert_array_equal(got_v[1, :, :16], np.asarray(v)[1, :, :16])
+    assert not got_k[1, :, 16:].any() and not got_k[0, :, 32:].any()  # past the cached pages: empty
+
+
+def test_a_job_hands_a_sharing_row_the_mtp_entries_its_cached_pages_were_written_with(monkeypatch):
+    """A batch job with the MTP drafter (run op by op, so the drafter's calls can be read): the
+    first request's admit stores its block entries of its registered pages (``keep_prefix``),
+    and a later row starting on those pages starts its block cache with exactly them."""
+    from specjax.drafter import MtpDrafter
+
+    stored, started = [], []
+    keep, view = MtpDrafter.keep_prefix, MtpDrafter.rows_view
+
+    def spy_keep(self, dstate, rows, table, upto):
+        row = int(rows[0])
+        if row < dstate.cache.k[0].shape[0] and int(upto[0]) > 0:
+            stored.append(np.asarray(dstate.cache.k[0])[row, :, : int(upto[0]) * 16])
+        return keep(self, dstate, rows, table, upto)
+
+    def spy_view(self, eng, dstate, rows, width, shared=None):
+        out = view(self, eng, dstate, rows, width, shared)
+        if shared is not None:
+            for r, n in enumerate(np.asarray(shared[1])):
+                if n:
+                    started.append(np.asarray(out.cache.k[0])[r, :, : int(n) * 16])
+        return out
+
+    monkeypatch.setattr(MtpDrafter, "keep_prefix", spy_keep)
+    monkeypatch.setattr(MtpDrafter, "rows_view", spy_view)
+    reqs = [Request(prompt=_HEAD[:40] + t, id=i, max_new_tokens=2) for i, t in enumerate([[3], [4, 5], [6]])]
+    with jax.disable_jit():
+        out = list(batch_generate(MODEL, reqs, slots=1, refill_rows=1, drafter="mtp", depth=2, cache="paged"))
+    assert [c.metrics["cached_tokens"] for c in out] == [0, 32, 32]
+    assert stored and len(started) == 2
+    for got in started:
+        np.testing.assert_array_equal(got, stored[0][:, : got.shape[1]])
