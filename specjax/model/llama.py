@@ -430,8 +430,11 @@ def forward_mixed(
     The groups' paged global caches are views of one pool (their rows' pages are disjoint).
     Each layer writes them in group order, each group over the pool as the group before left
     it, so a later group's write wins where two overlap (a pending row's slots, which a decode
-    step's window also writes, take its prefill chunk); every group's cache comes back on the
-    final pool. Returns ``[(hidden [B_g, t_g, d], cache)]`` per group."""
+    step's window also writes, take its prefill chunk); then every group attends over the
+    final pool (reads after the last write: XLA updates the pool in place, where a read
+    between two writes would make it copy the layer's pool). A group's rows read only their
+    own pages, so they see what they would alone. Every group's cache comes back on the final
+    pool. Returns ``[(hidden [B_g, t_g, d], cache)]`` per group."""
     loop = layer_loop(params)
     for _, _, cache, tree in groups:
         if any(is_stacked(c.k) != (loop == "scan") for c in cache.parts):
@@ -446,18 +449,19 @@ def forward_mixed(
         p = layer_params(params, layer)
         q, k, v = (_split(a, shapes) for a in block_qkv(p, x, positions, config, kind_layer))
         out, attn = [], []
-        for g, (_, _, _, tree) in enumerate(groups):
+        for g in range(len(groups)):  # every group's write first: a pool's reads all come after its last write
             glob, loc, mem = caches[g]
             if g and isinstance(glob, PagedKVCache) and isinstance(out[-1][0], PagedKVCache):
                 glob = glob.replace(k=out[-1][0].k, v=out[-1][0].v)  # the pool as the group before left it
-            glob, loc, mem, a = _layer_attention(config, (glob, loc, mem), q[g], k[g], v[g], kind_layer, idx,
-                                                 attention_impl, tree)
+            glob, loc, mem, a = _layer_write(config, (glob, loc, mem), q[g], k[g], v[g], kind_layer, idx)
             out.append((glob, loc, mem))
             attn.append(a)
         last = out[-1][0]
         if isinstance(last, PagedKVCache):  # every group on the final pool
             out = [(g.replace(k=last.k, v=last.v) if isinstance(g, PagedKVCache) else g, loc, mem)
                    for g, loc, mem in out]
+        attn = [_layer_attend(config, out[g], q[g], kind_layer, idx, attention_impl, groups[g][3]) if a is None else a
+                for g, a in enumerate(attn)]
         return block_finish(p, x, _join(attn), config), tuple(out)
 
     caches = tuple((cache.global_kv, cache.local_kv, cache.memory_kv) for _, _, cache, _ in groups)
@@ -466,27 +470,33 @@ def forward_mixed(
     return [(h, ModelCache(*c)) for h, c in zip(_split(x, shapes), caches, strict=True)]
 
 
-def _layer_attention(config: ModelConfig, caches: tuple, q, k, v, kind_layer: int, idx, attention_impl: str,
-                     tree: TreeMask | None) -> tuple:
-    """One group's attention at one layer: its K/V written into the layer's cache (global,
-    sliding-window or compressed), then its queries attend. ``(glob, loc, mem, attn)``."""
+def _layer_write(config: ModelConfig, caches: tuple, q, k, v, kind_layer: int, idx) -> tuple:
+    """One group's K/V into the layer's cache (global, sliding-window or compressed):
+    ``(glob, loc, mem, attn)``, ``attn`` already computed where the write and the attention are
+    one operation (compressed layers, a prefill wider than the ring), else ``None``."""
     glob, loc, mem = caches
-    extra = {} if tree is None else {"tree": tree}
-
-    def attend(c, q, idx):  # one device's rows and heads under a mesh (per_shard)
-        return c.attend(q, idx, impl=attention_impl, **extra)
-
+    attn = None
     if config.is_compressed(kind_layer):  # XLA path only (no Pallas kernel for this kind yet)
         mem, attn = mem.write_attend(idx, q, k, v)
     elif config.is_local(kind_layer) and k.shape[1] > loc.slack:  # a prefill wider than the ring: XLA
         loc, attn = loc.write_attend(idx, q, k, v)
     elif config.is_local(kind_layer):
         loc = loc.write(idx, k, v)
-        attn = per_shard(attend, loc, q, idx)
     else:
         glob = glob.write(idx, k, v)
-        attn = per_shard(attend, glob, q, idx)
     return glob, loc, mem, attn
+
+
+def _layer_attend(config: ModelConfig, caches: tuple, q, kind_layer: int, idx, attention_impl: str,
+                  tree: TreeMask | None) -> jax.Array:
+    """One group's queries over the layer's written cache (global or sliding-window)."""
+    glob, loc, _ = caches
+    extra = {} if tree is None else {"tree": tree}
+
+    def attend(c, q, idx):  # one device's rows and heads under a mesh (per_shard)
+        return c.attend(q, idx, impl=attention_impl, **extra)
+
+    return per_shard(attend, loc if config.is_local(kind_layer) else glob, q, idx)
 
 
 def _join(parts: list[jax.Array]) -> jax.Array:
