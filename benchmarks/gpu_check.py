@@ -24,12 +24,17 @@ Sections (each reports its own error instead of stopping the run):
 5. ``trees``: a token tree's step cost at llama3.2-1b's shape (random weights, bfloat16, B 1
    and 8): the MTP chain at depth 3 and 4 against dynamic trees of 6, 8 and 12 nodes, ms per
    step, and the tok/s that step cost gives at the bundled model's tokens per step.
+6. ``mixed``: a batch job's step with a prefill chunk in its forward (``forward_mixed``) against
+   the chunk's and the step's forwards one after the other, at llama3.2-1b's shape (bfloat16,
+   one paged pool, context 2,048): 1, 16 and 64 rows of a 4-token window beside one chunk.
 
     # the at-scale bench only, one shape a call (each estimated within the 10-minute limit: not yet run)
-    PYTHONPATH=. python benchmarks/gpu_check.py --skip kernels bandwidth engine --scale-shapes llama3.2-1b
-    PYTHONPATH=. python benchmarks/gpu_check.py --skip kernels bandwidth engine --scale-shapes llama3.1-8b
+    PYTHONPATH=. python benchmarks/gpu_check.py --skip kernels bandwidth engine trees mixed --scale-shapes llama3.2-1b
+    PYTHONPATH=. python benchmarks/gpu_check.py --skip kernels bandwidth engine trees mixed --scale-shapes llama3.1-8b
     # token trees at a real shape only
-    PYTHONPATH=. python benchmarks/gpu_check.py --skip kernels bandwidth engine scale
+    PYTHONPATH=. python benchmarks/gpu_check.py --skip kernels bandwidth engine scale mixed
+    # the mixed forward only
+    PYTHONPATH=. python benchmarks/gpu_check.py --skip kernels bandwidth engine scale trees
 """
 
 from __future__ import annotations
@@ -238,10 +243,34 @@ def trees(smoke: bool) -> dict:
     return {"shape": name if isinstance(name, str) else "smoke", "prompt_len": prompt_len, "rows": rows}
 
 
+def mixed(smoke: bool) -> dict:
+    """A decode step's verify windows and a prefill chunk in one forward (``forward_mixed``,
+    what a batch job's step runs while a long prompt is pending) against the two forwards it
+    replaces: random llama3.2-1b weights, bfloat16, one paged pool, context 2,048
+    (``benchmarks/mixed_forward.py``). ``separate_over_mixed`` near 2 means the weights are
+    read once for both."""
+    from mixed_forward import measure
+
+    from specjax.model import ModelConfig
+
+    if smoke:
+        shape = ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128,
+                            max_seq_len=512)
+        cases, context, reps = [(2, 4, 1, 16)], 64, 1
+    else:
+        shape, cases, context, reps = "llama3.2-1b", [(1, 4, 1, 512), (16, 4, 1, 512), (64, 4, 1, 256)], 2048, 7
+    rows = []
+    for b, w, r, c in cases:
+        rows.append(measure(shape, "bfloat16", b, w, r, c, context, reps))
+        print(f"gpu_check: mixed {b}x{w}+{r}x{c} {rows[-1]['separate_over_mixed']:.2f}x", file=sys.stderr, flush=True)
+    return {"rows": rows}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU: interpret mode)")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["kernels", "bandwidth", "engine", "scale", "trees"])
+    ap.add_argument("--skip", nargs="*", default=[], choices=["kernels", "bandwidth", "engine", "scale", "trees",
+                                                                     "mixed"])
     ap.add_argument("--scale-shapes", nargs="*", default=list(SCALE_SHAPES), choices=SCALE_SHAPES,
                     help="the scale section's shapes (one call each: each should fit the 10-minute limit)")
     args = ap.parse_args()
@@ -250,7 +279,7 @@ def main() -> None:
               # jax's own default for Pallas on GPU (the loop body names Triton whatever this says)
               "pallas_gpu_default": "mosaic" if getattr(jax.config, "jax_pallas_use_mosaic_gpu", False) else "triton"}
     for name, fn in (("kernels", kernels), ("bandwidth", bandwidth), ("engine", engine),
-                     ("scale", scale), ("trees", trees)):
+                     ("scale", scale), ("trees", trees), ("mixed", mixed)):
         if name in args.skip:
             continue
         t0 = time.perf_counter()

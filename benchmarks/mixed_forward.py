@@ -50,7 +50,7 @@ def measure(shape: str, dtype: str, b: int, w: int, r: int, c: int, context: int
     from specjax.scale import random_models
 
     cfg = ModelConfig(vocab_size=32000, d_model=512, n_layers=8, n_heads=8, n_kv_heads=8, d_ff=1536,
-                      max_seq_len=4096, mtp_depth=0) if shape == "d512" else shape
+                      max_seq_len=4096, mtp_depth=0) if shape == "d512" else shape  # or a ModelConfig
     target, _ = random_models(cfg, dtype=dtype, draft=False)
     dec, params = target.decoder, target.params
     if any(dec.config.is_local(i) or dec.config.is_compressed(i) for i in range(dec.config.n_layers)):
@@ -107,7 +107,8 @@ def measure(shape: str, dtype: str, b: int, w: int, r: int, c: int, context: int
             cache = fn(cache)
             times[name].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
-    return {"shape": shape, "dtype": dtype, "decode_rows": b, "window": w, "chunk_rows": r, "chunk": c,
+    name = shape if isinstance(shape, str) else "config"
+    return {"shape": name, "dtype": dtype, "decode_rows": b, "window": w, "chunk_rows": r, "chunk": c,
             "context": context, "tokens": b * w + r * c, "ms": {k: v * 1e3 for k, v in med.items()},
             "separate_over_mixed": med["separate"] / med["mixed"], "reps": reps}
 

@@ -86,12 +86,16 @@ def _requests(seed):
                     max_new_tokens=int(rng.integers(3, 30))) for i in range(7)]
 
 
-@pytest.mark.parametrize("drafter,c,cache", [("mtp", 1, "dense"), ("mtp", 7, "dense"), ("draft_model", 7, "dense"),
-                                             ("ngram", 3, "dense"), ("mtp", 4, "paged"), ("draft_model", 5, "paged")])
-def test_chunked_jobs_give_every_request_its_alone_tokens(drafter, c, cache):
+@pytest.mark.parametrize("drafter,c,cache,mixed", [
+    ("mtp", 1, "dense", True), ("mtp", 7, "dense", True), ("draft_model", 7, "dense", True),
+    ("ngram", 3, "dense", True), ("mtp", 4, "paged", True), ("draft_model", 5, "paged", True),
+    ("draft_model", 5, "paged", False)])
+def test_chunked_jobs_give_every_request_its_alone_tokens(monkeypatch, drafter, c, cache, mixed):
     """Paged: the pool has one owner, the live state, which lends a pending admit its rows'
     entries and the pool for each chunk (the draft model's pool too), so pending and running
-    rows never take the same page."""
+    rows never take the same page. Mixed (the default): each chunk in a decode step's forward;
+    else each chunk its own call (as under ``depth="auto"``)."""
+    monkeypatch.setattr(batch_mod, "MIXED_STEP", mixed)
     reqs = _requests(seed=c)
     kw = dict(drafter=drafter, depth=3, eos_id=EOS, ngram_n=2, draft_model=DRAFT if drafter == "draft_model" else None,
               cache=cache)
@@ -104,7 +108,7 @@ def test_chunked_jobs_give_every_request_its_alone_tokens(drafter, c, cache):
             assert out[r.id].tokens == alone.tokens[0], (rule, r.id)
             if rule == "per_sequence":  # the drafter state came out of the chunks whole
                 assert out[r.id].metrics["accepted_trace"] == alone.metrics["row_accepted_trace"][0], r.id
-    assert batch_mod._TRACES["chunk_step"] > 0  # each chunk in a decode step's forward
+    assert batch_mod._TRACES["chunk_step" if mixed else "chunk"] > 0
     before = dict(batch_mod._TRACES)  # lengths and budgets are data: the same job again compiles nothing
     again = [Request(r.prompt, id=r.id, max_new_tokens=max(1, r.max_new_tokens - 1)) for r in reqs]
     list(batch_generate(MODEL, again, slots=3, refill_rows=2, prefill_chunk=c, kv_advance="cohort", **kw))
