@@ -284,7 +284,7 @@ def _keep_prefix(eng: EngineConfig, st: EngineState, rows: jax.Array, upto: jax.
     first ``upto [R]`` pages' under the target's page ids."""
     if getattr(st.dstate, "prefix", None) is None:
         return st
-    return st.replace(dstate=eng.drafter.keep_prefix(st.dstate, rows, st.cache.global_kv.block_table, upto))
+    return st.replace(dstate=eng.drafter.keep_prefix(eng, st.dstate, rows, st.cache.global_kv.block_table, upto))
 
 
 def _pooled(part: Any) -> bool:
@@ -477,15 +477,15 @@ def batch_generate(
     ``refill_rows``: rows prefilled per admit (default ``slots // 4``); decoding runs until
     that many rows are free (fewer when the stream runs dry) or ``sync_every`` steps.
     ``prefill_chunk``: prompts longer than this are prefilled ``prefill_chunk`` tokens per
-    decode step (one chunk, then one step of the live rows, ...): a long prompt stalls the
-    running rows for one chunk at a time, not its whole prefill; its row joins the decode
+    decode step (each chunk in the step's own forward: ``step_with_chunk``): a long prompt
+    stalls the running rows for one chunk at a time, not its whole prefill; its row joins the decode
     loop when its last chunk has taken its first token (dense and paged caches, sliding-window
     and compressed layers included, a mesh and the prefix cache too). ``prefix_cache`` (``cache=
     "paged"``; default on wherever it applies): a request whose prompt begins with full pages
     already in the pool starts on them (reference-counted, never written by it) and computes
     only the rest; unreferenced cached pages are evicted least recently used when the pool
-    needs them (``specjax.prefix_cache``; a model whose layers are all global, drafter "none",
-    "ngram" or "draft_model"; each completion's ``cached_tokens`` says what it reused). ``stop``: checked between
+    needs them (``specjax.prefix_cache``; a model whose layers are all global, any drafter; each
+    completion's ``cached_tokens`` says what it reused). ``stop``: checked between
     rounds; when it returns True the job ends early (requests still running are dropped,
     nothing partial is yielded). ``where``: how validation errors
     name each listed request (default ``requests[i] (id ...)``; the CLI names file lines).
@@ -565,7 +565,7 @@ def batch_generate(
         params["draft"] = draft_model.params
     refill = refill_rows or max(1, slots // 4)
     pool = pages if pages is not None else slots * -(-eng.capacity // PAGE_SIZE)
-    prefixes = _prefixes(eng, prefix_cache, groups)
+    prefixes = _prefixes(eng, prefix_cache, eng.pool_groups)
     return _run(eng, params, rows_iter, slots, width, refill, sync_every, pool if cache == "paged" else None,
                 stop or (lambda: False), eos_width, cfg.cost, listed, prefill_chunk, prefixes)
 
@@ -579,9 +579,6 @@ def _prefix_refusal(eng: EngineConfig) -> str | None:
     if eng.drafter.name == "draft_model":
         if not getattr(jax.eval_shape(lambda: eng.new_cache(eng.draft, eng.pool_groups)), "shares_prefixes", False):
             return "needs a draft model whose layers are all global too"
-    elif eng.drafter.name == "mtp" and eng.mesh is not None:
-        return "runs with the 'mtp' drafter without a mesh only (the MTP block's store of cached pages is not " \
-               "sharded yet); drafters 'none', 'ngram' and 'draft_model' share prefixes on a mesh"
     elif eng.drafter.name not in ("none", "ngram", "mtp"):
         return f"runs with drafters 'none', 'ngram', 'mtp' and 'draft_model' (the {eng.drafter.name!r} drafter " \
                "keeps caches of its own that cached pages do not hold)"

@@ -788,7 +788,7 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--no-prefix-cache", action="store_true",
                    help="with --cache paged, compute every prompt in full (by default a prompt whose head is already "
                         "in the pool as whole pages reuses them, with every drafter on a model whose layers are all "
-                        "global; with mtp, not on a mesh)")
+                        "global)")
     j.add_argument("--stats", metavar="FILE", default=None,
                    help="also write the job's summary as JSON: throughput and latency percentiles (time to first "
                         "token, inter-token, queue wait)")

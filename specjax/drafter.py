@@ -410,6 +410,14 @@ def _top_logits(logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     return top.astype(jnp.int32).reshape(top.shape[0], -1), logp.reshape(logp.shape[0], -1)
 
 
+def _pool_offset(eng, dstate, rows: jax.Array) -> jax.Array:
+    """int32 ``[R]``: where the pool group of each of slots ``rows`` starts in the MTP block's
+    store of cached pages (``MtpState.prefix``: one part per pool group, as the target's pool,
+    whose block tables hold group-local page ids); 0 with one pool."""
+    b, n, g = dstate.cache.k[0].shape[0], dstate.prefix[0].shape[0], eng.pool_groups
+    return (jnp.minimum(rows, b - 1) // (b // g) * (n // g)).astype(jnp.int32)
+
+
 @dataclasses.dataclass(frozen=True)
 class MtpDrafter:
     """DeepSeek-V3-style MTP head of the target, chained to ``depth`` drafts.
@@ -478,10 +486,11 @@ class MtpDrafter:
             return sub
         pages, count = shared
         b, m = rows.shape[0], min(shared[0].shape[1], width // page)  # pages the view holds (a row's cached all fit)
+        ids = jnp.maximum(pages[:, :m], 0) + _pool_offset(eng, dstate, rows)[:, None]
         keep = (jnp.arange(m * page) < (count * page)[:, None])[:, None, :, None]
 
         def slots(store, into):  # [R, Hkv, m * page, D]: the rows' cached pages, slot-major
-            got = jnp.take(store, jnp.maximum(pages[:, :m], 0), axis=0).transpose(0, 2, 1, 3, 4)
+            got = jnp.take(store, ids, axis=0).transpose(0, 2, 1, 3, 4)
             got = jnp.where(keep, got.reshape(b, got.shape[1], m * page, -1), 0).astype(into.dtype)
             return into.at[:, :, : m * page].set(got)
 
@@ -496,7 +505,7 @@ class MtpDrafter:
         shape = (num_pages, one.shape[1], page_size, one.shape[3])
         return dstate.replace(prefix=(jnp.zeros(shape, one.dtype), jnp.zeros(shape, one.dtype)))
 
-    def keep_prefix(self, dstate, rows, table, upto):
+    def keep_prefix(self, eng, dstate, rows, table, upto):
         """The block's K/V of rows ``rows [R]``'s first ``upto [R]`` pages (their full prompt
         pages, just registered in the target's pool) into ``dstate.prefix`` at the target's
         page ids ``table [B, M]``: a later row starting on those pages starts with them."""
@@ -506,7 +515,8 @@ class MtpDrafter:
         b, r = c.shape[0], rows.shape[0]
         m = min(table.shape[1], c.shape[2] // page)
         mine = jnp.minimum(rows, b - 1)
-        ids = jnp.where((jnp.arange(m) < upto[:, None]) & (rows < b)[:, None], table[mine, :m], n)  # n: dropped
+        ids = table[mine, :m] + _pool_offset(eng, dstate, rows)[:, None]
+        ids = jnp.where((jnp.arange(m) < upto[:, None]) & (rows < b)[:, None], ids, n)  # n: dropped
 
         def pages(slots, store):  # [R, m, Hkv, page, D]
             got = slots[mine, :, : m * page].reshape(r, slots.shape[1], m, page, -1).transpose(0, 2, 1, 3, 4)

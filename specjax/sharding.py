@@ -85,6 +85,7 @@ STATE_RULES: dict[tuple[str, str], P] = {
     ("PagedKVCache", "num_free"): P(DATA),  # [G]
     ("PagedKVCache", "refs"): P(DATA),  # [G * pages]: each group's page counts on its shard
     ("PagedKVCache", "cached"): P(DATA),
+    ("MtpState", "prefix"): P(DATA, MODEL, None, None),  # the MTP block's store of cached pages: as the pool
     ("EngineState", "i"): P(),  # the step counter
     ("EngineState", "auto"): P(),  # depth="auto"'s cost table and window counts
 }

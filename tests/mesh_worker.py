@@ -182,6 +182,12 @@ def extras() -> None:
     result["tokens"]["batch_generate paged, shared prefixes"] = [done[i].tokens for i in range(8)] == pref
     result["tokens"]["batch_generate paged, shared prefixes reused"] = \
         sum(c.metrics["cached_tokens"] for c in done.values()) == 4 * 16  # each shard's later request
+    # the MTP block's store of cached pages, one part per shard's pool (group-local page ids)
+    pref = specjax.generate(flat, [r["prompt"] for r in preqs], max_new_tokens=5, drafter="mtp", depth=1).tokens
+    done = {c.id: c for c in specjax.batch_generate(flat, preqs, slots=4, drafter="mtp", depth=1, cache="paged",
+                                                    mesh=mesh)}
+    result["tokens"]["batch_generate paged, shared prefixes, mtp"] = [done[i].tokens for i in range(8)] == pref and \
+        sum(c.metrics["cached_tokens"] for c in done.values()) == 4 * 16
 
     # a draft model the model axis cannot split (4 query heads on 8 devices): replicated, same tokens
     small = sharp(ModelConfig(vocab_size=64, d_model=16, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=4, d_ff=24,

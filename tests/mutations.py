@@ -1827,7 +1827,7 @@ Mutation(
     Mutation(
         "prefix cache, MTP: the block's entries of registered pages are never stored",
         "MtpDrafter.keep_prefix",
-        "        ids = jnp.where((jnp.arange(m) < upto[:, None]) & (rows < b)[:, None], table[mine, :m], n)",
+        "        ids = jnp.where((jnp.arange(m) < upto[:, None]) & (rows < b)[:, None], ids, n)  # n: dropped",
         "        ids = jnp.full((r, m), n)",
         ("tests/test_prefix_cache.py::test_the_mtp_block_keeps_its_entries_of_cached_pages_and_a_sharing_row_starts_with_them",),
     ),
@@ -1845,6 +1845,13 @@ Mutation(
         "        draft = eng.drafter.rows_view(eng, st.dstate, rows, p)\n",
         ("tests/test_prefix_cache.py::test_a_job_hands_a_sharing_row_the_mtp_entries_its_cached_pages_were_written_with",
          "tests/test_prefix_cache.py::test_rows_sharing_prefixes_equal_generate_alone"),
+    ),
+    Mutation(
+        "prefix cache, MTP: a pool group's pages read from the store's first group (its page ids are group-local)",
+        "_pool_offset",
+        "    return (jnp.minimum(rows, b - 1) // (b // g) * (n // g)).astype(jnp.int32)",
+        "    return jnp.zeros(rows.shape, jnp.int32)",
+        ("tests/test_prefix_cache.py::test_the_mtp_block_keeps_its_entries_of_cached_pages_and_a_sharing_row_starts_with_them",),
     ),
     Mutation(
         "prefix cache, MTP: keys end at the page (a page's last block entry read another prompt's next token)",

@@ -16,7 +16,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import specjax
 import specjax.batch as batch_mod
 from specjax import Request, batch_generate
 from specjax.cache import PagedKVCache
@@ -375,13 +374,10 @@ def test_prefix_cache_off_computes_every_prompt_and_gives_the_same_tokens():
 @pytest.mark.parametrize(("model", "kw", "match"), [
     (MODEL, dict(cache="dense"), "cache='paged'"),
     (SLIDING_MODEL, dict(cache="paged"), "all global"),
-    (MODEL, dict(cache="paged", drafter="mtp", mesh="1x1"), "without a mesh"),
     (MODEL, dict(cache="paged", prefix_cache="yes"), "True, False or None"),
 ])
 def test_a_prefix_cache_that_cannot_apply_is_refused_before_compile(model, kw, match):
     kw.setdefault("prefix_cache", True)
-    if kw.get("mesh") == "1x1":
-        kw["mesh"] = specjax.make_mesh(1, 1, devices=jax.devices()[:1])
     with pytest.raises(ValueError, match=match):
         batch_generate(model, [[1, 2, 3]], max_new_tokens=4, **kw)
 
@@ -420,7 +416,7 @@ def test_the_mtp_block_keeps_its_entries_of_cached_pages_and_a_sharing_row_start
     k, v = (jnp.asarray(rng.normal(size=s.cache.k[0].shape), jnp.float32) for _ in range(2))
     s = d.with_prefix_store(eng, s.replace(cache=s.cache.replace(k=(k,), v=(v,))), num_pages=8, page_size=16)
     table = jnp.asarray([[5, 2, 7], [1, 3, -1], [0, 4, -1]], jnp.int32)
-    s = d.keep_prefix(s, jnp.asarray([0, 1, 3]), table, jnp.asarray([2, 1, 2], jnp.int32))  # row 3: padding
+    s = d.keep_prefix(eng, s, jnp.asarray([0, 1, 3]), table, jnp.asarray([2, 1, 2], jnp.int32))  # row 3: padding
     store = np.asarray(s.prefix[0])
     for page, row, at in ((5, 0, 0), (2, 0, 16), (1, 1, 0)):
         np.testing.assert_array_equal(store[page], np.asarray(k)[row, :, at : at + 16])
@@ -432,6 +428,17 @@ def test_the_mtp_block_keeps_its_entries_of_cached_pages_and_a_sharing_row_start
     np.testing.assert_array_equal(got_k[0, :, :32], np.asarray(k)[0, :, :32])
     np.testing.assert_array_equal(got_v[1, :, :16], np.asarray(v)[1, :, :16])
     assert not got_k[1, :, 16:].any() and not got_k[0, :, 32:].any()  # past the cached pages: empty
+    # two pool groups (a mesh's data shards): slots 2, 3 are group 1's, whose local page ids
+    # index the store's second half
+    eng2 = make_engine(MODEL, drafter="mtp", draft_model=None, depth=2, kv_advance_rule=sj.kv_advance("per_sequence"),
+                       cache="paged", capacity=48, pool_groups=2)
+    s2 = d.empty(eng2, 4, 48)
+    k4 = jnp.asarray(rng.normal(size=s2.cache.k[0].shape), jnp.float32)
+    s2 = d.with_prefix_store(eng2, s2.replace(cache=s2.cache.replace(k=(k4,), v=(k4,))), num_pages=8, page_size=16)
+    s2 = d.keep_prefix(eng2, s2, jnp.asarray([3]), jnp.zeros((4, 3), jnp.int32).at[3, 0].set(1), jnp.asarray([1]))
+    np.testing.assert_array_equal(np.asarray(s2.prefix[0])[4 + 1], np.asarray(k4)[3, :, :16])
+    view = d.rows_view(eng2, s2, jnp.asarray([2]), 40, (jnp.asarray([[1, -1, -1]], jnp.int32), jnp.asarray([1])))
+    np.testing.assert_array_equal(np.asarray(view.cache.k[0])[0, :, :16], np.asarray(k4)[3, :, :16])
 
 
 def test_a_job_hands_a_sharing_row_the_mtp_entries_its_cached_pages_were_written_with(monkeypatch):
@@ -443,11 +450,11 @@ def test_a_job_hands_a_sharing_row_the_mtp_entries_its_cached_pages_were_written
     stored, started = [], []
     keep, view = MtpDrafter.keep_prefix, MtpDrafter.rows_view
 
-    def spy_keep(self, dstate, rows, table, upto):
+    def spy_keep(self, eng, dstate, rows, table, upto):
         row = int(rows[0])
         if row < dstate.cache.k[0].shape[0] and int(upto[0]) > 0:
             stored.append(np.asarray(dstate.cache.k[0])[row, :, : int(upto[0]) * 16])
-        return keep(self, dstate, rows, table, upto)
+        return keep(self, eng, dstate, rows, table, upto)
 
     def spy_view(self, eng, dstate, rows, width, shared=None):
         out = view(self, eng, dstate, rows, width, shared)

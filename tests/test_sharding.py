@@ -96,6 +96,7 @@ def test_loaders_stream_batch_memory_and_errors_on_a_mesh():
                                      "batch_generate paged: latency of every step",
                                      "batch_generate paged, a page per shard", "batch_generate paged, shared prefixes",
                                      "batch_generate paged, shared prefixes reused",
+                                     "batch_generate paged, shared prefixes, mtp",
                                      "batch_generate dense, chunked prefill", "batch_generate paged, chunked prefill",
                                      "replicated draft model"}
     for plan_args, xla_args, act, xla_temp in result["memory"]:
