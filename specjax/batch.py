@@ -65,7 +65,7 @@ from specjax.engine import (
     request_capacity,
     row_status,
     run_steps,
-    step_with_chunk,
+    step_and_chunk,
 )
 from specjax.generation import check_mesh, mesh_context
 from specjax.generation_config import GenerationConfig, check_sampling, is_int, shown, takes_settings
@@ -78,9 +78,9 @@ from specjax.validate import EOS_WIDTH, check_drafter_models, check_eos, eos_tab
 
 __all__ = ["Completion", "Request", "batch_generate"]
 
-# Chunked prefill runs each chunk in a decode step's forward (``_chunk_step``) wherever the
-# step's window is fixed (no step controller); False: each chunk is its own call before the
-# step (``_chunk``), the baseline ``benchmarks/batch_latency.py`` compares against.
+# Chunked prefill runs each chunk in a decode step's forward (``_chunk_step``); False: each
+# chunk is its own call before the step (``_chunk``), the baseline
+# ``benchmarks/batch_latency.py`` compares against.
 MIXED_STEP = True
 
 _TRACES = {"admit": 0, "decode": 0, "begin": 0, "chunk": 0, "chunk_step": 0, "finish": 0}
@@ -244,15 +244,16 @@ def _chunk(eng: EngineConfig, params: dict, st: EngineState, sub: EngineState, r
 def _chunk_step(eng: EngineConfig, params: dict, st: EngineState, sub: EngineState, rows: jax.Array,
                 c: int) -> tuple[EngineState, EngineState]:
     """One decode step of the live rows with the next ``c`` prompt tokens of pending rows
-    ``sub`` (slots ``rows``) in its verify forward (``step_with_chunk``: one forward, the
-    weights read once). The chunk's pages are reserved first and given back, so the step
-    reserves its own from what is left; after the forward the rows borrow the pool again for
-    the chunk's commit (``chunk_commit``: their first token, the drafter's prefill)."""
+    ``sub`` (slots ``rows``) in its verify forward (``step_and_chunk``: one forward, the
+    weights read once; under a step controller, at the window it chose). The chunk's pages
+    are reserved first and given back, so the step reserves its own from what is left; after
+    the forward the rows borrow the pool again for the chunk's commit (``chunk_commit``:
+    their first token, the drafter's prefill)."""
     _TRACES["chunk_step"] += 1
     lent = _lend(st, sub, rows)
     chunk = chunk_window(eng, lent, c)
     st, sub = _give(st, lent.replace(cache=chunk.cache), rows)
-    st, _, (hidden, cache) = step_with_chunk(eng, params, st, eng.window, chunk)
+    st, (hidden, cache) = step_and_chunk(eng, params, st, chunk)
     sub = _lend(st, sub.replace(cache=cache), rows)  # the chunk's dense parts; the pool's rows as the step left them
     st, sub = _give(st, chunk_commit(eng, params, sub, chunk, hidden, sub.cache), rows)
     return constrain(st, eng.mesh), constrain(sub, eng.mesh)
@@ -620,9 +621,8 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
     round boundaries times every request (``specjax.latency``): a listed job's requests
     arrive at its start, a stream's when it yields them. With ``chunk``, an admit of prompts
     wider than it is pending (``_Pending``): each round runs one decode step with the next
-    chunk of the oldest pending admit in its forward (``_chunk_step``; under a step
-    controller, the chunk as its own call, then the step); its rows join when their prompts
-    are in. With ``prefixes``
+    chunk of the oldest pending admit in its forward (``_chunk_step``); its rows join when
+    their prompts are in. With ``prefixes``
     (the prefix cache), each admit starts its rows on the cached pages of their prompts' heads
     and registers the full prompt pages it writes; at the end every page is back in the pool."""
     start = latency.now()
@@ -638,7 +638,7 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
     queue: collections.deque[_Row] = collections.deque()
     pending: collections.deque[_Pending] = collections.deque()  # chunked admits, oldest first
     exhausted = False
-    mixed = chunk is not None and MIXED_STEP and eng.controller is None  # chunks ride in the step's forward
+    mixed = chunk is not None and MIXED_STEP  # chunks ride in the step's forward
 
     def chunk_done(st: EngineState) -> EngineState:
         """After a chunk of the oldest pending admit: its rows join when their prompts are in."""

@@ -708,9 +708,9 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "deferred MTP: a drafting window runs without settling the backlog first (stale first draft)",
-        "run_steps",
-        "        return lambda s: chosen(s) & (drafter.backlog(s.dstate) > 0), chosen",
-        "        return lambda s: chosen(s) & (drafter.backlog(s.dstate) < 0), chosen",
+        "_dispatch",
+        "    return lambda s: chosen(s) & (drafter.backlog(s.dstate) > 0), chosen",
+        "    return lambda s: chosen(s) & (drafter.backlog(s.dstate) < 0), chosen",
         ("tests/test_depth_auto.py::test_mtp_deferred_over_window_1_equals_running_it_every_step",),
     ),
     Mutation(
@@ -1715,6 +1715,13 @@ Mutation(
         "    sub = _lend(st, sub.replace(cache=cache), rows)",
         "    sub = sub.replace(cache=cache)",
         ("tests/test_chunked_prefill.py::test_chunked_paged_jobs_share_a_tight_pool_with_the_running_rows",),
+    ),
+    Mutation(
+        "chunk in the step, depth='auto': the chunk's hidden state never leaves the chosen window's loop",
+        "step_and_chunk",
+        "            return ctl.choose(eng, out), h.astype(hidden.dtype), cache.without_pool(), jnp.bool_(True)",
+        "            return ctl.choose(eng, out), hidden, cache.without_pool(), jnp.bool_(True)",
+        ("tests/test_chunked_prefill.py::test_auto_depth_times_its_table_on_running_rows_not_pending_ones",),
     ),
     # --- prefix cache ---
     Mutation(

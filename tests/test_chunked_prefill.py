@@ -191,26 +191,38 @@ def test_a_long_prompt_stalls_the_running_rows_one_chunk_at_a_time(monkeypatch, 
         assert out[r.id].tokens == _alone_run(MODEL, r, drafter="ngram", ngram_n=2).tokens[0]
 
 
-def test_auto_depth_times_its_table_on_running_rows_not_pending_ones(monkeypatch):
+@pytest.mark.parametrize("drafter,cache", [("mtp", "dense"), ("draft_model", "paged")])
+def test_auto_depth_times_its_table_on_running_rows_not_pending_ones(monkeypatch, drafter, cache):
     """Every prompt is longer than a chunk, so the first rounds hold pending rows only: the
     step-cost table of ``depth="auto"`` waits for rows that decode (timing steps of a batch
-    with nothing running would measure nothing, and the table is kept on disk)."""
-    seen = []
-    real = batch_mod._set_cost
+    with nothing running would measure nothing, and the table is kept on disk). Each chunk
+    rides in the step the controller chose (``step_and_chunk``), never its own call."""
+    seen, calls = [], {"chunk": 0, "chunk_step": 0}
+    real, chunk, chunk_step = batch_mod._set_cost, batch_mod._chunk, batch_mod._chunk_step
 
     def spy(eng, params, st, *rest):
         seen.append(bool(np.any(~np.asarray(st.done))))
         return real(eng, params, st, *rest)
 
+    def counted(name, fn):
+        def call(*args):
+            calls[name] += 1
+            return fn(*args)
+        return call
+
     monkeypatch.setattr(batch_mod, "_set_cost", spy)
+    monkeypatch.setattr(batch_mod, "_chunk", counted("chunk", chunk))
+    monkeypatch.setattr(batch_mod, "_chunk_step", counted("chunk_step", chunk_step))
     rng = np.random.default_rng(3)
     reqs = [Request(prompt=rng.integers(0, 31, int(rng.integers(10, 30))).tolist(), id=i,
                     max_new_tokens=int(rng.integers(3, 30))) for i in range(4)]
+    kw = dict(drafter=drafter, draft_model=DRAFT if drafter == "draft_model" else None, cache=cache)
     out = {x.id: x.tokens for x in batch_generate(MODEL, reqs, slots=2, refill_rows=2, prefill_chunk=4,
-                                                  drafter="mtp", depth="auto", max_depth=3)}
+                                                  depth="auto", max_depth=3, **kw)}
     assert seen == [True]
+    assert calls["chunk"] == 0 and calls["chunk_step"] > 0
     for r in reqs:
-        assert out[r.id] == _alone_run(MODEL, r, drafter="mtp", depth=3).tokens[0]
+        assert out[r.id] == _alone_run(MODEL, r, depth=3, **kw).tokens[0]
 
 
 @pytest.mark.parametrize("kw,match", [

@@ -70,6 +70,13 @@ class ModelCache:
             return self.replace(global_kv=self.global_kv.replace(k=other.global_kv.k, v=other.global_kv.v))
         return self
 
+    def without_pool(self) -> ModelCache:
+        """These rows without a paged pool's storage (carried beside the cache that owns it:
+        ``on_pool_of`` gives it back)."""
+        if isinstance(self.global_kv, PagedKVCache):
+            return self.replace(global_kv=self.global_kv.replace(k=None, v=None))
+        return self
+
     def release(self, idle: jax.Array) -> ModelCache:
         """Paged global layers: return every page of ``idle [B]`` rows to the pool."""
         return self._map(lambda c: c.release(idle) if isinstance(c, PagedKVCache) else c)

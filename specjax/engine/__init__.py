@@ -15,7 +15,7 @@
 
 from specjax.engine.config import PAGE_SIZE, EngineConfig, make_engine, prompt_bucket, request_capacity
 from specjax.engine.controller import StepController
-from specjax.engine.loop import decode_step, generate_loop, run_steps, step
+from specjax.engine.loop import decode_step, generate_loop, run_steps, step, step_and_chunk
 from specjax.engine.prefill import (
     Chunk,
     chunk_commit,
@@ -33,5 +33,5 @@ __all__ = [
     "PAGE_SIZE", "Chunk", "EngineConfig", "EngineState", "StepController", "StepVerdicts", "check_status",
     "chunk_commit", "chunk_window", "decode_step", "fetch", "fresh_prefill", "generate_loop", "make_engine",
     "new_state", "pending_rows", "prefill", "prefill_chunk", "prefill_rows", "prompt_bucket", "request_capacity",
-    "row_status", "run_steps", "step", "step_window", "step_with_chunk",
+    "row_status", "run_steps", "step", "step_and_chunk", "step_window", "step_with_chunk",
 ]

@@ -67,15 +67,17 @@ def step_window(eng: EngineConfig, params: dict, st: EngineState, w: int,
     return _commit(eng, params, st, w, v)
 
 
-def step_with_chunk(eng: EngineConfig, params: dict, st: EngineState, w: int, chunk: Chunk
+def step_with_chunk(eng: EngineConfig, params: dict, st: EngineState, w: int, chunk: Chunk,
+                    drafts: tuple[jax.Array, jax.Array] | None = None
                     ) -> tuple[EngineState, StepVerdicts, tuple[jax.Array, Any]]:
     """``step_window`` with a prefill ``chunk`` of pending rows (``specjax.engine.prefill.Chunk``,
     rows outside ``st``) in the same target forward (``forward_mixed``: the weights are read
     once for the window and the chunk). Returns ``(st, verdicts, (hidden [R, c, d], cache))``,
     the chunk's half for ``chunk_commit``. ``st``'s paged pool ends with the chunk's K/V; a
-    slot both write (a pending row's, which ``st`` holds done) takes the chunk's."""
+    slot both write (a pending row's, which ``st`` holds done) takes the chunk's. ``drafts``:
+    as ``step_window``'s (a step controller's counts)."""
     v, out = _tree_verify(eng, params, st, chunk) if eng.tree is not None else \
-        _chain_verify(eng, params, st, w, None, chunk)
+        _chain_verify(eng, params, st, w, drafts, chunk)
     st, verdicts = _commit(eng, params, st, w, v)
     return st, verdicts, out
 
