@@ -478,10 +478,10 @@ def batch_generate(
     ``refill_rows``: rows prefilled per admit (default ``slots // 4``); decoding runs until
     that many rows are free (fewer when the stream runs dry) or ``sync_every`` steps.
     ``prefill_chunk``: prompts longer than this are prefilled ``prefill_chunk`` tokens per
-    decode step (each chunk in the step's own forward: ``step_with_chunk``): a long prompt
-    stalls the running rows for one chunk at a time, not its whole prefill; its row joins the decode
-    loop when its last chunk has taken its first token (dense and paged caches, sliding-window
-    and compressed layers included, a mesh and the prefix cache too). ``prefix_cache`` (``cache=
+    decode step (each chunk in the step's own forward: ``step_and_chunk``): a long prompt
+    stalls the running rows for one chunk at a time, not its whole prefill; its row joins the
+    decode loop when its last chunk has taken its first token (dense and paged caches,
+    sliding-window and compressed layers, ``depth="auto"``, a mesh and the prefix cache too). ``prefix_cache`` (``cache=
     "paged"``; default on wherever it applies): a request whose prompt begins with full pages
     already in the pool starts on them (reference-counted, never written by it) and computes
     only the rest; unreferenced cached pages are evicted least recently used when the pool

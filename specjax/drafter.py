@@ -481,11 +481,13 @@ class MtpDrafter:
         pages ``pages[r, :count[r]]``, so the block's cache starts with their K/V from
         ``dstate.prefix`` and its length at their end."""
         sub = self.empty(eng, rows.shape[0], width, capacity=width)
-        page = 0 if shared is None else dstate.prefix[0].shape[2]
-        if shared is None or width < page:  # (a prompt shorter than a page has no cached page)
+        if shared is None:
+            return sub
+        page = dstate.prefix[0].shape[2]
+        if width < page:  # a prompt shorter than a page has no cached page
             return sub
         pages, count = shared
-        b, m = rows.shape[0], min(shared[0].shape[1], width // page)  # pages the view holds (a row's cached all fit)
+        b, m = rows.shape[0], min(pages.shape[1], width // page)  # pages the view holds (a row's cached all fit)
         ids = jnp.maximum(pages[:, :m], 0) + _pool_offset(eng, dstate, rows)[:, None]
         keep = (jnp.arange(m * page) < (count * page)[:, None])[:, None, :, None]
 

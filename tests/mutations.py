@@ -1697,14 +1697,14 @@ Mutation(
     Mutation(
         "mixed forward: a later group writes over the pool as it was before the earlier group's write",
         "forward_mixed",
-        "                glob = glob.replace(k=out[-1][0].k, v=out[-1][0].v)  # the pool as the group before left it\n",
+        "                glob = glob.on_pool_of(out[-1][0])  # the pool as the group before left it\n",
         "                pass\n",
         ("tests/test_chunked_prefill.py::test_a_mixed_forward_equals_each_group_alone",),
     ),
     Mutation(
         "mixed forward: the decode window's cache keeps a pool without the chunk's K/V",
         "forward_mixed",
-        "            out = [(g.replace(k=last.k, v=last.v) if isinstance(g, PagedKVCache) else g, loc, mem)\n",
+        "            out = [(g.on_pool_of(last) if isinstance(g, PagedKVCache) else g, loc, mem)\n",
         "            out = [(g, loc, mem)\n",
         ("tests/test_chunked_prefill.py::test_a_mixed_forward_equals_each_group_alone",
          "tests/test_chunked_prefill.py::test_chunked_jobs_give_every_request_its_alone_tokens"),

@@ -67,7 +67,7 @@ class ModelCache:
         """These rows over ``other``'s paged pool storage (two views of one pool, written one
         after the other); every other part is the rows' own."""
         if isinstance(self.global_kv, PagedKVCache) and isinstance(other.global_kv, PagedKVCache):
-            return self.replace(global_kv=self.global_kv.replace(k=other.global_kv.k, v=other.global_kv.v))
+            return self.replace(global_kv=self.global_kv.on_pool_of(other.global_kv))
         return self
 
     def without_pool(self) -> ModelCache:

@@ -384,6 +384,11 @@ class PagedKVCache:
         return view.replace(block_table=jnp.where(m < count[:, None], pages, -1), pages_held=count,
                             lengths=count * self.page_size)
 
+    def on_pool_of(self, other: PagedKVCache) -> PagedKVCache:
+        """These rows over ``other``'s pool storage (``k``, ``v``): two views of one pool written
+        one after the other (``forward_mixed``) share what the later left."""
+        return self.replace(k=other.k, v=other.v)
+
     def take_rows(self, rows: jax.Array) -> PagedKVCache:
         """Rows ``rows [R]`` (index ``batch``: an empty padding row) over the same pool: what
         ``put_rows(rows, ...)`` takes back (group-major under pool groups, as ``rows_view``)."""

@@ -63,19 +63,19 @@ def step_window(eng: EngineConfig, params: dict, st: EngineState, w: int,
     controller's choice); ``None``: every slot of the window. State arrays keep the engine's
     ``depth``; the step counts its verdicts (``seen_pos``) and nothing else a controller keeps.
     With ``eng.tree`` the window is a token tree (``_tree_verify``), else a chain."""
-    v, _ = _tree_verify(eng, params, st) if eng.tree is not None else _chain_verify(eng, params, st, w, drafts)
-    return _commit(eng, params, st, w, v)
+    st, verdicts, _ = step_with_chunk(eng, params, st, w, None, drafts)
+    return st, verdicts
 
 
-def step_with_chunk(eng: EngineConfig, params: dict, st: EngineState, w: int, chunk: Chunk,
+def step_with_chunk(eng: EngineConfig, params: dict, st: EngineState, w: int, chunk: Chunk | None,
                     drafts: tuple[jax.Array, jax.Array] | None = None
-                    ) -> tuple[EngineState, StepVerdicts, tuple[jax.Array, Any]]:
+                    ) -> tuple[EngineState, StepVerdicts, tuple[jax.Array, Any] | None]:
     """``step_window`` with a prefill ``chunk`` of pending rows (``specjax.engine.prefill.Chunk``,
     rows outside ``st``) in the same target forward (``forward_mixed``: the weights are read
     once for the window and the chunk). Returns ``(st, verdicts, (hidden [R, c, d], cache))``,
     the chunk's half for ``chunk_commit``. ``st``'s paged pool ends with the chunk's K/V; a
     slot both write (a pending row's, which ``st`` holds done) takes the chunk's. ``drafts``:
-    as ``step_window``'s (a step controller's counts)."""
+    as ``step_window``'s (a step controller's counts). ``chunk=None``: ``step_window``."""
     v, out = _tree_verify(eng, params, st, chunk) if eng.tree is not None else \
         _chain_verify(eng, params, st, w, drafts, chunk)
     st, verdicts = _commit(eng, params, st, w, v)

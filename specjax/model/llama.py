@@ -452,13 +452,13 @@ def forward_mixed(
         for g in range(len(groups)):  # every group's write first: a pool's reads all come after its last write
             glob, loc, mem = caches[g]
             if g and isinstance(glob, PagedKVCache) and isinstance(out[-1][0], PagedKVCache):
-                glob = glob.replace(k=out[-1][0].k, v=out[-1][0].v)  # the pool as the group before left it
+                glob = glob.on_pool_of(out[-1][0])  # the pool as the group before left it
             glob, loc, mem, a = _layer_write(config, (glob, loc, mem), q[g], k[g], v[g], kind_layer, idx)
             out.append((glob, loc, mem))
             attn.append(a)
         last = out[-1][0]
         if isinstance(last, PagedKVCache):  # every group on the final pool
-            out = [(g.replace(k=last.k, v=last.v) if isinstance(g, PagedKVCache) else g, loc, mem)
+            out = [(g.on_pool_of(last) if isinstance(g, PagedKVCache) else g, loc, mem)
                    for g, loc, mem in out]
         attn = [_layer_attend(config, out[g], q[g], kind_layer, idx, attention_impl, groups[g][3]) if a is None else a
                 for g, a in enumerate(attn)]
