@@ -73,7 +73,7 @@ from specjax.prefix_cache import PrefixCache, page_keys
 from specjax.protocols import DecoderModel, check_model
 from specjax.sampling import RowSampling, derive_seed
 from specjax.sharding import constrain, data_shards, shard_model, shardings, state_specs
-from specjax.tree import tree_label
+from specjax.tree import tree_label, tree_scratch, tree_window
 from specjax.validate import EOS_WIDTH, check_drafter_models, check_eos, eos_table, fail, resolve_depth
 
 __all__ = ["Completion", "Request", "batch_generate"]
@@ -376,7 +376,7 @@ class _Job:
     model: DecoderModel
     max_new_tokens: int
     max_prompt_len: int
-    depth: int  # 0 without a drafter
+    depth: int  # slots past a row's length a step writes, less one: its drafts (a tree's nodes and beams)
     temperature: float
     top_k: int | None
     top_p: float | None
@@ -505,11 +505,15 @@ def batch_generate(
             fail(name, val, f"must be an int >= {lo}")
     if not is_int(seed):
         fail("seed", seed, "must be one int in [0, 2**32) (each request's seed is derived from it and its id)")
-    if cfg.tree is not None:
-        fail("tree", tree_label(cfg.tree), "batch jobs verify chains: token trees run in generate and stream")
     drafter = default_drafter(cfg.drafter, model, draft_model)
     check_drafter_models(drafter, model, draft_model)
-    d, policy = resolve_depth(cfg.depth, cfg.max_depth, drafter)
+    d, policy = resolve_depth(cfg.depth, cfg.max_depth, drafter, tree=cfg.tree)
+    if isinstance(cfg.tree, tuple):  # a preset's own depth
+        d = len(cfg.tree)
+    if cfg.tree is not None and mesh is not None:
+        fail("tree", tree_label(cfg.tree), "runs on one device for now: mesh=None")
+    # the slots a step writes past a row's length, less one: a chain's drafts, or a tree's nodes and beams
+    reach = d if cfg.tree is None else tree_window(cfg.tree, d) - 1 + tree_scratch(cfg.tree, d)
     check_cost(cfg.cost, policy)
     if pages is not None and (cache != "paged" or not is_int(pages) or pages < 1):
         fail("pages", pages, "is the paged pool's size: an int >= 1, with cache='paged'")
@@ -536,7 +540,7 @@ def batch_generate(
     bound = max_prompt_len if max_prompt_len is not None else max(1, model_cfg.max_seq_len - max_new_tokens)
     if not is_int(bound) or bound < 1:
         fail("max_prompt_len", bound, "must be an int >= 1")
-    job = _Job(model, max_new_tokens, bound if not listed else model_cfg.max_seq_len - 1, d, float(cfg.temperature),
+    job = _Job(model, max_new_tokens, bound if not listed else model_cfg.max_seq_len - 1, reach, float(cfg.temperature),
                cfg.top_k, cfg.top_p, seed, cfg.eos_id, pages, bounded=not listed,
                eos_width=None if listed else max(EOS_WIDTH, len(check_eos("eos_id", cfg.eos_id, model_cfg.vocab_size))),
                groups=groups, key_ahead=int(drafter == "mtp"))
@@ -558,9 +562,9 @@ def batch_generate(
     cap_width = width if prefill_chunk is None else -(-width // prefill_chunk) * prefill_chunk  # whole chunks
     eng = make_engine(model, drafter=drafter, draft_model=draft_model, depth=d, kv_advance_rule=rule,
                       cache=cache, greedy=greedy, ngram_n=cfg.ngram_n,
-                      capacity=request_capacity(cap_width, longest_new, d),
+                      capacity=request_capacity(cap_width, longest_new, reach),
                       attention_impl=cfg.attention_impl, num_pages=pages,
-                      controller=None if policy is None else AutoDepth(policy), mesh=mesh)
+                      controller=None if policy is None else AutoDepth(policy), mesh=mesh, tree=cfg.tree)
     params = {"target": model.params}
     if eng.draft is not None:
         params["draft"] = draft_model.params

@@ -99,18 +99,28 @@ def mixed_prompts(prompts: Sequence[str]) -> list[str]:
 
 
 TREE = "tree:"  # a tree row's depth: "tree:2x2x1"
+AUTO_TREE = "+auto"  # a tree under depth="auto" (the tree, a chain or plain decoding each step): "dynamic:6,2@4+auto"
 
 
 def _tree_of(depth: int | str):
-    """``(tree, its depth or None)`` of a tree row (its depth ``"tree:2x2x1"``, or a dynamic tree
-    drafted to ``D``: ``"tree:dynamic:8,2@5"``; without ``@D``, to the bench's depth), else None."""
+    """``(tree, its depth or None, under depth="auto")`` of a tree row (its depth
+    ``"tree:2x2x1"``, or a dynamic tree drafted to ``D``: ``"tree:dynamic:8,2@5"``; without
+    ``@D``, to the bench's depth; ending ``+auto``: the tree beside every chain, chosen per step
+    by depth="auto"), else None."""
     if not str(depth).startswith(TREE):
         return None
     from specjax.generation_config import GenerationConfig
 
-    spec, _, d = depth[len(TREE):].partition("@")
+    spec, auto = depth[len(TREE):], depth.endswith(AUTO_TREE)
+    spec, _, d = spec.removesuffix(AUTO_TREE).partition("@")
     tree = GenerationConfig(tree=spec).tree
-    return tree, len(tree) if isinstance(tree, tuple) else int(d) if d else None
+    return tree, len(tree) if isinstance(tree, tuple) else int(d) if d else None, auto
+
+
+def _is_auto(k: int | str) -> bool:
+    """A row whose windows depth="auto" picks (a chain's or a tree's): it reports their shares."""
+    tree = _tree_of(k)
+    return k == "auto" or bool(tree and tree[2])
 
 
 def _positions(k: int | str, depth: int) -> int:
@@ -144,7 +154,7 @@ def _run(bundle, token_prompts, drafter, rule, depth, max_new_tokens, temperatur
     tree = _tree_of(depth)
     if tree:
         kw.update(tree=tree[0])
-        depth = tree[1] or max_depth
+        depth, max_depth = ("auto" if tree[2] else tree[1] or max_depth), tree[1] or max_depth
     return generate(bundle.model, token_prompts, max_new_tokens=max_new_tokens, depth=depth or 1, kv_advance=rule,
                     temperature=temperature, top_p=SAMPLED_TOP_P if temperature > 0 else None,
                     seed=list(range(first, first + len(token_prompts))), max_depth=max_depth, **kw)
@@ -163,7 +173,7 @@ def _cell(bundle, toks, t, wl, b, configs, depth, max_new_tokens, rounds, bar) -
             warm[c] = _run(bundle, g, *c, max_new_tokens, t, max_depth=depth)
             bar.update()
     tally = {c: collections.Counter() for c in configs}
-    shares = {c: np.zeros(depth + 1) for c in configs}
+    shares = dict.fromkeys(configs, 0.0)  # steps at each window of an auto row
     acc_pos = {c: np.zeros(_positions(c[2], depth), np.int64) for c in configs}
     prop_pos = {c: np.zeros(_positions(c[2], depth), np.int64) for c in configs}
     per_round = {c: [] for c in configs}  # each pass's seconds (the row keeps the fastest)
@@ -183,8 +193,8 @@ def _cell(bundle, toks, t, wl, b, configs, depth, max_new_tokens, rounds, bar) -
                 tally[c].update(compiles=m["compiles"], proposed=m["proposed_drafts"], emitted=m["emitted"],
                                 row_steps=m["total_row_steps"], accepted=m["accepted_drafts"],
                                 new=sum(len(x) for x in res.tokens))
-                if k == "auto":
-                    shares[c] += np.asarray(m["window_share"]) * m["steps"]
+                if _is_auto(k):
+                    shares[c] = shares[c] + np.asarray(m["window_share"]) * m["steps"]
                 if d != "none":
                     positions = _positions(k, depth)  # draft positions this row's runs report
                     acc_pos[c][:positions] += m["accepted_per_position_count"]
@@ -199,7 +209,7 @@ def _cell(bundle, toks, t, wl, b, configs, depth, max_new_tokens, rounds, bar) -
         rows.append({
             "temperature": float(t), "workload": wl, "drafter": d, "kv_advance": r if d != "none" else "n/a",
             "depth": k, "batch": b, "mean_proposed_drafts": n["proposed"] / steps,
-            "window_share": (shares[c] / max(shares[c].sum(), 1)).tolist() if k == "auto" else None,
+            "window_share": (shares[c] / max(shares[c].sum(), 1)).tolist() if _is_auto(k) else None,
             "tok_per_step": n["emitted"] / steps,
             "mean_accepted_length": (n["accepted"] + n["row_steps"]) / steps,
             "acceptance_per_position": ((acc_pos[c] / np.maximum(prop_pos[c], 1))[:positions].tolist()
@@ -237,8 +247,10 @@ def bench(
     with ``rounds`` > 1 the pass repeats and each row keeps its fastest (``seconds_per_round``
     and ``speedup_vs_plain_per_round`` keep every pass: the spread one run shows). ``trees``:
     token-tree rows (per-sequence) beside the chains: a preset (``"2x2x1"``) for the MTP drafter,
-    a dynamic tree (``"dynamic:8,2@4"``) for every drafter; each gets ``vs_best_chain``, its
-    tok/s over the best of plain and every chain depth of its drafter."""
+    a dynamic tree (``"dynamic:8,2@4"``) for every drafter, either ending ``+auto`` for the tree
+    under depth="auto" (each step the tree, a chain or plain decoding, priced by the cost
+    table: the node budget per step); each gets ``vs_best_chain``, its tok/s over the best of
+    plain and every chain depth of its drafter."""
     from tqdm import tqdm
 
     from specjax.drafter import DRAFTERS
@@ -257,8 +269,10 @@ def bench(
     from specjax.generation_config import GenerationConfig
 
     for t in trees:
-        spec, _, d = t.partition("@")
-        GenerationConfig(tree=spec, depth=int(d) if d.isdigit() else depth)  # a bad tree: an error before any run
+        spec, _, d = t.removesuffix(AUTO_TREE).partition("@")
+        d = int(d) if d.isdigit() else depth
+        # a bad tree: an error before any run
+        GenerationConfig(tree=spec, **(dict(depth="auto", max_depth=d) if t.endswith(AUTO_TREE) else dict(depth=d)))
     if any(not t.startswith("dynamic") for t in trees) and "mtp" not in drafters:
         raise ValueError(f"trees={list(trees)} holds a preset, which needs the mtp drafter among "
                          f"drafters={list(drafters)}")

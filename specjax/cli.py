@@ -667,7 +667,8 @@ def _add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-depth", type=int, default=3, help="the most drafts --depth auto may propose")
     p.add_argument("--tree", default=None, metavar="K1xK2x...",
                    help="verify a token tree each step instead of a chain: children per node at each draft depth, "
-                        "e.g. 2x2x1 (10 nodes, depth 3; the MTP drafter; --depth is the tree's)")
+                        "e.g. 2x2x1 (10 nodes, depth 3; the MTP drafter; --depth is the tree's), or dynamic:N,K; "
+                        "with --depth auto each step verifies the tree, a chain or none, as the cost table prices them")
     p.add_argument("--cost", default=None, metavar="FILE",
                    help="--depth auto: a step-cost table (JSON: windows, batches, seconds); default: measured at "
                         "warm-up and kept in $SPECJAX_CACHE_DIR (~/.cache/specjax)")
@@ -804,7 +805,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--trees", default=None, metavar="'T1 T2'",
                    help="token-tree rows beside the chains (per_sequence), space-separated: presets (2x2x1, the "
                         "mtp drafter's) and dynamic trees drafted to the bench's --depth or to D (dynamic:8,2@5, "
-                        "every drafter's)")
+                        "every drafter's); ending +auto, the tree under --depth auto (each step the tree, a chain "
+                        "or plain decoding, as the cost table prices them)")
     b.add_argument("--max-new-tokens", type=int, default=None, help="default 128 (--shape: 64)")
     b.add_argument("--prompts", type=int, default=None, help="use the first N of the 64 fixed prompts")
     b.add_argument("--rounds", type=int, default=None,

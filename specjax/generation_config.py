@@ -24,7 +24,7 @@ from specjax.auto.policy import CostTable, DepthPolicy
 from specjax.cache.base import ATTENTION_IMPLS
 from specjax.drafter import AUTO, DRAFTERS, resolve_drafter
 from specjax.protocols import Drafter
-from specjax.tree import DynamicTree, tree_label
+from specjax.tree import DynamicTree, tree_label, tree_window
 
 __all__ = ["MAX_DEPTH", "GenerationConfig", "check_sampling", "fail", "is_int", "shown", "takes_settings"]
 
@@ -92,6 +92,9 @@ class GenerationConfig:
       (``depth`` is not used); or ``"dynamic:N,K"`` (``specjax.tree.DynamicTree``): each step
       and row, the ``N`` most probable nodes of an expansion to ``depth`` that grows the ``K``
       best branches by their ``K`` best children (EAGLE-2). ``None``: a chain of ``depth`` drafts.
+      With ``depth="auto"`` each step verifies the tree or a chain (or decodes plainly), as the
+      step-cost table prices them (the node budget as a per-step choice: ``specjax.auto``); a
+      dynamic tree is then drafted to ``max_depth``, a preset to its own depth.
     """
 
     max_new_tokens: int | tuple[int, ...] = 64
@@ -114,9 +117,9 @@ class GenerationConfig:
         for name in ("max_new_tokens", "seed", "eos_id"):
             object.__setattr__(self, name, _ints(getattr(self, name)))
         object.__setattr__(self, "tree", _tree(self.tree))
-        if self.tree is not None and not is_int(self.depth):
-            fail("tree", tree_label(self.tree), f"does not combine with depth={self.depth!r} yet: give an int depth "
-                 "(a preset tree sets its own)")
+        if self.tree is not None and not (is_int(self.depth) or self.depth == "auto"):
+            fail("tree", tree_label(self.tree), f"does not combine with depth={self.depth!r}: give an int depth "
+                 "(a preset tree sets its own) or 'auto'")
         news = self.max_new_tokens
         if not (is_int(news) and news >= 1) and not (
                 isinstance(news, tuple) and news and all(is_int(n) and n >= 1 for n in news)):
@@ -128,11 +131,18 @@ class GenerationConfig:
             resolve_drafter(d)  # a user's drafter: name, propose and a hash
         if isinstance(self.depth, DepthPolicy):
             self.depth.check(MAX_DEPTH)
+            if self.depth.tree:
+                fail("depth", "DepthPolicy(tree=True)", "needs a tree: give tree= with depth='auto'")
         elif self.depth != "auto" and not (is_int(self.depth) and 1 <= self.depth <= MAX_DEPTH):
             fail("depth", self.depth, f"must be an int in [1, {MAX_DEPTH}], 'auto' or a DepthPolicy")
         if not (is_int(self.max_depth) and 1 <= self.max_depth <= MAX_DEPTH):
             fail("max_depth", self.max_depth,
                   f"must be an int in [1, {MAX_DEPTH}] (the widest depth='auto' may draft)")
+        if self.tree is not None and self.depth == "auto":
+            d = len(self.tree) if isinstance(self.tree, tuple) else self.max_depth
+            if tree_window(self.tree, d) <= d + 1:
+                fail("tree", tree_label(self.tree), f"holds no more nodes than the depth-{d} chain; under "
+                     f"depth='auto' a tree must hold more than {d} (it is the widest choice, beside the chains)")
         if not (is_int(self.ngram_n) and self.ngram_n >= 1):
             fail("ngram_n", self.ngram_n, "must be an int >= 1")
         if self.kv_advance is not None:

@@ -27,9 +27,9 @@ import numpy as np
 from pallas_kernels.reference import TreeMask, tree_mask_visible
 
 __all__ = ["DynamicTree", "Tree", "TreeMask", "accepted_sources", "ancestors", "chain_parents", "depths",
-           "max_children", "preset_depths", "preset_parents", "tree_greedy_verify", "tree_label", "tree_levels",
-           "tree_positions", "tree_rejection_verify", "tree_scratch", "tree_size", "tree_visible",
-           "tree_window"]
+           "first_child_verdicts", "max_children", "preset_depths", "preset_parents", "tree_greedy_verify",
+           "tree_label", "tree_levels", "tree_positions", "tree_rejection_verify", "tree_scratch", "tree_size",
+           "tree_visible", "tree_window"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,6 +214,30 @@ def accepted_sources(path: jax.Array, u: jax.Array, n: int) -> jax.Array:
     from_path = jnp.take_along_axis(path, jnp.clip(i, 0, max(d - 1, 0)), axis=1) if d else jnp.full((b, n), -1)
     take = (i >= 0) & (i < d) & (from_path >= 0)
     return jnp.where(take, from_path, jnp.broadcast_to(k, (b, n))).astype(jnp.int32)
+
+
+def first_child_verdicts(parents: jax.Array, u: jax.Array, path: jax.Array, a: jax.Array,
+                         anc: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """What a chain of first children would have revealed (the tree's main branch: each draft
+    the first child of its parent in window order, the drafter's top candidate):
+    ``(asked [B]`` the branch's drafts, ``accepted [B])`` those the verified ``path [B, D]``
+    (``a [B]`` accepted) took. ``parents [B, N]`` and ``anc`` (``ancestors``) in window
+    numbering, nodes below ``u [B]`` known. A top-first tree holds the chain its drafter would
+    draft, and verification tests a node's first child first, against the target's own
+    distribution as a chain would (greedy: the same token; sampled: the same probability): so
+    these are the chain's verdicts, free with the tree's (where the tree cut its main branch
+    short, fewer are revealed). A step controller learns a chain's acceptance from them."""
+    b, n = parents.shape
+    node = jnp.arange(n, dtype=jnp.int32)[None]
+    drafts = node >= u[:, None]
+    earlier_sibling = jnp.any(jnp.tril(parents[:, :, None] == parents[:, None, :], -1), axis=2)  # [B, N]
+    off = drafts & earlier_sibling  # a draft some sibling precedes
+    main = drafts & ~jnp.any(anc & off[:, None, :], axis=2)  # no ancestor (itself included) off the branch
+    level = jnp.sum(anc & drafts[:, None, :], axis=2)  # drafts on the branch: 1 for the first drafts
+    asked = jnp.max(jnp.where(main, level, 0), axis=1).astype(jnp.int32)
+    k = jnp.arange(path.shape[1], dtype=jnp.int32)[None]
+    on_main = jnp.take_along_axis(main, jnp.clip(path, 0, n - 1), axis=1) & (k < a[:, None]) & (path >= 0)
+    return asked, jnp.sum(on_main, axis=1).astype(jnp.int32)  # main is closed upward: a prefix of the path
 
 
 def tree_rejection_verify(p: jax.Array, tokens: jax.Array, parents: jax.Array, u: jax.Array, uniform: jax.Array,

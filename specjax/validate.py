@@ -10,6 +10,7 @@ from specjax.drafter import drafter_kind
 from specjax.generation_config import MAX_DEPTH, GenerationConfig, fail, shown
 from specjax.protocols import check_model
 from specjax.sampling import derive_seed
+from specjax.tree import Tree, tree_window
 
 __all__ = ["EOS_WIDTH", "MAX_DEPTH", "check_drafter_models", "check_eos", "eos_table", "fail", "resolve_depth",
            "validate"]
@@ -18,20 +19,23 @@ EOS_WIDTH = 4  # stop ids a row holds on device (a longer list widens every row:
 
 
 def resolve_depth(depth: object, max_depth: int, drafter: object,
-                  static_batch: bool = False) -> tuple[int, DepthPolicy | None]:
+                  static_batch: bool = False, tree: Tree | None = None) -> tuple[int, DepthPolicy | None]:
     """``depth`` (an int, ``"auto"`` with ``max_depth``, or a ``DepthPolicy``, as a
     ``GenerationConfig`` checked them) -> (the engine's depth, its policy). Plain decoding
     (``drafter=None``) has neither. ``"auto"`` chooses by ``"makespan"`` for a ``static_batch``
     (``generate``, ``stream``: the batch lasts as long as its slowest row) and by ``"goodput"``
     otherwise (``batch_generate``: a finished row's slot takes new work, so tokens per second
-    summed over rows is what counts)."""
+    summed over rows is what counts). With a ``tree`` it is the widest choice, drafted to
+    ``max_depth`` (a preset: to its own depth), beside every chain."""
     if drafter_kind(drafter) is None:
         return 0, None
     if isinstance(depth, DepthPolicy):
-        return depth.windows[-1] - 1, depth
+        return depth.max_depth, depth
     if depth == "auto":
-        return int(max_depth), DepthPolicy.auto(int(max_depth), "makespan" if static_batch else "goodput",
-                                                always_offers=drafter_kind(drafter) != "ngram")
+        d = len(tree) if isinstance(tree, tuple) else int(max_depth)
+        return d, DepthPolicy.auto(d, "makespan" if static_batch else "goodput",
+                                   always_offers=drafter_kind(drafter) != "ngram",
+                                   tree_window=None if tree is None else tree_window(tree, d))
     return int(depth), None
 
 

@@ -1020,15 +1020,15 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "depth='auto': MTP / draft model estimates drift as slowly as n-gram's (the window-1 lock-in)",
         "resolve_depth",
-        'always_offers=drafter_kind(drafter) != "ngram")',
-        "always_offers=False)",
+        'always_offers=drafter_kind(drafter) != "ngram",',
+        "always_offers=False,",
         ("tests/test_depth_auto.py::test_auto_estimates_drift_faster_for_drafters_that_offer_every_draft",),
     ),
     Mutation(
         "depth='auto': n-gram estimates drift back to the prior as fast as MTP's",
         "resolve_depth",
-        'always_offers=drafter_kind(drafter) != "ngram")',
-        "always_offers=True)",
+        'always_offers=drafter_kind(drafter) != "ngram",',
+        "always_offers=True,",
         ("tests/test_depth_auto.py::test_auto_estimates_drift_faster_for_drafters_that_offer_every_draft",),
     ),
     Mutation(
@@ -1048,8 +1048,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "DepthPolicy.auto: n-gram's makespan ignores the slowest row's lateness (spread 0: the batch's tail unseen)",
         "DepthPolicy.auto",
-        "spread=0.0 if always_offers else 1.0)",
-        "spread=0.0)",
+        "spread=0.0 if always_offers else 1.0,",
+        "spread=0.0,",
         ("tests/test_depth_policy.py::test_ngram_auto_counts_the_lateness_of_the_slowest_row",
          "tests/test_depth_auto.py::test_auto_estimates_drift_faster_for_drafters_that_offer_every_draft"),
     ),
@@ -1078,9 +1078,9 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "ngram auto: the estimates learn only from the drafts offered",
-        "_commit",
-        "    return out, StepVerdicts(asked, a, nxt)",
-        "    return out, StepVerdicts(proposed, a, nxt)",
+        "_chain_verify",
+        "dstate, asked, proposed, (asked, a)), out",
+        "dstate, asked, proposed, (proposed, a)), out",
         ("tests/test_depth_auto.py::test_ngram_rows_without_a_match_offer_no_drafts",),
     ),
     Mutation(
@@ -1248,7 +1248,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "depth='auto' ignores the table's acceptance (every position starts at DepthPolicy.prior)",
         "CostTable.prior",
-        "self.acceptance if self.acceptance is not None else [default] * d",
+        "self.acceptance[:d] if self.acceptance is not None else [default] * d",
         "[default] * d",
         ("tests/test_depth_auto.py::test_a_tables_acceptance_is_where_the_estimates_start_and_drift_back_to",),
     ),
@@ -1894,5 +1894,50 @@ Mutation(
         "                    st, sub = _begin(eng, st, *args, shared)\n",
         "                    st, sub = _begin(eng, st, *args)\n",
         ("tests/test_prefix_cache.py::test_chunked_prefills_start_past_their_cached_pages",),
+    ),
+    # --- tree budget: a token tree under depth="auto" ---
+    Mutation(
+        "tree budget: a sibling counts as its branch's first child (the main branch runs through every node)",
+        "first_child_verdicts",
+        "off = drafts & earlier_sibling",
+        "off = drafts & ~drafts",
+        ("tests/test_tree_budget.py::test_first_child_verdicts_match_a_walk",
+         "tests/test_tree_budget.py::test_a_tree_step_reveals_the_chain_verdicts"),
+    ),
+    Mutation(
+        "tree budget: a tree step teaches the chain estimates its own verdicts (a tree's, not a chain's)",
+        "AutoDepth.observe",
+        "told, told_a = verdicts.chain_asked, verdicts.chain_accepted",
+        "told, told_a = verdicts.asked, verdicts.accepted",
+        ("tests/test_tree_budget.py::test_tree_steps_teach_the_chain_estimates_and_the_lift",),
+    ),
+    Mutation(
+        "tree budget: the tree priced as the chain it holds (its lift ignored)",
+        "choose",
+        "gain = gain.at[-1].set(lift)",
+        "gain = gain",
+        ("tests/test_tree_budget.py::test_the_tree_is_priced_by_its_lift",),
+    ),
+    Mutation(
+        "tree budget: the lift never learned (the prior forever)",
+        "AutoDepth.observe",
+        "auto = auto.replace(lift=lift, lift_seen=lift_seen)",
+        "auto = auto",
+        ("tests/test_tree_budget.py::test_tree_steps_teach_the_chain_estimates_and_the_lift",
+         "tests/test_tree_budget.py::test_the_table_sets_the_budget_and_tokens_never_change"),
+    ),
+    Mutation(
+        "tree budget: a tree engine's chain windows verify the tree",
+        "step_with_chunk",
+        "eng.tree is not None and w == eng.window",
+        "eng.tree is not None",
+        ("tests/test_tree_budget.py::test_a_tree_step_reveals_the_chain_verdicts",),
+    ),
+    Mutation(
+        "tree budget: n-gram rows' offered drafts narrow the tree to a chain's window",
+        "decide",
+        "holds = jnp.where(tree & (holds > need), windows[idx], holds)",
+        "holds = holds",
+        ("tests/test_tree_budget.py::test_the_table_sets_the_budget_and_tokens_never_change",),
     ),
 ]

@@ -211,7 +211,6 @@ def test_one_compile_per_tree_configuration():
     (dict(tree="2x0"), r"tree='2x0' is invalid: must be 1 \.\. 8 ints >= 1"),
     (dict(tree="two"), r"tree='two' is invalid: must be children per depth"),
     (dict(tree=[8, 8, 8]), r"tree=\[8, 8, 8\] is invalid: holds more than 64 draft nodes"),
-    (dict(tree=(2, 1), depth="auto"), r"tree=\[2, 1\] is invalid: does not combine with depth='auto'"),
     (dict(tree=(2, 1), drafter=None), r"tree=\[2, 1\] needs a drafter that proposes trees \('mtp', 'draft_model', "
      r"'ngram'\); drafter 'none' drafts chains only"),
     (dict(tree=(2, 1), drafter="ngram"), r"tree=\[2, 1\] is a preset; drafter 'ngram' drafts dynamic trees only"),

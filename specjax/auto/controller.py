@@ -2,8 +2,11 @@
 
 Each step picks its verify window from ``policy.windows`` and each row's draft count in it
 (``policy.decide`` on the rows' acceptance estimates and the step-cost table), and after it
-the estimates learn from the step's verdicts (``policy.learn``). The data (the cost table,
-the choice, window counts, the prior) rides in ``EngineState.auto`` as an ``AutoState``.
+the estimates learn from the step's verdicts (``policy.learn``). With a token tree
+(``EngineConfig.tree``) the widest window is the tree's: a tree step's main branch teaches the
+chain estimates, and its yield over that branch the tree's ``lift`` (``policy.learn_lift``).
+The data (the cost table, the choice, window counts, the prior, the lift) rides in
+``EngineState.auto`` as an ``AutoState``.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.auto.policy import AutoState, CostTable, DepthPolicy, decide, learn, revealed
+from specjax.auto.policy import AutoState, CostTable, DepthPolicy, decide, learn, learn_lift, revealed
 from specjax.engine.config import EngineConfig
 from specjax.engine.state import EngineState
 from specjax.engine.step import StepVerdicts
@@ -45,7 +48,7 @@ class AutoDepth:
         if hasattr(eng.drafter, "offer"):  # rows that can offer fewer drafts now (n-gram: none without a match)
             can, first = eng.drafter.offer(eng, st)
         idx, drafts = decide(self.policy, st.est, active, st.u, st.auto.cost, remaining=st.max_len - st.known,
-                             seen=st.seen_pos, can=can)
+                             seen=st.seen_pos, can=can, lift=st.auto.lift)
         # cost measurement: this window, every row drafting (the widest before force_from)
         windows = jnp.asarray(self.windows)
         narrowest = jnp.argmax(windows >= jnp.max(jnp.where(active, st.u, 1))).astype(jnp.int32)
@@ -81,7 +84,7 @@ class AutoDepth:
         that held one). A row whose first drafts failed still recovers its estimate without
         drafting at a loss."""
         active = ~before.done
-        told, told_a = verdicts.asked, verdicts.accepted
+        told, told_a = verdicts.chain_asked, verdicts.chain_accepted  # a tree step: its main branch
         seen = after.seen_pos
         if w == 1 and hasattr(eng.drafter, "offer"):
             hit = (before.auto.first >= 0) & (before.auto.first == verdicts.token)
@@ -90,7 +93,12 @@ class AutoDepth:
         est = jnp.where(active[:, None], learn(self.policy, before.est, told, told_a, before.auto.prior,
                                                before.seen_pos), before.est)
         counted = after.auto.window_steps + (jnp.asarray(self.windows) == w)  # elementwise: fuses
-        return after.replace(est=est, seen_pos=seen, auto=after.auto.replace(window_steps=counted.astype(jnp.int32)))
+        auto = after.auto.replace(window_steps=counted.astype(jnp.int32))
+        if self.policy.tree and w == self.windows[-1]:
+            lift, lift_seen = learn_lift(self.policy, before.auto.lift, before.auto.lift_seen, active,
+                                         verdicts.accepted, verdicts.chain_accepted)
+            auto = auto.replace(lift=lift, lift_seen=lift_seen)
+        return after.replace(est=est, seen_pos=seen, auto=auto)
 
     def metrics(self, eng: EngineConfig, st: EngineState) -> dict:
         """What a result reports about the choices (host arrays in ``st``)."""
@@ -100,7 +108,9 @@ class AutoDepth:
                     # what the policy decided by: seconds of one step per window at this batch
                     cost_seconds=[float(x) for x in np.asarray(st.auto.cost.seconds)[0]],
                     # where each row's estimates started (the table's acceptance, or the policy's prior)
-                    acceptance_prior=[float(x) for x in np.asarray(st.auto.prior)])
+                    acceptance_prior=[float(x) for x in np.asarray(st.auto.prior)],
+                    # a tree's yield over its main branch, as learned (the prior where no tree step ran)
+                    **({"tree_lift": float(st.auto.lift)} if self.policy.tree else {}))
 
 
 def auto_state(eng: EngineConfig, table: CostTable, batch: int) -> AutoState:
@@ -111,6 +121,7 @@ def auto_state(eng: EngineConfig, table: CostTable, batch: int) -> AutoState:
     transfer (a dozen small device ops and a read-back cost ~1 ms of host time a call)."""
     at = CostTable(np.asarray([batch], np.float32), table.row(batch)[None], table.windows)
     i32 = np.int32
+    policy = eng.controller.policy
     host = AutoState(at, i32(-1), i32(0), np.zeros((len(eng.windows),), i32), i32(0), np.zeros((batch,), i32),
-                     np.full((batch,), -1, i32), table.prior(eng.controller.policy.prior))
+                     np.full((batch,), -1, i32), table.prior(policy.prior, eng.depth), np.float32(policy.lift), i32(0))
     return jax.device_put(host)

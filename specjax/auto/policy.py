@@ -21,6 +21,11 @@ All pure and traceable: the simulator runs them inside its scan (``specjax.sim.s
     finish the batch, ``max_i remaining_i / E[accepted_i + 1] * cost(window)``, wins. The
     right objective for a static batch (``generate``, ``stream``): every step costs the
     whole batch until its slowest row is done, so tokens fast rows gain early buy nothing.
+* A token tree (``DepthPolicy.tree``): the widest window verifies a tree. Its rows' yield is
+  ``lift`` times the widest chain's, ``lift`` learned from the tree's steps (``learn_lift``):
+  so a step verifies the tree where its extra tokens pay for its wider window, a chain where
+  they do not (a large batch, whose verify compute is not free), and each is priced by the
+  same table: the tree's node budget is a per-step choice, data, never a recompile.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ from specjax._pytree import pytree_dataclass, static_field
 
 __all__ = [
     "EARLY_VERDICTS", "POLICIES", "RELAX_EARLY", "AutoState", "CostTable", "DepthPolicy", "choose", "decide",
-    "expected_max_normal", "expected_tokens", "init_estimates", "learn", "max_normal_table", "optimistic",
+    "expected_max_normal", "expected_tokens", "init_estimates", "learn", "learn_lift", "max_normal_table",
+    "optimistic",
     "pooled_acceptance", "revealed", "update_estimates", "yield_variance",
 ]
 
@@ -120,11 +126,12 @@ class CostTable:
         except Exception:  # traced inside jit
             return f"CostTable(windows={self.windows})"
 
-    def prior(self, default: float) -> np.ndarray:
-        """``float32 [max(windows) - 1]``: the estimates' prior per draft position, ``acceptance``
-        where given, else ``default`` at every position."""
-        d = max(self.windows) - 1
-        return np.asarray(self.acceptance if self.acceptance is not None else [default] * d, np.float32)
+    def prior(self, default: float, depth: int | None = None) -> np.ndarray:
+        """``float32 [depth]``: the estimates' prior per draft position, ``acceptance`` where
+        given, else ``default`` at every position. ``depth``: the engine's (default
+        ``max(windows) - 1``; a tree's window is wider than its depth)."""
+        d = max(self.windows) - 1 if depth is None else depth
+        return np.asarray(self.acceptance[:d] if self.acceptance is not None else [default] * d, np.float32)
 
     def row(self, active: int) -> np.ndarray:
         """``at`` on the host for a known load: ``float32 [NW]`` (no device work)."""
@@ -184,10 +191,17 @@ class DepthPolicy:
     # Simulator (n-gram rows, 48 cases): never worse, 0.957x -> 0.994x of the best fixed at B=8
     # with slots refilled; the bench's prompts priced by its tables: see the README
     fill: bool = True
+    # the widest window verifies a token tree (``EngineConfig.tree``), the others chains
+    tree: bool = False
+    # the prior of a tree's yield over the widest chain's (``learn_lift``): the bundled MTP head's
+    # dynamic trees yield 1.33-1.35x its chains of the same depth (docs/bench_trees.json)
+    lift: float = 1.25
 
     @classmethod
-    def auto(cls, max_depth: int, rule: str = "goodput", always_offers: bool = False) -> DepthPolicy:
-        """Every window from plain decoding (1) to ``max_depth + 1``. ``always_offers``: the
+    def auto(cls, max_depth: int, rule: str = "goodput", always_offers: bool = False,
+             tree_window: int | None = None) -> DepthPolicy:
+        """Every window from plain decoding (1) to ``max_depth + 1``, and a token tree's
+        (``tree_window``, wider) last where given. ``always_offers``: the
         drafter offers every draft the policy asks for (MTP, a draft model, a user's drafter;
         not n-gram, whose rows without a match offer none), so a low estimate is a low
         acceptance rate, and one resting on few verdicts drifts back to the prior faster
@@ -200,8 +214,14 @@ class DepthPolicy:
         where no fixed n-gram depth beats plain): 0.90-0.96x plain with 0, 0.98-0.99x with 1.
         MTP's alike rows lost up to 19% with it (their noisy per-row estimates already make the
         slowest one pessimistic), so they keep 0."""
-        return cls(tuple(range(1, max_depth + 2)), rule, relax_early=RELAX_EARLY if always_offers else 0.0,
-                   spread=0.0 if always_offers else 1.0)
+        tree = () if tree_window is None else (int(tree_window),)
+        return cls(tuple(range(1, max_depth + 2)) + tree, rule, relax_early=RELAX_EARLY if always_offers else 0.0,
+                   spread=0.0 if always_offers else 1.0, tree=bool(tree))
+
+    @property
+    def max_depth(self) -> int:
+        """The widest chain's drafts: the engine's ``depth``."""
+        return (self.windows[:-1] if self.tree else self.windows)[-1] - 1
 
     def knobs(self) -> dict[str, float]:
         """``choose``'s and ``update_estimates``' knobs as ``specjax.sim.simulate_policy`` takes
@@ -211,10 +231,16 @@ class DepthPolicy:
     def check(self, max_depth: int) -> None:
         """``ValueError`` naming the bad field."""
         w = self.windows
-        if not isinstance(w, tuple) or not w or any(not isinstance(x, int) for x in w) or list(w) != sorted(set(w)) \
-                or w[0] < 1 or w[-1] < 2 or w[-1] > max_depth + 1:
-            raise ValueError(f"DepthPolicy.windows={w!r} is invalid: distinct ascending ints >= 1, the widest in "
-                             f"[2, {max_depth + 1}]")
+        if self.tree not in (True, False):
+            raise ValueError(f"DepthPolicy.tree={self.tree!r} is invalid: must be True or False")
+        chains = w[:-1] if self.tree and isinstance(w, tuple) else w
+        if not isinstance(w, tuple) or not chains or any(not isinstance(x, int) for x in w) \
+                or list(w) != sorted(set(w)) or w[0] < 1 or chains[-1] < 2 or chains[-1] > max_depth + 1:
+            tree = ", then a token tree's wider window" if self.tree else ""
+            raise ValueError(f"DepthPolicy.windows={w!r} is invalid: distinct ascending ints >= 1, the widest chain "
+                             f"in [2, {max_depth + 1}]{tree}")
+        if isinstance(self.lift, bool) or not isinstance(self.lift, int | float) or not 1.0 <= self.lift <= 4.0:
+            raise ValueError(f"DepthPolicy.lift={self.lift!r} is invalid: must lie in [1, 4]")
         if self.rule not in POLICIES:
             raise ValueError(f"DepthPolicy.rule={self.rule!r} is invalid: must be one of {list(POLICIES)}")
         for name in ("rate", "prior", "relax", "relax_early", "min_gain", "threshold", "shrink", "spread", "explore"):
@@ -247,6 +273,10 @@ class AutoState:
     # float32 [D]: each draft position's prior (``CostTable.prior``): new rows' estimates start
     # here and unrevealed positions drift back to it. Data: another table's prior never recompiles
     prior: jax.Array
+    # a token tree's yield over the widest chain's (``DepthPolicy.tree``; unused without): float32
+    # [], learned from the tree's steps (``learn_lift``), and the tree steps it rests on (int32 [])
+    lift: jax.Array
+    lift_seen: jax.Array
 
 
 def init_estimates(batch: int, depth: int, prior: float | jax.Array = 0.5) -> jax.Array:
@@ -387,6 +417,7 @@ def choose(
     seen: jax.Array | None = None,
     pool: float = 0.0,
     upper: jax.Array | None = None,
+    lift: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """``(window index into table.windows, drafts [B])`` for one step.
 
@@ -400,7 +431,10 @@ def choose(
     1: about the expected makespan, see below), ``seen [B, D]``: the verdicts each row's
     estimates rest on; with ``pool`` > 0 a row's own share is further weighted by
     ``seen / (seen + pool)`` (``pool``: how many verdicts the batch mean counts as),
-    ``upper [B, D]``: the estimates the windows are judged on (``optimistic``; default ``est``).
+    ``upper [B, D]``: the estimates the windows are judged on (``optimistic``; default ``est``),
+    ``lift`` (float32 []): the widest window is a token tree, whose rows yield ``lift`` times
+    what they would in the widest chain (mean and standard deviation alike; ``"ema"`` never
+    picks it, ``"fixed"`` always).
     Each row's draft count follows ``est`` alone, so a row whose drafts keep failing still stops.
     """
     if policy not in POLICIES:
@@ -414,7 +448,8 @@ def choose(
         idx = jnp.int32(widest)
         return idx, jnp.broadcast_to(windows[idx] - 1, live.shape).astype(jnp.int32)
     if policy == "ema":
-        want = jnp.minimum(_leading(est >= threshold), table.windows[-1] - 1)  # [B]
+        chains = table.windows[:-1] if lift is not None else table.windows
+        want = jnp.minimum(_leading(est >= threshold), chains[-1] - 1)  # [B]
         need = jnp.max(jnp.where(live, want, 0)) + 1
         idx = jnp.argmax(feasible & (windows >= need)).astype(jnp.int32)  # smallest window holding every row
         return idx, jnp.minimum(want, windows[idx] - 1).astype(jnp.int32)
@@ -424,7 +459,11 @@ def choose(
     drafts = jnp.minimum(base[None], windows[:, None] - 1)  # [NW, B]
     load = jnp.sum(live) if load is None else load
     cost = table.at(jnp.maximum(load, 1))  # [NW]
-    tokens = jax.vmap(lambda k: jnp.sum(jnp.where(live, expected_tokens(est, k), 0.0)))(drafts)  # [NW]
+    # each window's yield over a row's own: 1 for a chain, ``lift`` for a tree (at its chain's drafts)
+    gain = jnp.ones((len(table.windows),), jnp.float32)
+    if lift is not None:
+        gain = gain.at[-1].set(lift)
+    tokens = gain * jax.vmap(lambda k: jnp.sum(jnp.where(live, expected_tokens(est, k), 0.0)))(drafts)  # [NW]
     if policy == "makespan":  # the batch ends with its slowest row: steps it needs at this window x cost
         left = jnp.maximum(remaining, 0).astype(jnp.float32)
         # each row's estimate pulled ``shrink`` of the way to the live rows' mean: the max over many
@@ -450,13 +489,13 @@ def choose(
         if spread:  # static: 0 adds no kernels
             z = spread * jnp.asarray(max_normal_table(live.shape[0]))[jnp.sum(live)]
 
-        def finish(k):
-            mu = expected_tokens(pooled, k)
+        def finish(k, g):
+            mu = g * expected_tokens(pooled, k)
             if not spread:
                 return jnp.max(jnp.where(live, left / mu, 0.0))
-            sd = jnp.sqrt(left * yield_variance(pooled, k) / mu**3)
+            sd = jnp.sqrt(left * g * g * yield_variance(pooled, k) / mu**3)
             return jnp.max(jnp.where(live, left / mu + z * sd, 0.0))
-        steps = jax.vmap(finish)(drafts)  # [NW]
+        steps = jax.vmap(finish)(drafts, gain)  # [NW]
         rate = jnp.where(feasible, -steps * cost, -jnp.inf)
         # windows the rule prices alike (the slowest row gains nothing from drafting, and the step
         # costs the same: a flat stretch of the table) go to the one emitting the most tokens. Its
@@ -471,7 +510,8 @@ def choose(
 
 
 def decide(policy: DepthPolicy, est: jax.Array, live: jax.Array, u: jax.Array, table: CostTable, *,
-           remaining: jax.Array, seen: jax.Array, can: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+           remaining: jax.Array, seen: jax.Array, can: jax.Array | None = None,
+           lift: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """One step's choice, as the engine makes it (``specjax.auto.AutoDepth``) and the simulator
     replays it: ``(window index into table.windows, drafts [B])`` by ``choose`` under
     ``policy``'s rule and knobs, every slot computing (``load = B``: static shapes), the
@@ -480,19 +520,40 @@ def decide(policy: DepthPolicy, est: jax.Array, live: jax.Array, u: jax.Array, t
     that holds the drafts offered, and, before the batch's first verdict, the narrowest of all
     (a window-1 step judges every row's first draft for free, so it learns what a drafting step
     would, at plain decoding's price; from the prior alone a batch of 32-64 n-gram rows drafted
-    the widest window once, where plain decoding was best: 0.99x plain by steps)."""
+    the widest window once, where plain decoding was best: 0.99x plain by steps). ``lift``: the
+    widest window is a token tree (``choose``); a tree keeps its window while any live row
+    offers a draft (its extra candidates are what a chain's window cannot hold)."""
     need = jnp.max(jnp.where(live, u, 1))
     upper = optimistic(est, seen, policy.explore)  # an upper bound while the batch's verdicts are few
     idx, drafts = choose(est, live, table, policy.rule, min_window=need, threshold=policy.threshold,
                          min_gain=policy.min_gain, load=live.shape[0], remaining=remaining, shrink=policy.shrink,
-                         spread=policy.spread, seen=seen, pool=policy.pool, upper=upper)
+                         spread=policy.spread, seen=seen, pool=policy.pool, upper=upper,
+                         lift=lift if policy.tree else None)
     if can is None:
         return idx, drafts
     windows = jnp.asarray(table.windows, jnp.int32)
     holds = jnp.minimum(jnp.max(jnp.where(live, u + jnp.minimum(drafts, can), 1)), windows[idx])
+    if policy.tree:  # the tree's window holds more than its offered chain: kept while any draft is offered
+        tree = idx == len(table.windows) - 1
+        holds = jnp.where(tree & (holds > need), windows[idx], holds)
     idx = jnp.minimum(idx, jnp.argmax(windows >= holds)).astype(jnp.int32)  # the same drafts, a cheaper window
     fresh = jnp.sum(jnp.where(live, seen[:, 0], 0)) == 0
     return jnp.where(fresh, jnp.argmax(windows >= need), idx).astype(jnp.int32), drafts
+
+
+def learn_lift(policy: DepthPolicy, lift: jax.Array, seen: jax.Array, live: jax.Array, accepted: jax.Array,
+               chain_accepted: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(lift, seen)`` after one tree step: the step's yield over its main branch's (the chain's
+    verdicts it revealed: ``first_child_verdicts``), ``sum (accepted + 1) / sum (chain_accepted
+    + 1)`` over the ``live [B]`` rows, pooled over the batch (one number: rows differ in how
+    often their drafts hit, less in what a sibling adds). The prior counts as one step: a
+    running mean until ``policy.rate`` takes over (as ``update_estimates``). Never below 1: a
+    tree holds its main branch."""
+    n = jnp.sum(live)
+    step = jnp.sum(jnp.where(live, accepted + 1, 0)) / jnp.maximum(jnp.sum(jnp.where(live, chain_accepted + 1, 0)), 1)
+    r = jnp.maximum(policy.rate, 1.0 / (2.0 + seen.astype(jnp.float32)))
+    new = jnp.maximum((1.0 - r) * lift + r * step.astype(jnp.float32), 1.0)
+    return jnp.where(n > 0, new, lift), seen + (n > 0).astype(jnp.int32)
 
 
 def learn(policy: DepthPolicy, est: jax.Array, asked: jax.Array, accepted: jax.Array, prior: float | jax.Array,

@@ -87,8 +87,9 @@ class EngineConfig:
 
     def at_window(self, w: int) -> EngineConfig:
         """The engine a step at verify window ``w`` (one of ``windows``) hands its drafter:
-        depth ``w - 1``, no controller (the drafter drafts exactly that many)."""
-        return self if w == self.window else dataclasses.replace(self, depth=w - 1, controller=None)
+        depth ``w - 1``, no controller (the drafter drafts exactly that many), a chain (a tree
+        engine's narrower windows are chains)."""
+        return self if w == self.window else dataclasses.replace(self, depth=w - 1, controller=None, tree=None)
 
     @property
     def scratch(self) -> int:
@@ -132,8 +133,11 @@ def make_engine(model: DecoderModel, *, drafter, draft_model, depth, kv_advance_
         check_tree(tree, d, resolve_drafter(drafter, ngram_n), controller, mesh)
     if kind is None:
         controller = None
-    if controller is not None and controller.windows[-1] != d + 1:
-        raise ValueError(f"controller windows {controller.windows} must end at depth + 1 = {d + 1}")
+    if controller is not None:
+        chains = controller.windows[:-1] if tree is not None else controller.windows
+        if chains[-1] != d + 1 or (tree is not None and controller.windows[-1] != tree_window(tree, d)):
+            end = "" if tree is None else f", then the tree's window {tree_window(tree, d)}"
+            raise ValueError(f"controller windows {controller.windows} must end at depth + 1 = {d + 1}{end}")
     target = check_model("model", model)
     if capacity is None:
         capacity = request_capacity(0, target.max_seq_len, d)
@@ -172,7 +176,8 @@ def check_tree(tree: Tree, depth: int, drafter, controller, mesh) -> None:
                              "tree='dynamic:N,K'")
         if depth != len(tree):
             raise ValueError(f"tree={shown} drafts to depth {len(tree)}, but depth={depth}: they must agree")
-    if controller is not None:
-        raise ValueError(f"tree={shown} and depth='auto' do not combine yet: give a fixed tree")
+    if controller is not None and tree_window(tree, depth) <= depth + 1:
+        raise ValueError(f"tree={shown} holds no more nodes than the depth-{depth} chain: under depth='auto' a "
+                         f"tree must be wider than the chain (more than {depth} nodes)")
     if mesh is not None:
         raise ValueError(f"tree={shown} runs on one device (mesh=None) for now")

@@ -21,13 +21,16 @@ class Verdicts(Protocol):
     asked: jax.Array  # int32 [B]: drafts each row was asked for
     accepted: jax.Array  # int32 [B]: drafts the target accepted
     token: jax.Array  # int32 [B]: the target's own token after them
+    chain_asked: jax.Array  # int32 [B]: a chain's verdicts (a tree step's main branch) ...
+    chain_accepted: jax.Array  # int32 [B]: ... drafts asked and accepted
 
 
 class StepController(Protocol):
     """Static (hashable: part of the compile key). Its data rides in ``EngineState.auto``
     (never recompiles); ``EngineState.est`` holds its per-row estimates.
 
-    * ``windows``: ascending verify windows; the widest is ``eng.depth + 1``.
+    * ``windows``: ascending verify windows; the widest is ``eng.depth + 1``, or with
+      ``eng.tree`` the tree's window (``eng.window``), after the chains up to ``eng.depth + 1``.
     * ``init(eng, st, data) -> st``: a fresh state (its rows just prefilled) under ``data``.
     * ``choose(eng, st) -> st``: the next step's window and drafts, kept in the state (the loop
       calls it once on entry and once after every step; its conditions only read ``chosen``).

@@ -26,6 +26,7 @@ from specjax.tree import (
     TreeMask,
     accepted_sources,
     ancestors,
+    first_child_verdicts,
     max_children,
     tree_greedy_verify,
     tree_rejection_verify,
@@ -41,6 +42,9 @@ class StepVerdicts(NamedTuple):
     asked: jax.Array  # drafts the row was asked for (those it could not offer count as rejected)
     accepted: jax.Array  # drafts the target accepted
     token: jax.Array  # the target's own token after them
+    # a chain's verdicts (a chain step's own; a tree step's main branch: ``first_child_verdicts``)
+    chain_asked: jax.Array
+    chain_accepted: jax.Array
 
 
 class _Verified(NamedTuple):
@@ -54,6 +58,7 @@ class _Verified(NamedTuple):
     dstate: Any
     asked: jax.Array  # int32 [B]: draft depths the row was asked for
     proposed: jax.Array  # int32 [B]: drafts the row offered (a tree's nodes)
+    chain: tuple[jax.Array, jax.Array]  # int32 [B] each: a chain's verdicts, (asked, accepted)
 
 
 def step_window(eng: EngineConfig, params: dict, st: EngineState, w: int,
@@ -62,7 +67,8 @@ def step_window(eng: EngineConfig, params: dict, st: EngineState, w: int,
     offered)`` int32 ``[B]``, the drafts each row was asked for and offers to verify (a step
     controller's choice); ``None``: every slot of the window. State arrays keep the engine's
     ``depth``; the step counts its verdicts (``seen_pos``) and nothing else a controller keeps.
-    With ``eng.tree`` the window is a token tree (``_tree_verify``), else a chain."""
+    With ``eng.tree`` the widest window is a token tree (``_tree_verify``); every other is a chain
+    (a step controller picks among them)."""
     st, verdicts, _ = step_with_chunk(eng, params, st, w, None, drafts)
     return st, verdicts
 
@@ -76,7 +82,7 @@ def step_with_chunk(eng: EngineConfig, params: dict, st: EngineState, w: int, ch
     the chunk's half for ``chunk_commit``. ``st``'s paged pool ends with the chunk's K/V; a
     slot both write (a pending row's, which ``st`` holds done) takes the chunk's. ``drafts``:
     as ``step_window``'s (a step controller's counts). ``chunk=None``: ``step_window``."""
-    v, out = _tree_verify(eng, params, st, chunk) if eng.tree is not None else \
+    v, out = _tree_verify(eng, params, st, chunk) if eng.tree is not None and w == eng.window else \
         _chain_verify(eng, params, st, w, drafts, chunk)
     st, verdicts = _commit(eng, params, st, w, v)
     return st, verdicts, out
@@ -133,7 +139,7 @@ def _chain_verify(eng: EngineConfig, params: dict, st: EngineState, w: int,
         a, nxt = greedy_verify(logits, proposals, u, proposed)
     else:
         a, nxt = rejection_verify(logits, proposals, draft_probs, u, lengths, st.seeds, st.sampling, proposed)
-    return _Verified(a, proposals, nxt, hidden, cache, dstate, asked, proposed), out
+    return _Verified(a, proposals, nxt, hidden, cache, dstate, asked, proposed, (asked, a)), out
 
 
 def _tree_verify(eng: EngineConfig, params: dict, st: EngineState, chunk: Chunk | None = None
@@ -186,7 +192,8 @@ def _tree_verify(eng: EngineConfig, params: dict, st: EngineState, chunk: Chunk 
         dstate = eng.drafter.compact_tree(dstate, src)
     path_tok = jnp.take_along_axis(window, jnp.clip(path, 0, w - 1), axis=1)
     asked = jnp.max(jnp.where(is_known, 0, node_depth - u[:, None] + 1), axis=1)  # the drafts' deepest level
-    return _Verified(a, path_tok, nxt, hidden, cache.compact(src), dstate, asked, w - u), out
+    chain = first_child_verdicts(parents, u, path, a, anc)
+    return _Verified(a, path_tok, nxt, hidden, cache.compact(src), dstate, asked, w - u, chain), out
 
 
 def _commit(eng: EngineConfig, params: dict, st: EngineState, w: int, v: _Verified
@@ -236,4 +243,4 @@ def _commit(eng: EngineConfig, params: dict, st: EngineState, w: int, v: _Verifi
         trace=st.trace.at[jnp.arange(b), jnp.where(active, st.steps, eng.max_steps)].set(a, mode="drop"),
         i=st.i + 1,
     )
-    return out, StepVerdicts(asked, a, nxt)
+    return out, StepVerdicts(asked, a, nxt, *v.chain)
