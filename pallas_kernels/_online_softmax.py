@@ -93,10 +93,13 @@ def block_update(
     """One flash step. ``carry = (m [R, 1], l [R, 1], acc [R, D])`` float32, ``qg [R, D]``,
     ``k, v [bk, D]``, ``key_pos [bk]`` absolute positions (``-1`` = empty slot).
 
-    ``tree = (start, anc [R, N])``: the queries are token-tree nodes (``reference.TreeMask``,
-    no window): a key before slot ``start`` by the usual rule, window slot ``start + n`` where
-    ``anc[r, n]`` (float 0/1). The row's ``anc`` entries are picked by a one-hot matmul, not a
-    gather (Mosaic and Triton lower a dot; a value gather they may not)."""
+    ``tree = (start, anc [R, N])``: the queries are token-tree nodes (``reference.TreeMask``):
+    a key before slot ``start`` by the usual rule at the query's branch position (``start`` plus
+    its window ancestors, itself excluded: ``sum(anc[r]) - 1``; with a ``window``, only keys less
+    than ``window`` positions up), window slot ``start + n`` where ``anc[r, n]`` (float 0/1; a
+    window of at least ``t_q`` keeps every ancestor: the callers check). The row's ``anc``
+    entries are picked by a one-hot matmul, not a gather (Mosaic and Triton lower a dot; a
+    value gather they may not)."""
     m_prev, l_prev, acc_prev = carry
     s = jax.lax.dot_general(
         qg.astype(jnp.float32), k.astype(jnp.float32), (((1,), (1,)), ((), ())),
@@ -116,7 +119,11 @@ def block_update(
         onehot = (key_pos[None, :] - start == node).astype(jnp.float32)  # [N, bk]: the window node a key holds
         own = jax.lax.dot_general(anc.astype(jnp.float32), onehot, (((1,), (0,)), ((), ())),
                                   preferred_element_type=jnp.float32) > 0.5
-        ok = ((kp < start) & (kp >= lead) & (kp >= 0)) | own
+        prefix = (kp < start) & (kp >= lead) & (kp >= 0)
+        if window is not None:  # the window counted from each node's branch position
+            q_pos = start + jnp.sum(anc, axis=1, keepdims=True).astype(jnp.int32) - 1  # [R, 1]
+            prefix &= kp > q_pos - window
+        ok = prefix | own
     m_new, l_new, p, alpha = online_softmax_step(m_prev, l_prev, s, ok, axis=1)
     # a masked slot may hold anything (a model's NaN at a padding position, seen by the padding
     # queries after it): its weight is 0, but 0 * NaN is NaN, so non-finite values are dropped

@@ -381,8 +381,8 @@ def ragged_attention(
     ``block_k`` must divide ``T``; ``body``: ``"grid"`` (TPU) or ``"loop"`` (GPU),
     default by backend; ``interpret``: ``None`` = on CPU only, ``"tpu"`` = the TPU interpreter.
     ``tree``: the queries are nodes of a token tree (``reference.TreeMask``: ``start [B]``,
-    ``anc [B, t_q, N]``; no ``window``): keys before ``start`` by the usual rule, window slot
-    ``start + n`` only where ``anc`` allows.
+    ``anc [B, t_q, N]``; a ``window`` of at least ``t_q``): keys before ``start`` by the usual
+    rule at each node's branch position, window slot ``start + n`` only where ``anc`` allows.
     """
     body = default_body() if body is None else body
     k, v, layer = stacked(k, v, layer)
@@ -398,12 +398,15 @@ def ragged_attention(
 
 
 def check_tree(tree: TreeMask | None, q: jax.Array, window: int | None) -> None:
-    """A kernel's token tree: ``start [B]``, ``anc [B, t_q, N]``, and no sliding window."""
+    """A kernel's token tree: ``start [B]``, ``anc [B, t_q, N]``, and a sliding window (if any)
+    of at least ``t_q`` keys (so every ancestor of a node is inside it: the kernels check the
+    window on the committed prefix only)."""
     if tree is None:
         return
     b, t_q = q.shape[:2]
-    if window is not None:
-        raise ValueError(f"tree attention takes no window (got window={window}): a tree runs on global layers")
+    if window is not None and window < t_q:
+        raise ValueError(f"tree attention with window={window} needs window >= t_q={t_q} (a node's ancestors "
+                         "inside its window); a narrower window runs on the XLA path")
     if np.shape(tree.start) != (b,):
         raise ValueError(f"tree.start must have shape [B]=({b},), got {np.shape(tree.start)}")
     if np.ndim(tree.anc) != 3 or np.shape(tree.anc)[:2] != (b, t_q):
@@ -423,13 +426,16 @@ def ring_attention(
     body: str | None = None,
     interpret: bool | str | None = None,
     layer: int | jax.Array | None = None,
+    tree: TreeMask | None = None,
 ) -> jax.Array:
     """Sliding-window attention over a per-row ring (``specjax.cache.RollingKVCache``).
 
     ``k, v [B, Hkv, S, D]`` (or ``[L, B, Hkv, S, D]`` with ``layer``): position ``p`` of
     row ``b`` lives in slot ``p % S``; queries sit at absolute ``lengths[b] + [0, t_q)``
     and were just written, so ``S >= window + t_q - 1`` keeps every visible key alive.
-    ``block_k`` (default: ``S``) must divide ``S``.
+    ``block_k`` (default: ``S``) must divide ``S``. ``tree``: the queries are token-tree nodes
+    written at ``lengths + [0, t_q)`` (``tree.start == lengths``; ``window >= t_q``): the
+    prefix within the window of each node's branch position, and its own ancestors.
     """
     body = default_body() if body is None else body
     k, v, layer = stacked(k, v, layer)
@@ -440,9 +446,11 @@ def ring_attention(
         raise ValueError("window must be an int >= 1 for a ring")
     if size < window + q.shape[1] - 1:
         raise ValueError(f"ring of {size} slots cannot hold window={window} plus t_q={q.shape[1]} new keys")
+    check_tree(tree, q, window)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    start, anc = (None, None) if tree is None else (jnp.asarray(tree.start), jnp.asarray(tree.anc))
     return _ragged_attention(
-        q, k, v, jnp.asarray(lead_pad), jnp.asarray(lengths), layer, None, None, window=window, scale=scale,
+        q, k, v, jnp.asarray(lead_pad), jnp.asarray(lengths), layer, start, anc, window=window, scale=scale,
         block_k=block_k, body=body, interpret=interpret_arg(interpret), ring=True,
     )
 

@@ -205,10 +205,15 @@ def ring_positions(lengths: jax.Array, t_q: int, size: int) -> jax.Array:
 
 
 def ring_reference(q: jax.Array, k: jax.Array, v: jax.Array, lead_pad: jax.Array, lengths: jax.Array, *,
-                   window: int, scale: float | None = None) -> jax.Array:
+                   window: int, scale: float | None = None, tree: TreeMask | None = None) -> jax.Array:
     """A per-row ring of ``T`` slots (the rolling cache) whose newest queries sit at
-    ``lengths + [0, t_q)``: every slot's position, then one masked pass."""
+    ``lengths + [0, t_q)``: every slot's position, then one masked pass. ``tree``: the queries
+    are token-tree nodes (``tree_mask_visible``, a slot read as the position it holds)."""
     t_q = q.shape[1]
+    if tree is not None:
+        slot = ring_positions(lengths, t_q, k.shape[2])
+        ok = tree_mask_visible(slot, slot, jnp.asarray(lead_pad, jnp.int32), tree, window)
+        return attend_visible(q, k, v, ok, scale)
     q_pos = jnp.asarray(lengths, jnp.int32)[:, None] + jnp.arange(t_q, dtype=jnp.int32)
     key_pos = ring_positions(lengths, t_q, k.shape[2])
     return attention_with_positions(q, k, v, q_pos, key_pos, jnp.asarray(lead_pad, jnp.int32), window=window,

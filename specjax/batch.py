@@ -85,7 +85,8 @@ MIXED_STEP = True
 
 _TRACES = {"admit": 0, "decode": 0, "begin": 0, "chunk": 0, "chunk_step": 0, "finish": 0}
 _ROW_FIELDS = ("seq", "known", "u", "prompt_len", "max_len", "eos", "seeds", "live", "done", "steps", "emitted",
-               "accepted", "proposed", "acc_pos", "prop_pos", "seen_pos", "trace", "est")
+               "accepted", "proposed", "acc_pos", "prop_pos", "seen_pos", "trace", "est", "branch_tested",
+               "branch_accepted")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -166,6 +166,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print("specjax simulate: error: --burst and --match-concentration describe --match RATE's rows: "
               "pass --match", file=sys.stderr)
         return 2
+    if args.tree is not None or args.branch_acceptance is not None:
+        return _simulate_tree(args)
     acc = _acceptance(args)
     if args.cost is not None:
         return _simulate_policies(args, acc)
@@ -204,6 +206,71 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"{r['rule']:<14} | {r['tok_per_step']:>9.4f} | {r['vs_b1']:>+8.2%}")
     if args.plot:
         print(f"wrote {args.plot}")
+    return 0
+
+
+def _branch_rates(spec: str) -> dict:
+    """``--branch-acceptance``: a JSON file of a tree run (``specjax generate --tree ... --json``,
+    or its metrics), or rates inline: ranks by commas, levels by semicolons (``0.9,0.5;0.8,0.4``),
+    as counts of 1000 tests each (``TreeAcceptance.learn`` reads either)."""
+    if pathlib.Path(spec).is_file():
+        try:
+            return json.loads(pathlib.Path(spec).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"--branch-acceptance {spec}: {e}") from None
+    try:
+        rows = [[float(x) for x in level.split(",")] for level in spec.split(";")]
+    except ValueError:
+        raise ValueError(f"--branch-acceptance {spec!r} is invalid: a tree run's JSON file, or rates per level "
+                         "like '0.9,0.5;0.8,0.4' (ranks by commas, levels by semicolons)") from None
+    if any(not 0 <= x <= 1 for r in rows for x in r):
+        raise ValueError(f"--branch-acceptance {spec!r} is invalid: rates must lie in [0, 1]")
+    k = max(len(r) for r in rows)
+    tested = [[1000 if i < len(r) else 0 for i in range(k)] for r in rows]
+    return {"branch_tested_count": tested,
+            "branch_accepted_count": [[round(1000 * x) for x in r] + [0] * (k - len(r)) for r in rows]}
+
+
+def _simulate_tree(args: argparse.Namespace) -> int:
+    """``specjax simulate --tree 2x2x1 --branch-acceptance RUN.json``: tok/step of a tree under
+    both rules beside the chain of its first children, from learned acceptance per branch."""
+    from specjax.generation_config import GenerationConfig
+    from specjax.sim import TreeAcceptance
+
+    try:
+        if args.tree is None or args.branch_acceptance is None:
+            raise ValueError("--tree and --branch-acceptance go together: the tree to simulate and the acceptance "
+                             "per branch a tree run measured")
+        extra = [f for f, on in (("--cost", args.cost is not None), ("--match", args.match is not None),
+                                 ("--beta", args.beta is not None), ("--decay", args.decay is not None),
+                                 ("--plot", args.plot is not None)) if on]
+        if extra:
+            raise ValueError(f"--tree simulates tok/step from --branch-acceptance; {extra[0]} does not apply "
+                             "(a tree window's cost is the engine's: specjax bench --trees)")
+        tree = GenerationConfig(tree=args.tree).tree
+        if not isinstance(tree, tuple):
+            raise ValueError(f"--tree {args.tree} is invalid: the simulator takes a preset (children per level, "
+                             "e.g. 2x2x1)")
+        runs = _branch_rates(args.branch_acceptance)
+        acc = TreeAcceptance.learn(runs, tree)
+        chain = TreeAcceptance.learn(runs, (1,) * len(tree))
+        rows = _simulate_rows(args.batch, len(tree), args.steps, acc, args.seed)
+        chain_rows = _simulate_rows(args.batch, len(tree), args.steps, chain, args.seed)
+    except ValueError as e:
+        print(f"specjax simulate: error: {e}", file=sys.stderr)
+        return 2
+    config = {"batch": args.batch, "steps": args.steps, "seed": args.seed, "tree": list(tree),
+              "rates": [[round(float(x), 6) for x in level] for level in acc.rates]}
+    if args.json:
+        print(json.dumps({"config": config, "rows": rows, "chain_rows": chain_rows}))
+        return 0
+    print(f"batch {args.batch}, {args.steps} steps, tree {'x'.join(map(str, tree))} "
+          f"({len(tree)} levels) vs the chain of its first children, acceptance per branch learned")
+    print(f"{'rule':<14} | {'tree tok/step':>13} | {'chain tok/step':>14} | {'tree / chain':>12}")
+    print(f"{'-' * 14}-+-{'-' * 13}-+-{'-' * 14}-+-{'-' * 12}")
+    for t, c in zip(rows, chain_rows, strict=True):
+        print(f"{t['rule']:<14} | {t['tok_per_step']:>13.4f} | {c['tok_per_step']:>14.4f} | "
+              f"{t['tok_per_step'] / c['tok_per_step']:>11.3f}x")
     return 0
 
 
@@ -722,6 +789,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --match: mean steps a match lasts (1: steps independent)")
     s.add_argument("--match-concentration", type=float, metavar="C", default=0.0,
                    help="with --match: each row its own share ~ Beta(RATE*C, (1-RATE)*C); 0: every row RATE")
+    s.add_argument("--tree", default=None, metavar="K1xK2x...",
+                   help="simulate a token tree (a preset: children per node at each level) with "
+                        "--branch-acceptance, beside the chain of its first children")
+    s.add_argument("--branch-acceptance", default=None, metavar="RUN.json|RATES",
+                   help="with --tree: acceptance per branch, learned from a tree run (`specjax generate --tree ... "
+                        "--json` written to a file) or given per level, ranks by commas and levels by semicolons "
+                        "(0.9,0.5;0.8,0.4)")
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--plot", metavar="FILE", default=None,
                    help="write a PNG of tok/step vs batch size (1..256) for both rules")

@@ -89,6 +89,11 @@ def metrics(st, eng: Any, compiles: int) -> dict:
         "cache": eng.cache_kind,
         "layer_loop": getattr(eng.target, "layer_loop", None),  # specjax's Llama: "unrolled" | "scan"
     }
+    if getattr(eng, "tree", None) is not None:  # a tree: acceptance per draft level and sibling rank
+        tested, took = np.asarray(st.branch_tested).sum(axis=0), np.asarray(st.branch_accepted).sum(axis=0)
+        out.update(branch_tested_count=tested.tolist(), branch_accepted_count=took.tolist(),
+                   # P(rank r accepted | ranks < r rejected) at draft level j: specjax.sim.TreeAcceptance.learn
+                   acceptance_per_branch=(took / np.maximum(tested, 1)).tolist())
     if eng.controller is not None:  # depth="auto": what it chose and by what
         out.update(eng.controller.metrics(eng, st))
     return out

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax._pytree import pytree_dataclass
+from specjax._pytree import pytree_dataclass, static_field
 from specjax.advance import KvAdvance, parse_kv_advance
 from specjax.auto.policy import POLICIES, CostTable, DepthPolicy, decide, init_estimates, learn, revealed
 from specjax.plan import accepted_from_prefix, plan_step
@@ -30,6 +30,7 @@ __all__ = [
     "PositionDecay",
     "SimResult",
     "Trace",
+    "TreeAcceptance",
     "compare_policies",
     "simulate",
     "simulate_alone",
@@ -171,12 +172,76 @@ class Matches:
         return q, stay, start
 
 
+@pytree_dataclass
+class TreeAcceptance:
+    """A token tree's rows (acceptance per branch): at draft level ``j`` the walk tries its
+    node's children in rank order (window order: the drafter's best first), and rank ``r`` is
+    accepted with ``rates[j, r]`` given that ranks ``< r`` were rejected, as a tree run measures
+    it (``learn``: ``metrics["acceptance_per_branch"]``). A level is passed when any of its
+    ``children[j]`` ranks is; levels are independent, so a step's accepted prefix is a chain's
+    with ``p_j = 1 - prod_{r < children[j]} (1 - rates[j, r])`` per position, and the plan
+    functions commit it as they commit a chain's. ``children``: a preset's children per node at
+    each level (``(2, 2, 1)``; static); ``(1,) * D`` is the chain of first children, the chain
+    its drafter would draft. Simplified from the engine: a row the cohort rule makes re-feed
+    ``u`` tokens keeps its tree's leading ``depth + 1 - u`` levels here, where the engine keeps
+    its first ``N + 1 - u`` nodes."""
+
+    rates: jax.Array  # float32 [D, K]
+    children: tuple[int, ...] = static_field()
+
+    def probs(self, key: jax.Array, depth: int) -> jax.Array:
+        r = jnp.asarray(self.rates, jnp.float32)
+        tried = jnp.arange(r.shape[1])[None] < jnp.asarray(self.children)[:, None]
+        return 1.0 - jnp.prod(jnp.where(tried, 1.0 - r, 1.0), axis=1)[:depth]
+
+    def check(self, depth: int) -> None:
+        r, c = np.asarray(self.rates), self.children
+        if not c or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in c):
+            raise ValueError(f"TreeAcceptance.children must be ints >= 1 (children per node at each level), "
+                             f"got {c!r}")
+        if len(c) != depth:
+            raise ValueError(f"TreeAcceptance.children={list(c)} has {len(c)} levels but depth={depth}: "
+                             "they must agree")
+        if r.ndim != 2 or r.shape[0] != depth or r.shape[1] < max(c):
+            raise ValueError(f"TreeAcceptance.rates must have shape [levels={depth}, ranks >= {max(c)}] (the most "
+                             f"children a node has), got {r.shape}")
+        if not ((r >= 0) & (r <= 1)).all():
+            raise ValueError("TreeAcceptance.rates must lie in [0, 1]")
+
+    @classmethod
+    def learn(cls, metrics: dict, children: Sequence[int]) -> TreeAcceptance:
+        """The rates a tree run measured (``GenerationResult.metrics`` of ``generate(tree=...)``,
+        or the ``"metrics"`` of ``specjax generate --json``: ``branch_tested_count``,
+        ``branch_accepted_count``), to simulate the tree ``children`` (any preset within the
+        run's levels and ranks: a tree other than the run's, or the chain ``(1,) * D``). A
+        (level, rank) the run never tested takes the same rank's rate at the nearest level
+        above that tested it, else 0 (never accepted: nothing says it would be)."""
+        m = metrics.get("metrics", metrics)
+        if "branch_tested_count" not in m or "branch_accepted_count" not in m:
+            raise ValueError("these metrics hold no acceptance per branch: learn from a tree run's "
+                             "(generate(..., tree=...); `specjax generate --tree ... --json`)")
+        tested = np.asarray(m["branch_tested_count"], np.float64)
+        took = np.asarray(m["branch_accepted_count"], np.float64)
+        if tested.ndim != 2 or tested.shape != took.shape:
+            raise ValueError(f"branch_tested_count and branch_accepted_count must be [levels, ranks] alike, "
+                             f"got {tested.shape} and {took.shape}")
+        c = tuple(int(k) for k in children)
+        if len(c) > tested.shape[0] or (c and max(c) > tested.shape[1]):
+            raise ValueError(f"tree={list(c)} needs {len(c)} levels and {max(c, default=0)} ranks; the run measured "
+                             f"{tested.shape[0]} levels and {tested.shape[1]} ranks")
+        rates = np.where(tested > 0, took / np.maximum(tested, 1), np.nan)
+        for j in range(1, rates.shape[0]):  # untested: the level above's rate at that rank
+            rates[j] = np.where(np.isnan(rates[j]), rates[j - 1], rates[j])
+        rates = np.nan_to_num(rates, nan=0.0)[: len(c), : max(c)]
+        return cls(rates.astype(np.float32), c)
+
+
 def _check_prob(name: str, p: object) -> None:
     if not 0.0 <= float(p) <= 1.0:
         raise ValueError(f"{name} must lie in [0, 1], got {p!r}")
 
 
-Acceptance = Bernoulli | PositionDecay | BetaRows | Trace | Matches
+Acceptance = Bernoulli | PositionDecay | BetaRows | Trace | Matches | TreeAcceptance
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,7 +355,7 @@ def _coerce_acceptance(acceptance: object) -> Acceptance:
     if isinstance(acceptance, int | float) and not isinstance(acceptance, bool):
         return Bernoulli(float(acceptance))
     raise ValueError(
-        "acceptance must be a float p or one of Bernoulli, PositionDecay, BetaRows, Trace, Matches; "
+        "acceptance must be a float p or one of Bernoulli, PositionDecay, BetaRows, Trace, Matches, TreeAcceptance; "
         f"got {acceptance!r}"
     )
 

@@ -26,8 +26,8 @@ import numpy as np
 
 from pallas_kernels.reference import TreeMask, tree_mask_visible
 
-__all__ = ["DynamicTree", "Tree", "TreeMask", "accepted_sources", "ancestors", "chain_parents", "depths",
-           "first_child_verdicts", "max_children", "preset_depths", "preset_parents", "tree_greedy_verify",
+__all__ = ["DynamicTree", "Tree", "TreeMask", "accepted_sources", "ancestors", "branch_verdicts", "chain_parents",
+           "depths", "first_child_verdicts", "max_children", "preset_depths", "preset_parents", "tree_greedy_verify",
            "tree_label", "tree_levels", "tree_positions", "tree_rejection_verify", "tree_scratch", "tree_size",
            "tree_visible", "tree_window"]
 
@@ -238,6 +238,32 @@ def first_child_verdicts(parents: jax.Array, u: jax.Array, path: jax.Array, a: j
     k = jnp.arange(path.shape[1], dtype=jnp.int32)[None]
     on_main = jnp.take_along_axis(main, jnp.clip(path, 0, n - 1), axis=1) & (k < a[:, None]) & (path >= 0)
     return asked, jnp.sum(on_main, axis=1).astype(jnp.int32)  # main is closed upward: a prefix of the path
+
+
+def branch_verdicts(parents: jax.Array, u: jax.Array, path: jax.Array, a: jax.Array, k: int
+                    ) -> tuple[jax.Array, jax.Array]:
+    """What a verified tree revealed per draft level and sibling rank (acceptance per branch):
+    ``(tested, accepted)`` int32 ``[B, D, k]`` (``D = path.shape[1]``), 1 where the walk tested
+    (accepted) the rank-``r`` child (window order) of its node at level ``j``. At each level the
+    walk reached, the children are tested in order until one is accepted, or all are (both
+    verifications: greedy takes the first child carrying the target's token, sampled the first
+    its residual accepts), so ``accepted / tested`` at ``(j, r)`` estimates ``P(rank r accepted
+    | ranks < r rejected)`` there (``specjax.sim.TreeAcceptance`` learns from it). ``parents
+    [B, N]`` in window numbering, nodes below ``u [B]`` known; ``path [B, D]``, ``a [B]``:
+    the verified path. Ranks past ``k`` are not counted (verification tests at most ``k``)."""
+    b, n = parents.shape
+    d = path.shape[1]
+    node = jnp.arange(n, dtype=jnp.int32)[None]
+    drafts = node >= u[:, None]
+    rank = jnp.sum(jnp.tril(parents[:, :, None] == parents[:, None, :], -1), axis=2).astype(jnp.int32)  # [B, N]
+    level = jnp.arange(d, dtype=jnp.int32)[None]  # [1, D]
+    cur = jnp.concatenate([(u - 1)[:, None], path[:, : d - 1]], axis=1)  # the node whose children level j tests
+    kids = jnp.sum(drafts[:, None, :] & (parents[:, None, :] == cur[:, :, None]), axis=2)  # [B, D]
+    took = level < a[:, None]  # the walk accepted a child at level j
+    r = jnp.where(took, jnp.take_along_axis(rank, jnp.clip(path, 0, n - 1), axis=1), -1)  # [B, D]
+    count = jnp.where(took, r + 1, jnp.where(level == a[:, None], kids, 0))  # children tested at level j
+    rk = jnp.arange(k, dtype=jnp.int32)[None, None]
+    return (rk < count[:, :, None]).astype(jnp.int32), (rk == r[:, :, None]).astype(jnp.int32)
 
 
 def tree_rejection_verify(p: jax.Array, tokens: jax.Array, parents: jax.Array, u: jax.Array, uniform: jax.Array,

@@ -1940,4 +1940,63 @@ Mutation(
         "holds = holds",
         ("tests/test_tree_budget.py::test_the_table_sets_the_budget_and_tokens_never_change",),
     ),
+    # --- acceptance per branch: what a tree step reveals, learned and simulated ---
+    Mutation(
+        "branch verdicts: the accepted child not counted as tested",
+        "branch_verdicts",
+        "count = jnp.where(took, r + 1, jnp.where(level == a[:, None], kids, 0))",
+        "count = jnp.where(took, r, jnp.where(level == a[:, None], kids, 0))",
+        ("tests/test_tree_sim.py::test_branch_verdicts_match_a_walk",),
+    ),
+    Mutation(
+        "branch verdicts: each level's children read below the wrong node (the path shifted by one)",
+        "branch_verdicts",
+        "cur = jnp.concatenate([(u - 1)[:, None], path[:, : d - 1]], axis=1)",
+        "cur = jnp.concatenate([path[:, :1], path[:, : d - 1]], axis=1)",
+        ("tests/test_tree_sim.py::test_branch_verdicts_match_a_walk",),
+    ),
+    Mutation(
+        "branch counters: finished rows' walks counted",
+        "_commit",
+        "branch_tested=out.branch_tested + v.branch[0] * on,",
+        "branch_tested=out.branch_tested + v.branch[0],",
+        ("tests/test_tree_sim.py::test_branch_counts_add_up_to_the_per_position_counts",),
+    ),
+    Mutation(
+        "tree simulation: a level passed on its first child only (siblings ignored)",
+        "TreeAcceptance.probs",
+        "tried = jnp.arange(r.shape[1])[None] < jnp.asarray(self.children)[:, None]",
+        "tried = jnp.arange(r.shape[1])[None] < 1",
+        ("tests/test_tree_sim.py::test_a_chain_of_first_children_is_a_chain",
+         "tests/test_tree_sim.py::test_a_learned_tree_predicts_its_own_run"),
+    ),
+    Mutation(
+        "tree simulation: an untested branch learned as never accepted",
+        "TreeAcceptance.learn",
+        "rates[j] = np.where(np.isnan(rates[j]), rates[j - 1], rates[j])",
+        "rates[j] = rates[j]",
+        ("tests/test_tree_sim.py::test_learning_fills_untested_branches_from_the_level_above",),
+    ),
+    # --- token trees on sliding-window layers in the kernels ---
+    Mutation(
+        "tree kernels: a node's window counted from the verify window's start, not its own branch position",
+        "block_update",
+        "prefix &= kp > q_pos - window",
+        "prefix &= kp > start - window",
+        ("tests/test_pallas_kernels.py::test_tree_mask_with_a_sliding_window_matches_the_oracle",),
+    ),
+    Mutation(
+        "ring kernel: the tree mask dropped (the ring's nodes read as a chain)",
+        "ring_attention",
+        "layer, start, anc, window=window, scale=scale,",
+        "layer, None, None, window=window, scale=scale,",
+        ("tests/test_pallas_kernels.py::test_tree_mask_with_a_sliding_window_matches_the_oracle",),
+    ),
+    Mutation(
+        "rolling cache: a tree never reaches the ring kernel (the XLA path under Pallas)",
+        "RollingKVCache.attend",
+        'if impl == "pallas" and (tree is None or self.window >= t_q):',
+        'if impl == "pallas" and tree is None:',
+        ("tests/test_tree_engine.py::test_sliding_window_trees_run_in_the_ring_kernel",),
+    ),
 ]

@@ -357,6 +357,43 @@ def test_tree_mask_in_the_kernels_matches_the_oracle(kernel, body, seed):
         assert np.abs(np.asarray(causal) - np.asarray(want)).max() > 1e-4
 
 
+@pytest.mark.parametrize("body", ["grid", "loop"])
+@pytest.mark.parametrize("kernel", ["dense", "ring"])
+@pytest.mark.parametrize("seed", range(3))
+def test_tree_mask_with_a_sliding_window_matches_the_oracle(kernel, body, seed):
+    """Token trees on sliding-window layers: each node reads the committed prefix within the
+    window counted from its own branch position, and its ancestors, in both bodies of the dense
+    kernel and of the ring kernel (a ring that wrapped around), as the oracle says."""
+    from specjax.tree import TreeMask, ancestors
+
+    rng = np.random.default_rng(seed)
+    n, hq, hkv, d = int(rng.integers(2, 9)), 4, 2, 64
+    parents = np.array([[-1] + [int(rng.integers(0, j)) for j in range(1, n)] for _ in range(B)], np.int32)
+    anc = np.asarray(ancestors(jnp.asarray(parents)))
+    window = int(rng.integers(n, n + 10))
+    if kernel == "dense":
+        num_keys = 64
+        start = rng.integers(0, num_keys - n + 1, B).astype(np.int32)
+    else:
+        num_keys = 32  # ring slots >= window + t_q - 1
+        start = rng.integers(0, 90, B).astype(np.int32)  # rows whose ring wrapped, and rows that did not
+    pos = jnp.asarray(start[:, None] + anc.sum(axis=2) - 1, jnp.int32)
+    tree = TreeMask(jnp.asarray(start), jnp.asarray(anc), pos, pos)
+    q, k, v = _data(rng, n, hq, hkv, d, num_keys, jnp.float32)
+    lead = np.minimum(rng.integers(0, 6, B), start).astype(np.int32)
+    if kernel == "dense":
+        got = ragged_attention(q, k, v, lead, start, window=window, block_k=16, body=body, tree=tree)
+        want = ragged_attention_reference(q, k, v, lead, start, window=window, tree=tree)
+        wide = ragged_attention_reference(q, k, v, lead, start, tree=tree)
+    else:
+        got = ring_attention(q, k, v, lead, start, window=window, block_k=16, body=body, tree=tree)
+        want = ring_attention_reference(q, k, v, lead, start, window=window, tree=tree)
+        wide = ring_attention_reference(q, k, v, lead, start, window=num_keys - n + 1, tree=tree)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=TOL[jnp.float32])
+    if (start - window > lead).any():  # the window hides keys the wider one shows
+        assert np.abs(np.asarray(wide) - np.asarray(want)).max() > 1e-4
+
+
 def _pages(rng, k, v, page):
     """``k, v [B, Hkv, T, D]`` scattered into a shuffled page pool: ``(pool_k, pool_v, table)``."""
     b, hkv, t, d = k.shape
@@ -379,8 +416,8 @@ def test_kernel_tree_mask_bad_input():
     kv = jnp.zeros((2, 2, 32, 16))
     zeros = jnp.zeros((2,), jnp.int32)
     good = TreeMask(zeros, jnp.ones((2, 3, 3), bool), jnp.zeros((2, 3), jnp.int32), jnp.zeros((2, 3), jnp.int32))
-    with pytest.raises(ValueError, match=r"tree attention takes no window \(got window=4\)"):
-        ragged_attention(q, kv, kv, zeros, zeros, window=4, block_k=16, tree=good)
+    with pytest.raises(ValueError, match=r"tree attention with window=2 needs window >= t_q=3"):
+        ragged_attention(q, kv, kv, zeros, zeros, window=2, block_k=16, tree=good)
     with pytest.raises(ValueError, match=r"tree.anc must have shape \[B, t_q, N\]=\(2, 3, N\), got \(2, 4, 3\)"):
         ragged_attention(q, kv, kv, zeros, zeros, block_k=16, tree=good._replace(anc=jnp.ones((2, 4, 3), bool)))
 
@@ -430,7 +467,7 @@ def test_loop_body_lowers_for_gpu(kernel, t_q, hq, hkv, dtype):
     assert "triton" in _lower_for_cuda(fn, q).lower()
 
 
-@pytest.mark.parametrize("kernel", ["dense", "paged"])
+@pytest.mark.parametrize("kernel", ["dense", "paged", "ring"])
 def test_tree_kernels_lower_for_gpu(kernel):
     """The loop body with a token tree's mask (its one-hot dot included) lowers to Triton."""
 
@@ -449,12 +486,15 @@ def test_tree_kernels_lower_for_gpu(kernel):
                                             tree=tree),
         "paged": lambda q: paged_attention(q, pages, pages, table, lead, qs, body="loop", interpret=False, layer=0,
                                            tree=tree),
+        "ring": lambda q: ring_attention(q, kv, kv, lead, qs, window=100, block_k=64, body="loop", interpret=False,
+                                         layer=1, tree=tree),
     }[kernel]
     assert "triton" in _lower_for_cuda(fn, q).lower()
 
 
 @pytest.mark.parametrize("cache,sliding,tree", [("dense", False, None), ("paged", False, None),
-                                               ("dense", True, None), ("paged", False, "dynamic:6,2")])
+                                               ("dense", True, None), ("paged", False, "dynamic:6,2"),
+                                               ("dense", True, "dynamic:6,2")])
 def test_engine_with_pallas_attention_lowers_for_gpu(cache, sliding, tree, monkeypatch):
     """The whole generate loop (depth="auto", n-gram) with ``attention_impl="pallas"`` lowers
     for CUDA from this CPU machine: every layer's kernel is the loop body in Triton (as on a
@@ -483,7 +523,7 @@ def test_engine_with_pallas_attention_lowers_for_gpu(cache, sliding, tree, monke
     if tree:
         settings = settings.replace(drafter="mtp", depth=3, tree=tree)
     eng, params, args = setup(init_model(cfg), [[1, 2, 3], [4, 5]], settings)
-    if sliding:  # a ring of 30 + 2w + 2 = 40 slots is held in 48, read in blocks of 16 (a Triton dot's N >= 16)
+    if sliding and not tree:  # a ring of 30 + 2w + 2 = 40 slots held in 48, read in blocks of 16 (a dot's N >= 16)
         assert eng.new_cache(eng.target, 2).local_kv.size == 48
     auto = None if tree else auto_state(eng, placeholder_cost(eng, 2), 2)
     lowered = jax.jit(generate_loop, static_argnums=0).trace(

@@ -31,7 +31,7 @@ def _lower_for_tpu(fn, *args) -> str:
     return jax.jit(fn).trace(*args).lower(lowering_platforms=("tpu",)).as_text()
 
 
-@pytest.mark.parametrize("kernel", ["dense", "window", "ring", "paged", "dense-tree", "paged-tree"])
+@pytest.mark.parametrize("kernel", ["dense", "window", "ring", "paged", "dense-tree", "paged-tree", "ring-tree"])
 def test_every_kernels_grid_body_lowers_for_tpu(tpu, kernel):
     from pallas_kernels.paged import paged_attention
     from pallas_kernels.ragged import ragged_attention, ring_attention
@@ -55,12 +55,15 @@ def test_every_kernels_grid_body_lowers_for_tpu(tpu, kernel):
                                                  layer=1, tree=tree),
         "paged-tree": lambda q: paged_attention(q, pages, pages, table, lead, qs, body="grid", interpret=False,
                                                 layer=0, tree=tree),
+        "ring-tree": lambda q: ring_attention(q, kv, kv, lead, qs, window=100, body="grid", interpret=False, layer=2,
+                                              tree=tree),
     }[kernel]
     assert "tpu_custom_call" in _lower_for_tpu(fn, q)
 
 
 @pytest.mark.parametrize("cache,drafter,sliding,tree", [("dense", "mtp", False, None), ("paged", "ngram", False, None),
                                                         ("dense", "mtp", True, None),
+                                                        ("dense", "mtp", True, "dynamic:8,2"),
                                                         ("paged", "mtp", False, "dynamic:8,2")])
 def test_the_generate_loop_with_pallas_attention_lowers_for_tpu(tpu, cache, drafter, sliding, tree, monkeypatch):
     """The whole loop (prefill, the MTP chain or n-gram lookup, a 4-token verify, commit) with

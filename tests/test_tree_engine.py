@@ -233,8 +233,26 @@ def test_sliding_window_models_verify_trees(tree, rule, cache):
                    kv_advance=rule, cache=cache)
     assert got.tokens == want
     assert got.metrics["accepted_drafts"] > 0
-    with pytest.raises(ValueError, match="ring kernel takes no tree mask"):
-        generate(model, prompts[:1], max_new_tokens=4, drafter="mtp", tree=tree, attention_impl="pallas")
+    # a tree wider than the window (11 or 9 nodes, window 6): its ring layers take the XLA path under Pallas
+    pallas = generate(model, prompts[:2], max_new_tokens=20, drafter="mtp", tree=tree,
+                      depth=4 if isinstance(tree, str) else 3, kv_advance=rule, cache=cache, attention_impl="pallas")
+    assert pallas.tokens == want[:2]
+
+
+@pytest.mark.parametrize("cache", ["dense", "paged"])
+def test_sliding_window_trees_run_in_the_ring_kernel(cache, monkeypatch):
+    """A tree that fits the window (5 of 6): the ring kernel takes its mask; tokens equal plain."""
+    import specjax.cache.rolling as rolling
+
+    calls = []
+    kernel = rolling.ring_attention
+    monkeypatch.setattr(rolling, "ring_attention", lambda *a, **kw: calls.append(kw.get("tree")) or kernel(*a, **kw))
+    prompts = _prompts(3, seed=8, vocab=31)
+    want = generate(SLIDING_MODEL, prompts, max_new_tokens=16, drafter=None, cache=cache).tokens
+    got = generate(SLIDING_MODEL, prompts, max_new_tokens=16, drafter="mtp", tree="dynamic:4,2", depth=2,
+                   cache=cache, attention_impl="pallas")
+    assert got.tokens == want
+    assert any(t is not None for t in calls)  # the tree step's ring layers ran the kernel with the tree
 
 
 def test_tree_generation_config_parses_strings():

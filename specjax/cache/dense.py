@@ -156,7 +156,7 @@ class DenseKVCache:
         just written) over this layer's cache; ``[B, t_q, Hq, D]``. Reads only key blocks
         up to the batch's longest live row (XLA) or each row's own live blocks (Pallas)."""
         t_q = q.shape[1]
-        if impl == "pallas":
+        if impl == "pallas" and (tree is None or window is None or window >= t_q):  # (narrower: XLA)
             k, v, at = kernel_operands(self.k, self.v, layer)
             return pallas_ragged_attention(q, k, v, self.start, self.lengths, window=window, scale=scale,
                                            block_k=kernel_block(self.capacity), layer=at, tree=tree)

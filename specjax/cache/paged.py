@@ -425,7 +425,7 @@ class PagedKVCache:
         t_q = q.shape[1]
         zeros = jnp.zeros((self.batch,), jnp.int32)
         table = self._pool_table()
-        if impl == "pallas":
+        if impl == "pallas" and (tree is None or window is None or window >= t_q):  # (narrower: XLA)
             k, v, at = kernel_operands(self.k, self.v, layer)
             return paged_attention(q, k, v, table, zeros, self.lengths, window=window, scale=scale,
                                    layer=at, tree=tree)

@@ -177,23 +177,21 @@ class RollingKVCache:
     ) -> jax.Array:
         """Windowed attention of ``q [B, t_q, Hq, D]`` at ``lengths + [0, t_q)`` over the ring
         (``window + slack`` slots: the cost is the window's, whatever the row's length).
-        ``tree``: the queries are token-tree nodes (XLA only): a ring slot's logical slot is
-        the position ``key_positions`` names, so the tree mask reads it as it reads a dense
-        cache's slot, the window counted along each node's branch."""
+        ``tree``: the queries are token-tree nodes: a ring slot's logical slot is the position
+        ``key_positions`` names, so the tree mask reads it as it reads a dense cache's slot, the
+        window counted along each node's branch (the ring kernel where the window holds the
+        whole verify window, ``window >= t_q``; the XLA path otherwise)."""
         if window is not None and window != self.window:
             raise ValueError(f"window={window} differs from this cache's window={self.window}")
         t_q = q.shape[1]
+        if impl == "pallas" and (tree is None or self.window >= t_q):
+            k, v, at = kernel_operands(self.k, self.v, layer)
+            return ring_attention(q, k, v, self.start, self.lengths, window=self.window, scale=scale, layer=at,
+                                  block_k=kernel_block(self.size), tree=tree)
         if tree is not None:
-            if impl == "pallas":
-                raise ValueError("tree attention over a sliding-window ring runs on the XLA path "
-                                 "(attention_impl='xla'): the ring kernel takes no tree mask")
             slot = self.key_positions(t_q)
             ok = tree_mask_visible(slot, slot, self.start, tree, self.window)
             return attend_visible(q, self.k[layer], self.v[layer], ok, scale)
-        if impl == "pallas":
-            k, v, at = kernel_operands(self.k, self.v, layer)
-            return ring_attention(q, k, v, self.start, self.lengths, window=self.window, scale=scale, layer=at,
-                                  block_k=kernel_block(self.size))
         return attention_with_positions(
             q, self.k[layer], self.v[layer], positions(self.lengths, t_q), self.key_positions(t_q), self.start,
             window=self.window, scale=scale,

@@ -12,7 +12,7 @@ from specjax.drafter import drafter_kind, resolve_drafter
 from specjax.engine.controller import StepController
 from specjax.protocols import Decoder, DecoderModel, check_model
 from specjax.sharding import data_shards
-from specjax.tree import DynamicTree, Tree, preset_parents, tree_label, tree_scratch, tree_window
+from specjax.tree import DynamicTree, Tree, max_children, preset_parents, tree_label, tree_scratch, tree_window
 
 __all__ = ["PAGE_SIZE", "EngineConfig", "check_tree", "make_engine", "prompt_bucket", "request_capacity"]
 
@@ -90,6 +90,11 @@ class EngineConfig:
         depth ``w - 1``, no controller (the drafter drafts exactly that many), a chain (a tree
         engine's narrower windows are chains)."""
         return self if w == self.window else dataclasses.replace(self, depth=w - 1, controller=None, tree=None)
+
+    @property
+    def branches(self) -> int:
+        """Sibling ranks a tree step counts per level (``max_children``; 0 for a chain)."""
+        return 0 if self.tree is None else max_children(self.tree)
 
     @property
     def scratch(self) -> int:

@@ -41,6 +41,10 @@ class EngineState:
     seen_pos: jax.Array  # [B, depth]: verdicts at draft position k (accepted, or the first rejected)
     trace: jax.Array  # [B, max_steps]: accepted drafts at the row's own step k (-1 past its steps)
     est: jax.Array  # float32 [B, depth]: a step controller's per-row estimates (0 without one)
+    # a token tree's children tested / accepted at draft level j and sibling rank r (``branch_verdicts``;
+    # K = the tree's most children, 0 without a tree)
+    branch_tested: jax.Array  # int32 [B, depth, K]
+    branch_accepted: jax.Array  # int32 [B, depth, K]
     i: jax.Array  # int32 []: steps taken
     auto: Any = None  # a step controller's data (depth="auto": ``specjax.auto.AutoState``), or None
 
@@ -58,7 +62,8 @@ def new_state(eng: EngineConfig, *, seq, known, cache, dstate, prompt_len, max_l
         steps=zeros(), emitted=zeros(), accepted=zeros(), proposed=zeros(),
         acc_pos=jnp.zeros((b, d), jnp.int32), prop_pos=jnp.zeros((b, d), jnp.int32),
         seen_pos=jnp.zeros((b, d), jnp.int32), trace=jnp.full((b, eng.max_steps), -1, jnp.int32),
-        est=jnp.zeros((b, d), jnp.float32), i=jnp.int32(0),
+        est=jnp.zeros((b, d), jnp.float32), branch_tested=jnp.zeros((b, d, eng.branches), jnp.int32),
+        branch_accepted=jnp.zeros((b, d, eng.branches), jnp.int32), i=jnp.int32(0),
     )
 
 

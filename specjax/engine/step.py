@@ -26,6 +26,7 @@ from specjax.tree import (
     TreeMask,
     accepted_sources,
     ancestors,
+    branch_verdicts,
     first_child_verdicts,
     max_children,
     tree_greedy_verify,
@@ -59,6 +60,7 @@ class _Verified(NamedTuple):
     asked: jax.Array  # int32 [B]: draft depths the row was asked for
     proposed: jax.Array  # int32 [B]: drafts the row offered (a tree's nodes)
     chain: tuple[jax.Array, jax.Array]  # int32 [B] each: a chain's verdicts, (asked, accepted)
+    branch: tuple[jax.Array, jax.Array] | None = None  # a tree's (tested, accepted) [B, d, K] (``branch_verdicts``)
 
 
 def step_window(eng: EngineConfig, params: dict, st: EngineState, w: int,
@@ -193,7 +195,8 @@ def _tree_verify(eng: EngineConfig, params: dict, st: EngineState, chunk: Chunk 
     path_tok = jnp.take_along_axis(window, jnp.clip(path, 0, w - 1), axis=1)
     asked = jnp.max(jnp.where(is_known, 0, node_depth - u[:, None] + 1), axis=1)  # the drafts' deepest level
     chain = first_child_verdicts(parents, u, path, a, anc)
-    return _Verified(a, path_tok, nxt, hidden, cache.compact(src), dstate, asked, w - u, chain), out
+    branch = branch_verdicts(parents, u, path, a, eng.branches)
+    return _Verified(a, path_tok, nxt, hidden, cache.compact(src), dstate, asked, w - u, chain, branch), out
 
 
 def _commit(eng: EngineConfig, params: dict, st: EngineState, w: int, v: _Verified
@@ -243,4 +246,8 @@ def _commit(eng: EngineConfig, params: dict, st: EngineState, w: int, v: _Verifi
         trace=st.trace.at[jnp.arange(b), jnp.where(active, st.steps, eng.max_steps)].set(a, mode="drop"),
         i=st.i + 1,
     )
+    if v.branch is not None:  # a tree step: what each level's children revealed
+        on = active[:, None, None].astype(jnp.int32)
+        out = out.replace(branch_tested=out.branch_tested + v.branch[0] * on,
+                          branch_accepted=out.branch_accepted + v.branch[1] * on)
     return out, StepVerdicts(asked, a, nxt, *v.chain)
