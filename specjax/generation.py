@@ -33,7 +33,7 @@ from specjax.metrics import GenerationResult, metrics, tokens
 from specjax.protocols import DecoderModel
 from specjax.sampling import RowSampling, derive_seed
 from specjax.sharding import DATA, agree_max, put_rows, shard_model, shardings, state_specs
-from specjax.tree import tree_scratch, tree_window
+from specjax.tree import tree_reach
 from specjax.validate import eos_table, fail, resolve_depth, validate
 
 __all__ = ["check_mesh", "clear_compiled", "compiled_loop", "generate", "mesh_context", "put_replicated",
@@ -125,10 +125,7 @@ def setup(model: DecoderModel, prompts: list[list[int]], cfg: GenerationConfig, 
         width, longest = agree_max([width, longest])
         if isinstance(seed, int):  # a base seed: rows numbered globally (process p holds rows p*b ...)
             seeds = [derive_seed(seed, jax.process_index() * len(prompts) + i) for i in range(len(prompts))]
-    if isinstance(cfg.tree, tuple):  # a preset's own depth
-        depth = len(cfg.tree)
-    capacity = request_capacity(width, longest, depth if cfg.tree is None else
-                                tree_window(cfg.tree, depth) - 1 + tree_scratch(cfg.tree, depth))
+    capacity = request_capacity(width, longest, tree_reach(cfg.tree, depth))
     eng = make_engine(model, drafter=drafter, draft_model=draft_model, depth=depth, kv_advance_rule=rule,
                       cache=cfg.cache, greedy=temperature == 0, ngram_n=cfg.ngram_n, capacity=capacity,
                       attention_impl=cfg.attention_impl, controller=None if policy is None else AutoDepth(policy),

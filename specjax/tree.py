@@ -28,8 +28,8 @@ from pallas_kernels.reference import TreeMask, tree_mask_visible
 
 __all__ = ["DynamicTree", "Tree", "TreeMask", "accepted_sources", "ancestors", "branch_verdicts", "chain_parents",
            "depths", "first_child_verdicts", "max_children", "preset_depths", "preset_parents", "tree_greedy_verify",
-           "tree_label", "tree_levels", "tree_positions", "tree_rejection_verify", "tree_scratch", "tree_size",
-           "tree_visible", "tree_window"]
+           "tree_label", "tree_levels", "tree_positions", "tree_reach", "tree_rejection_verify", "tree_scratch",
+           "tree_size", "tree_visible", "tree_window"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +71,12 @@ def tree_scratch(tree: Tree, depth: int) -> int:
     """Slots a drafter's expansion of the tree writes past the known tokens besides the window's
     (a dynamic tree's beams: ``(depth - 1) * K``; a preset drafts in its window's slots)."""
     return (depth - 1) * tree.topk if isinstance(tree, DynamicTree) else 0
+
+
+def tree_reach(tree: Tree | None, depth: int) -> int:
+    """Slots past a row's length a step writes, less one (what sizes its caches and pages): a
+    chain's ``depth`` drafts, or a tree's nodes and its drafter's beams."""
+    return depth if tree is None else tree_window(tree, depth) - 1 + tree_scratch(tree, depth)
 
 
 def max_children(tree: Tree) -> int:

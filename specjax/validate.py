@@ -26,13 +26,16 @@ def resolve_depth(depth: object, max_depth: int, drafter: object,
     (``generate``, ``stream``: the batch lasts as long as its slowest row) and by ``"goodput"``
     otherwise (``batch_generate``: a finished row's slot takes new work, so tokens per second
     summed over rows is what counts). With a ``tree`` it is the widest choice, drafted to
-    ``max_depth`` (a preset: to its own depth), beside every chain."""
+    ``max_depth``, beside every chain. A preset ``tree`` sets its own depth, whatever ``depth``."""
+    if isinstance(tree, tuple):
+        max_depth = len(tree)
+        depth = depth if depth == "auto" else len(tree)
     if drafter_kind(drafter) is None:
         return 0, None
     if isinstance(depth, DepthPolicy):
         return depth.max_depth, depth
     if depth == "auto":
-        d = len(tree) if isinstance(tree, tuple) else int(max_depth)
+        d = int(max_depth)
         return d, DepthPolicy.auto(d, "makespan" if static_batch else "goodput",
                                    always_offers=drafter_kind(drafter) != "ngram",
                                    tree_window=None if tree is None else tree_window(tree, d))

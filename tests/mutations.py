@@ -1078,9 +1078,9 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "ngram auto: the estimates learn only from the drafts offered",
-        "_chain_verify",
-        "dstate, asked, proposed, (asked, a)), out",
-        "dstate, asked, proposed, (proposed, a)), out",
+        "_commit",
+        "chain = (asked, a) if v.chain is None else v.chain",
+        "chain = (proposed, a) if v.chain is None else v.chain",
         ("tests/test_depth_auto.py::test_ngram_rows_without_a_match_offer_no_drafts",),
     ),
     Mutation(

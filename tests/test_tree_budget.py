@@ -63,11 +63,11 @@ def _walk(parents, u, path, a):
     return len(main), acc
 
 
-@settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 10_000), n=st.integers(2, 10), vocab=st.integers(2, 4))
-def test_first_child_verdicts_match_a_walk(seed, n, vocab):
+def verified_trees(seed, n, vocab, b=4):
+    """``b`` random windows of ``n`` nodes (each a chain of ``u`` known nodes, then a random
+    tree below the last), greedily verified against random logits over ``vocab`` tokens:
+    ``(parents, u, anc, a, path)``. Shared with ``test_tree_sim``."""
     rng = np.random.default_rng(seed)
-    b = 4
     u = rng.integers(1, n, b).astype(np.int32)
     parents = np.zeros((b, n), np.int32)
     for r in range(b):
@@ -78,6 +78,14 @@ def test_first_child_verdicts_match_a_walk(seed, n, vocab):
     anc = ancestors(jnp.asarray(parents))
     a, path, _ = tree_greedy_verify(jnp.asarray(lg), jnp.asarray(tokens), jnp.asarray(parents), jnp.asarray(u),
                                     anc=anc)
+    return parents, u, anc, a, path
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 10), vocab=st.integers(2, 4))
+def test_first_child_verdicts_match_a_walk(seed, n, vocab):
+    parents, u, anc, a, path = verified_trees(seed, n, vocab)
+    b = len(u)
     asked, acc = first_child_verdicts(jnp.asarray(parents), jnp.asarray(u), path, a, anc)
     for r in range(b):
         assert (int(asked[r]), int(acc[r])) == _walk(parents[r], int(u[r]), np.asarray(path[r]), int(a[r])), r

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_tree_budget import verified_trees
 
 from specjax import cli, generate, load_model
 from specjax.auto.policy import CostTable
 from specjax.sim import Bernoulli, TreeAcceptance, simulate
-from specjax.tree import ancestors, branch_verdicts, tree_greedy_verify
+from specjax.tree import branch_verdicts
 
 from engine_models import GLOBAL, noisy, sharp
 
@@ -46,18 +47,8 @@ def _walk(parents, u, path, a, d, k):
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10_000), n=st.integers(2, 10), vocab=st.integers(2, 4), k=st.integers(1, 4))
 def test_branch_verdicts_match_a_walk(seed, n, vocab, k):
-    rng = np.random.default_rng(seed)
-    b = 4
-    u = rng.integers(1, n, b).astype(np.int32)
-    parents = np.zeros((b, n), np.int32)
-    for r in range(b):
-        parents[r] = [j - 1 if j < u[r] else int(rng.integers(u[r] - 1, j)) for j in range(n)]
-        parents[r, 0] = -1
-    tokens = rng.integers(0, vocab, (b, n)).astype(np.int32)
-    lg = rng.normal(size=(b, n, vocab)).astype(np.float32)
-    anc = ancestors(jnp.asarray(parents))
-    a, path, _ = tree_greedy_verify(jnp.asarray(lg), jnp.asarray(tokens), jnp.asarray(parents), jnp.asarray(u),
-                                    anc=anc)
+    parents, u, _, a, path = verified_trees(seed, n, vocab)
+    b = len(u)
     tested, took = branch_verdicts(jnp.asarray(parents), jnp.asarray(u), path, a, k)
     d = path.shape[1]
     for r in range(b):

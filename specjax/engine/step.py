@@ -59,7 +59,7 @@ class _Verified(NamedTuple):
     dstate: Any
     asked: jax.Array  # int32 [B]: draft depths the row was asked for
     proposed: jax.Array  # int32 [B]: drafts the row offered (a tree's nodes)
-    chain: tuple[jax.Array, jax.Array]  # int32 [B] each: a chain's verdicts, (asked, accepted)
+    chain: tuple[jax.Array, jax.Array] | None = None  # a tree's main branch: a chain's (asked, accepted) [B]
     branch: tuple[jax.Array, jax.Array] | None = None  # a tree's (tested, accepted) [B, d, K] (``branch_verdicts``)
 
 
@@ -141,7 +141,7 @@ def _chain_verify(eng: EngineConfig, params: dict, st: EngineState, w: int,
         a, nxt = greedy_verify(logits, proposals, u, proposed)
     else:
         a, nxt = rejection_verify(logits, proposals, draft_probs, u, lengths, st.seeds, st.sampling, proposed)
-    return _Verified(a, proposals, nxt, hidden, cache, dstate, asked, proposed, (asked, a)), out
+    return _Verified(a, proposals, nxt, hidden, cache, dstate, asked, proposed), out
 
 
 def _tree_verify(eng: EngineConfig, params: dict, st: EngineState, chunk: Chunk | None = None
@@ -250,4 +250,5 @@ def _commit(eng: EngineConfig, params: dict, st: EngineState, w: int, v: _Verifi
         on = active[:, None, None].astype(jnp.int32)
         out = out.replace(branch_tested=out.branch_tested + v.branch[0] * on,
                           branch_accepted=out.branch_accepted + v.branch[1] * on)
-    return out, StepVerdicts(asked, a, nxt, *v.chain)
+    chain = (asked, a) if v.chain is None else v.chain  # a chain step's verdicts are its own
+    return out, StepVerdicts(asked, a, nxt, *chain)
