@@ -21,9 +21,10 @@ Sections (each reports its own error instead of stopping the run):
    shape for the 8B) at B 1/8/32/64 (the 8B at B 1 and 32), each with the target's own w-token
    forwards; at B=1 the roofline from this device's own compile beside the measured step.
 
-5. ``trees``: a token tree's step cost at llama3.2-1b's shape (random weights, bfloat16, B 1
-   and 8): the MTP chain at depth 3 and 4 against dynamic trees of 6, 8 and 12 nodes, ms per
-   step, and the tok/s that step cost gives at the bundled model's tokens per step.
+5. ``trees``: token trees at llama3.2-1b's shape (random weights, bfloat16, B 1 and 8, the
+   at-scale bench's tree rows): MTP chains at depth 3 and 4 against a 2x2x1 preset and dynamic
+   trees of 6 and 8 nodes, over a 32k draft vocabulary, each tree at the acceptance per branch
+   the bundled MTP head reached in it: tok/step, ms/step and speedup over plain decoding.
 6. ``mixed``: a batch job's step with a prefill chunk in its forward (``forward_mixed``) against
    the chunk's and the step's forwards one after the other, at llama3.2-1b's shape (bfloat16,
    one paged pool, context 2,048): 1, 16 and 64 rows of a 4-token window beside one chunk.
@@ -194,53 +195,32 @@ def scale(smoke: bool) -> dict:
     return out
 
 
-# (tree, depth) rows of the trees section: chains of the MTP head, then dynamic trees
-TREE_ROWS = ((None, 3), (None, 4), ("dynamic:6,2", 4), ("dynamic:8,2", 5), ("dynamic:12,3", 6))
+# rows of the trees section (specjax.scale.bench_shape): MTP chains over a 32k draft vocabulary against trees
+TREE_ROWS = (("none", 0), ("mtp:dv", 3), ("mtp:dv", 4), ("mtp:dv", 3, "2x2x1"), ("mtp:dv", 4, "dynamic:6,2"),
+             ("mtp:dv", 5, "dynamic:8,2"))
 
 
 def trees(smoke: bool) -> dict:
-    """A token tree's step cost at a real shape: random llama3.2-1b weights (bfloat16, the
-    layer scan), prompt 512, B 1 and 8, the MTP chain at depth 3 and 4 against dynamic trees.
-    Random weights accept nothing, so what is measured is ms per step (every node is drafted
-    and verified whatever is accepted); ``projected_tok_per_s`` multiplies in the tokens per
-    step the same tree reached on the bundled model (``docs/bench_trees.json``, B=1)."""
-    import pathlib
-
-    import specjax
+    """Token trees at a real shape (``specjax.scale.bench_shape`` with tree rows): random
+    llama3.2-1b weights (bfloat16, the layer scan), prompt 512, 64 new tokens, B 1 and 8, the
+    MTP chain at depth 3 and 4 against a 2x2x1 preset and dynamic trees of 6 and 8 nodes, all
+    over a 32k draft vocabulary. Controlled acceptance: chains at the bundled MTP head's rates,
+    each tree at the acceptance per branch the bundled head reached in that same tree (measured
+    at start), so tok/step is the bundled model's and ms/step is the device's."""
     from specjax.model import ModelConfig, with_layer_loop
-    from specjax.scale import random_models
+    from specjax.scale import bench_shape, random_models
 
-    bundled = {}
-    path = pathlib.Path(__file__).resolve().parent.parent / "docs" / "bench_trees.json"
-    for r in json.loads(path.read_text())["rows"] if path.exists() else []:
-        if r["drafter"] == "mtp" and r["batch"] == 1 and r["kv_advance"] == "per_sequence":
-            bundled[str(r["depth"])] = r["tok_per_step"]
     if smoke:
         name = ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, max_seq_len=256,
                            mtp_depth=3)
-        prompt_len, new, batches = 16, 8, (1, 2)
+        prompt_len, new, batches, dv, acceptance = 16, 8, (1, 2), 64, "iid:0.8"
     else:
-        name, prompt_len, new, batches = "llama3.2-1b", 512, 64, (1, 8)
-    target, _ = random_models(name, "bfloat16")
-    target = with_layer_loop(target, "scan")
-    rng = np.random.default_rng(0)
-    prompts = rng.integers(0, target.config.vocab_size, (max(batches), prompt_len)).tolist()
-    rows = []
-    for b in batches:
-        for tree, depth in TREE_ROWS:
-            kw = dict(max_new_tokens=new, drafter="mtp", depth=depth, tree=tree)
-            specjax.generate(target, prompts[:b], **kw)  # compile and warm
-            best, res = float("inf"), None
-            for _ in range(2):
-                res = specjax.generate(target, prompts[:b], **kw)
-                best = min(best, res.metrics["seconds_run"] / max(res.metrics["steps"], 1))
-            key = f"tree:{tree}@{depth}" if tree else depth
-            tps = bundled.get(str(key))
-            rows.append({"batch": b, "tree": tree, "depth": depth, "ms_per_step": best * 1e3,
-                         "bundled_tok_per_step": tps,
-                         "projected_tok_per_s": None if tps is None else b * tps / best})
-            print(f"gpu_check: trees B={b} {key} {best * 1e3:.2f} ms/step", file=sys.stderr, flush=True)
-    return {"shape": name if isinstance(name, str) else "smoke", "prompt_len": prompt_len, "rows": rows}
+        name, prompt_len, new, batches, dv, acceptance = "llama3.2-1b", 512, 64, (1, 8), 32768, "bundled"
+    target, draft = random_models(name, "bfloat16", draft=False)
+    models = (with_layer_loop(target, "scan"), draft)
+    return bench_shape(name, dtype="bfloat16", batches=batches, prompt_len=prompt_len, max_new_tokens=new,
+                       rows=TREE_ROWS, rounds=2, progress=True, models=models, roofline=(1,), draft_vocab=dv,
+                       acceptance=acceptance)
 
 
 def mixed(smoke: bool) -> dict:

@@ -73,7 +73,7 @@ from specjax.prefix_cache import PrefixCache, page_keys
 from specjax.protocols import DecoderModel, check_model
 from specjax.sampling import RowSampling, derive_seed
 from specjax.sharding import constrain, data_shards, shard_model, shardings, state_specs
-from specjax.tree import tree_label, tree_reach
+from specjax.tree import tree_reach
 from specjax.validate import EOS_WIDTH, check_drafter_models, check_eos, eos_table, fail, resolve_depth
 
 __all__ = ["Completion", "Request", "batch_generate"]
@@ -509,8 +509,6 @@ def batch_generate(
     drafter = default_drafter(cfg.drafter, model, draft_model)
     check_drafter_models(drafter, model, draft_model)
     d, policy = resolve_depth(cfg.depth, cfg.max_depth, drafter, tree=cfg.tree)
-    if cfg.tree is not None and mesh is not None:
-        fail("tree", tree_label(cfg.tree), "runs on one device for now: mesh=None")
     reach = tree_reach(cfg.tree, d)
     check_cost(cfg.cost, policy)
     if pages is not None and (cache != "paged" or not is_int(pages) or pages < 1):

@@ -556,6 +556,15 @@ def cmd_bench_shape(args: argparse.Namespace) -> int:
             drafters.insert(drafters.index("mtp") + 1, "mtp:dv")
         rows = [("none", 0)] + [(d, k) for d in drafters
                                 for k in (range(1, args.depth + 1) if d.startswith("mtp") else [args.depth])]
+        for t in (args.trees or "").split():  # tree rows: a preset for the MTP rows, a dynamic tree for each drafter
+            if t.endswith("+auto"):
+                raise ValueError(f"--trees {t}: --shape benches fixed trees (no +auto)")
+            spec, _, d = t.partition("@")
+            if d and not d.isdigit():
+                raise ValueError(f"--trees {t} is invalid: a tree, then @D (its depth) for a dynamic tree")
+            preset = not spec.startswith("dynamic")
+            depth = len(spec.lower().split("x")) if preset else int(d or args.depth)
+            rows += [(x, depth, spec) for x in drafters if x.startswith("mtp") or not preset]
         result = bench_shape(args.shape, dtype=args.dtype, batches=_int_list("--batches", args.batches or "1,4"),
                              prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens or 64, rows=rows,
                              acceptance=args.acceptance, rounds=args.rounds or 2, seed=args.seed,
@@ -880,7 +889,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="token-tree rows beside the chains (per_sequence), space-separated: presets (2x2x1, the "
                         "mtp drafter's) and dynamic trees drafted to the bench's --depth or to D (dynamic:8,2@5, "
                         "every drafter's); ending +auto, the tree under --depth auto (each step the tree, a chain "
-                        "or plain decoding, as the cost table prices them)")
+                        "or plain decoding, as the cost table prices them). With --shape: fixed trees, acceptance "
+                        "per branch from --acceptance")
     b.add_argument("--max-new-tokens", type=int, default=None, help="default 128 (--shape: 64)")
     b.add_argument("--prompts", type=int, default=None, help="use the first N of the 64 fixed prompts")
     b.add_argument("--rounds", type=int, default=None,

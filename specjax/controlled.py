@@ -12,6 +12,13 @@ profile:
 * ``trace [B, S]``: at the row's own step ``s`` exactly its first ``trace[b, s]`` drafts are
   right (a replayed run's accepted counts; ``-1``: draw by ``rates``).
 
+Token trees (``propose_tree``): the real drafter's tree (its shape and cost) with each node's
+token replaced. ``branch [d, K]`` is the acceptance per branch: at level ``j`` the right token
+is the parent's child of rank ``r`` with probability ``branch[j, r]`` given ranks ``< r`` were
+not (``specjax.sim.TreeAcceptance``'s rates; the draws of rank 0 are the chain's, so a tree and
+a chain at the same profile share their luck). The nodes on the right path carry the oracle's
+tokens, every other node a wrong one. ``trace`` is for chains only.
+
 A wrong draft is the right one shifted by ``1 + (real draft mod (V - 1))``: never the right
 token, and a data dependence on the real drafter's output, so XLA cannot drop the drafter's
 work as dead code. Verification is greedy (the oracle is the greedy continuation); tokens
@@ -33,8 +40,11 @@ import numpy as np
 
 from specjax._pytree import pytree_dataclass
 from specjax.drafter import gather_tokens
+from specjax.tree import depths
 
 __all__ = ["ControlData", "Controlled", "control_data", "expected_tokens_per_step", "oracle_rows"]
+
+_RANK_SALT = 1 << 12  # a rank-r node's draw key: its level + r * salt (rank 0: the chain's key, its level)
 
 
 @pytree_dataclass
@@ -44,6 +54,7 @@ class ControlData:
     oracle: jax.Array  # int32 [B, C]: each row's prompt and the target's greedy continuation
     rates: jax.Array  # float32 [d]: P(draft k right | drafts < k right)
     trace: jax.Array  # int32 [B, S]: drafts right at the row's own step s; -1: draw by ``rates``
+    branch: jax.Array  # float32 [d, K]: trees: P(child of rank r right | ranks < r not) at level j
 
 
 def _uniform(seeds: jax.Array, positions: jax.Array, k: jax.Array) -> jax.Array:
@@ -89,13 +100,39 @@ class Controlled:
         return self.inner.commit(eng, params, st, dstate, hidden, old_lengths, u, a, advance)
 
     def propose_tree(self, eng, params, st):
-        raise ValueError(f"a Controlled drafter drafts chains only: controlled acceptance for token trees is not "
-                         f"built (tree={eng.tree})")
+        """``inner``'s tree (``[B, T]`` tokens, ``[B, T + 1]`` parents: its shape and its cost),
+        its tokens replaced: the right path drawn level by level from ``branch`` (module doc)."""
+        self._greedy_only(eng)
+        tokens, parents, dstate = self.inner.propose_tree(eng, params, st)
+        data: ControlData = params["drafter"]
+        level = depths(parents)[:, 1:] - 1  # [B, T]: 0 for the root's children
+        kid = parents[:, 1:]
+        before = jnp.tril(kid[:, :, None] == kid[:, None, :], -1)  # [B, T, T]: the siblings ranked above it
+        rank = jnp.sum(before, axis=2).astype(jnp.int32)
+        pos = st.known[:, None] + level  # the absolute position each node is for
+        right = gather_tokens(data.oracle, pos)
+        d, k = data.branch.shape
+        rate = data.branch[jnp.minimum(level, d - 1), jnp.minimum(rank, k - 1)]
+        rate = jnp.where((level < d) & (rank < k), rate, 0.0)
+        ok = _uniform(st.seeds, pos, level + _RANK_SALT * rank) < rate  # rank 0: the chain's draw at this level
+        # the first of its siblings drawn right carries the right token (a node below a wrong one is never
+        # reached by the walk, so its own draw decides nothing)
+        chosen = ok & ~jnp.any(before & ok[:, None, :], axis=2)
+        return jnp.where(chosen, right, self._wrong(eng, right, tokens)).astype(jnp.int32), parents, dstate
 
-    def propose(self, eng, params, st):
+    def _greedy_only(self, eng) -> None:
         if not eng.greedy:
             raise ValueError("a Controlled drafter verifies greedily (its oracle is the greedy continuation): "
                              "temperature must be 0")
+
+    @staticmethod
+    def _wrong(eng, right: jax.Array, drafts: jax.Array) -> jax.Array:
+        """Never ``right``, and a function of the real drafts (XLA keeps the drafter's work)."""
+        v = eng.target.vocab_size
+        return (right + 1 + jnp.abs(drafts) % max(v - 1, 1)) % v
+
+    def propose(self, eng, params, st):
+        self._greedy_only(eng)
         drafts, _, dstate = self.inner.propose(eng, params, st)
         d = drafts.shape[1]
         if d == 0:
@@ -109,9 +146,7 @@ class Controlled:
         s = st.steps[:, None]  # [B, 1]: the row's own step; past its trace, -1 (the rates)
         planned = jnp.where(s < data.trace.shape[1], gather_tokens(data.trace, s), -1)
         ok = jnp.where(planned >= 0, k < planned, ok)
-        v = eng.target.vocab_size
-        wrong = (right + 1 + jnp.abs(drafts) % max(v - 1, 1)) % v
-        return jnp.where(ok, right, wrong).astype(jnp.int32), None, dstate
+        return jnp.where(ok, right, self._wrong(eng, right, drafts)).astype(jnp.int32), None, dstate
 
 
 def oracle_rows(prompts: list[list[int]], continuations: list[list[int]], width: int) -> np.ndarray:
@@ -123,19 +158,23 @@ def oracle_rows(prompts: list[list[int]], continuations: list[list[int]], width:
     return out
 
 
-def control_data(oracle: np.ndarray, rates, trace: np.ndarray | None = None) -> ControlData:
+def control_data(oracle: np.ndarray, rates, trace: np.ndarray | None = None, branch=None) -> ControlData:
     """``ControlData`` from host arrays; ``rates`` one per draft position (each in [0, 1]); ``trace``
-    ``[B, S]`` replayed counts (``None``: draw every step by ``rates``)."""
+    ``[B, S]`` replayed counts (``None``: draw every step by ``rates``); ``branch [d, K]`` a tree's
+    acceptance per branch (``None``: ``rates`` for each level's first child, none for the rest)."""
     rates = np.asarray(rates, np.float32).reshape(-1)
     if rates.size == 0 or np.any(~np.isfinite(rates)) or np.any((rates < 0) | (rates > 1)):
         raise ValueError(f"rates={rates.tolist()} is invalid: one acceptance per draft position, each in [0, 1]")
+    branch = rates[:, None] if branch is None else np.asarray(branch, np.float32)
+    if branch.ndim != 2 or branch.size == 0 or np.any(~np.isfinite(branch)) or np.any((branch < 0) | (branch > 1)):
+        raise ValueError(f"branch={branch.tolist()} is invalid: [levels, ranks] acceptances, each in [0, 1]")
     b = oracle.shape[0]
     if trace is None:
         trace = np.full((b, 1), -1, np.int32)
     trace = np.asarray(trace, np.int32)
     if trace.ndim != 2 or trace.shape[0] != b:
         raise ValueError(f"trace of shape {trace.shape} is invalid: must be [rows={b}, steps]")
-    return ControlData(jnp.asarray(oracle, jnp.int32), jnp.asarray(rates), jnp.asarray(trace))
+    return ControlData(jnp.asarray(oracle, jnp.int32), jnp.asarray(rates), jnp.asarray(trace), jnp.asarray(branch))
 
 
 def expected_tokens_per_step(rates, depth: int) -> float:

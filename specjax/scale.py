@@ -41,9 +41,10 @@ import numpy as np
 from specjax.controlled import Controlled, control_data, expected_tokens_per_step, oracle_rows
 from specjax.model import Model, ModelConfig, init_model
 from specjax.model.shapes import draft_shape, shape
+from specjax.tree import tree_reach
 
-__all__ = ["DEVICES", "ROWS", "acceptance_profile", "bench_shape", "gather_overcount", "predict", "random_models",
-           "read_bandwidth", "table"]
+__all__ = ["DEVICES", "ROWS", "acceptance_profile", "bench_shape", "expected_tree_tokens", "gather_overcount",
+           "predict", "random_models", "read_bandwidth", "table", "tree_profile"]
 
 # (drafter, depth): the configurations a shape is benchmarked in (plain first: every ratio's base)
 ROWS: tuple[tuple[str, int], ...] = (("none", 0), ("mtp", 1), ("mtp", 2), ("mtp", 3), ("ngram", 3),
@@ -80,6 +81,51 @@ def _bundled_run(depth: int, n_prompts: int, max_new_tokens: int) -> tuple[tuple
         accepted += m["accepted_per_position_count"]
         traces += m["row_accepted_trace"]
     return tuple(float(x) for x in accepted / np.maximum(verdicts, 1)), tuple(tuple(t) for t in traces)
+
+
+@functools.lru_cache(maxsize=4)
+def _bundled_tree_run(tree: object, depth: int, n_prompts: int, max_new_tokens: int) -> tuple[tuple[float, ...], ...]:
+    """The bundled model's MTP head drafting ``tree`` to ``depth``, greedy, on the bench's
+    held-out prompts: its acceptance per branch ``[depth, ranks]`` (``TreeAcceptance.learn``)."""
+    from specjax.bench import bench_prompts
+    from specjax.checkpoint import load_model
+    from specjax.generation import generate
+    from specjax.sim import TreeAcceptance
+
+    bundle = load_model()
+    toks = bundle.encode_prompts(bench_prompts(n_prompts), bos=False)
+    tested, took = 0, 0
+    for i in range(0, len(toks), 8):
+        m = generate(bundle.model, toks[i : i + 8], max_new_tokens=max_new_tokens, drafter="mtp", depth=depth,
+                     tree=tree, temperature=0.0, eos_id=bundle.tokenizer.eos_id).metrics
+        tested = tested + np.asarray(m["branch_tested_count"])
+        took = took + np.asarray(m["branch_accepted_count"])
+    metrics = {"branch_tested_count": tested.tolist(), "branch_accepted_count": took.tolist()}
+    rates = TreeAcceptance.learn(metrics, (tested.shape[1],) * min(depth, tested.shape[0])).rates
+    return tuple(tuple(float(x) for x in r) for r in np.asarray(rates))
+
+
+def tree_profile(spec: str, tree: object, depth: int, rates: Sequence[float]) -> list[list[float]]:
+    """A tree row's acceptance per branch ``[depth, ranks]`` (``Controlled``'s ``branch``) under
+    the acceptance ``spec``: ``bundled`` and ``bundled-traces``: the bundled model's MTP head's,
+    measured now on the same tree (``_bundled_tree_run``: the bench's 64 held-out prompts, 128
+    tokens each); ``iid:P`` and ``rates:...``: every rank at its level's rate (``rates``)."""
+    from specjax.tree import DynamicTree
+
+    if spec.partition(":")[0] in ("bundled", "bundled-traces"):
+        return [list(r) for r in _bundled_tree_run(tree, depth, 64, 128)]
+    ranks = tree.topk if isinstance(tree, DynamicTree) else max(tree)
+    return [[float(r)] * ranks for r in list(rates)[:depth]]
+
+
+def expected_tree_tokens(branch: Sequence[Sequence[float]], tree: object) -> float | None:
+    """Tokens a step of the preset ``tree`` emits at acceptance per branch ``branch`` (levels are
+    independent: level ``j`` passes with ``1 - prod_r (1 - branch[j][r])`` over its ranks);
+    ``None`` for a dynamic tree (its shape is data)."""
+    if not isinstance(tree, tuple):
+        return None
+    p = [1.0 - float(np.prod([1.0 - x for x in branch[j][:k]])) for j, k in enumerate(tree)]
+    return expected_tokens_per_step(p, len(tree))
 
 
 def acceptance_profile(spec: str, depth: int = 3) -> dict:
@@ -263,7 +309,29 @@ def predict(nbytes: float, flops: float, ops: int, dtype) -> dict[str, dict[str,
 # ----------------------------------------------------------------------------- the bench
 
 
-def _engine(target, draft, drafter: str, depth: int, capacity: int, data):
+def _row_tree(row: tuple):
+    """A bench row ``(drafter, depth)`` or ``(drafter, depth, tree)``: its tree (a preset tuple or
+    a ``DynamicTree``; ``None`` for a chain), checked against its drafter and depth."""
+    if len(row) == 2 or row[2] is None:
+        return None
+    from specjax.generation_config import GenerationConfig
+
+    drafter, depth, spec = row
+    if drafter == "none":
+        raise ValueError(f"row {row!r} is invalid: a tree needs a drafter")
+    tree = GenerationConfig(tree=spec).tree
+    if isinstance(tree, tuple) and (not drafter.startswith("mtp") or len(tree) != depth):
+        raise ValueError(f"row {row!r} is invalid: a preset tree is the MTP head's, drafted to its own depth "
+                         f"({len(tree)})")
+    return tree
+
+
+def _row_name(row: tuple) -> str:
+    return f"{row[0]} depth {row[1]}" + (f" tree {row[2]}" if len(row) > 2 and row[2] is not None else "")
+
+
+
+def _engine(target, draft, drafter: str, depth: int, capacity: int, data, tree=None):
     from specjax.advance import KvAdvance
     from specjax.engine import make_engine
 
@@ -271,7 +339,7 @@ def _engine(target, draft, drafter: str, depth: int, capacity: int, data):
     spec = None if inner is None else Controlled(inner, data)
     eng = make_engine(target, drafter=spec, draft_model=draft if inner == "draft_model" else None,
                       depth=max(depth, 1), kv_advance_rule=KvAdvance.PER_SEQUENCE, cache="dense", greedy=True,
-                      capacity=capacity, attention_impl="auto")
+                      capacity=capacity, attention_impl="auto", tree=tree)
     params = {"target": target.params}
     if eng.draft is not None:
         params["draft"] = draft.params
@@ -300,9 +368,12 @@ def bench_shape(name_or_config: str | ModelConfig, *, dtype: str = "float32", ba
             raise ValueError(f"batches={list(batches)} is invalid: each must be an int >= 1")
     if prompt_len < 1 or max_new_tokens < 1:
         raise ValueError(f"prompt_len={prompt_len} / max_new_tokens={max_new_tokens} are invalid: must be >= 1")
+    rows = tuple(tuple(r) for r in rows)
     if not rows or rows[0] != ("none", 0):
         rows = (("none", 0), *[r for r in rows if r != ("none", 0)])
-    for drafter, depth in rows:
+    trees = {r: _row_tree(r) for r in rows}
+    for row in rows:
+        drafter, depth = row[:2]
         if drafter not in ("none", "mtp", "mtp:dv", "ngram", "draft_model") or not 0 <= depth <= 7:
             raise ValueError(f"row ({drafter!r}, {depth}) is invalid: drafter none|mtp|mtp:dv|ngram|draft_model, "
                              "depth 0-7")
@@ -311,8 +382,10 @@ def bench_shape(name_or_config: str | ModelConfig, *, dtype: str = "float32", ba
     if isinstance(name_or_config, str):
         shape(name_or_config)  # an unknown name fails before anything runs
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if progress else (lambda msg: None)
-    max_depth = max(d for _, d in rows)
+    max_depth = max(r[1] for r in rows)
+    reach = max(tree_reach(trees[r], r[1]) for r in rows)  # the farthest slot past a row's length a step writes
     profile = acceptance_profile(acceptance, max(max_depth, 1))
+    branch = {r: tree_profile(acceptance, trees[r], r[1], profile["rates"]) for r in rows if trees[r] is not None}
     t0 = time.perf_counter()
     target, draft = models if models is not None else random_models(
         name_or_config, dtype, seed, draft=any(r[0] == "draft_model" for r in rows))
@@ -322,7 +395,7 @@ def bench_shape(name_or_config: str | ModelConfig, *, dtype: str = "float32", ba
         from specjax.model import with_draft_vocab
 
         target_dv = with_draft_vocab(target, np.arange(draft_vocab))
-    if prompt_len + max_new_tokens + 2 * (max_depth + 1) > cfg.max_seq_len:
+    if prompt_len + max_new_tokens + 2 * (reach + 1) > cfg.max_seq_len:
         raise ValueError(f"prompt_len + max_new_tokens = {prompt_len + max_new_tokens} does not fit the shape's "
                          f"max_seq_len {cfg.max_seq_len}")
     log(f"models built in {time.perf_counter() - t0:.1f} s")
@@ -331,7 +404,7 @@ def bench_shape(name_or_config: str | ModelConfig, *, dtype: str = "float32", ba
                         "config": cfg.to_dict(), "dtype": dtype, "batches": list(batches), "prompt_len": prompt_len,
                         "max_new_tokens": max_new_tokens, "acceptance": acceptance, "rates": profile["rates"],
                         "replayed_traces": profile["trace"] is not None, "rounds": rounds, "seed": seed,
-                        "draft_vocab": draft_vocab,
+                        "draft_vocab": draft_vocab, "branch_rates": {_row_name(r): b for r, b in branch.items()},
                         "rows": [list(r) for r in rows]},
            "machine": machine(), "weight_bytes": weights,
            "draft_weight_bytes": None if draft is None else _param_bytes(draft.params),
@@ -344,18 +417,20 @@ def bench_shape(name_or_config: str | ModelConfig, *, dtype: str = "float32", ba
         costed = roofline if isinstance(roofline, bool) else b in roofline
         prompts = [rng.integers(0, cfg.vocab_size, prompt_len).tolist() for _ in range(b)]
         width = prompt_bucket(prompts)
-        capacity = request_capacity(width, max_new_tokens, max_depth)  # one capacity: comparable forwards
+        capacity = request_capacity(width, max_new_tokens, reach)  # one capacity: comparable forwards
         toks = np.zeros((b, width), np.int32)
         toks[:, :prompt_len] = np.asarray(prompts)
         plen = np.full((b,), prompt_len, np.int32)
         args = (jnp.asarray(toks), jnp.asarray(plen), jnp.asarray(plen + max_new_tokens),
                 jnp.full((b,), -1, jnp.int32), jnp.arange(b, dtype=jnp.uint32))
         data = None
-        runs: dict[tuple[str, int], dict] = {}
-        for drafter, depth in rows:
+        runs: dict[tuple, dict] = {}
+        for row in rows:
+            drafter, depth = row[:2]
             t1 = time.perf_counter()
+            row_data = data if trees[row] is None else dataclasses.replace(data, branch=jnp.asarray(branch[row]))
             eng, params = _engine(target_dv if drafter == "mtp:dv" else target, draft, drafter, depth, capacity,
-                                  data)
+                                  row_data, trees[row])
             st0 = jax.block_until_ready(prefill(eng, params, *args))
             final = jax.block_until_ready(_decode(eng, params, _copy(st0)))  # compiles, and the tokens
             got = tokens(final)
@@ -363,16 +438,16 @@ def bench_shape(name_or_config: str | ModelConfig, *, dtype: str = "float32", ba
                 oracle = oracle_rows(prompts, got, capacity + max_depth + 2)
                 data = control_data(oracle, profile["rates"], _trace_rows(profile["trace"], b))
                 plain_tokens = got
-            runs[(drafter, depth)] = {"eng": eng, "params": params, "st0": st0,
-                                      "metrics": metrics(final, eng, 0), "same": got == plain_tokens}
-            log(f"B={b} {drafter} depth {depth}: compiled and warmed in {time.perf_counter() - t1:.1f} s")
+            runs[row] = {"eng": eng, "params": params, "st0": st0, "window": eng.window,
+                         "metrics": metrics(final, eng, 0), "same": got == plain_tokens}
+            log(f"B={b} {_row_name(row)}: compiled and warmed in {time.perf_counter() - t1:.1f} s")
         # the target's own w-token forward and the LM head alone, timed in the same interleaved rounds
         base = runs[("none", 0)]
         n_fwd = 8
         cache, tok = base["st0"].cache, base["st0"].seq[:, prompt_len]
         timed: dict[Any, tuple[Callable, Any, float]] = {
             key: (functools.partial(_decode, run["eng"], run["params"]), run["st0"], 1.0) for key, run in runs.items()}
-        for w in sorted({d + 1 for _, d in rows}):
+        for w in sorted({run["window"] for run in runs.values()}):
             fn = functools.partial(_forward, base["eng"].target, base["eng"].attention_impl, w, n_fwd, target.params)
             timed[("forward", w)] = (lambda c, fn=fn, tok=tok: fn(c, tok), cache, n_fwd)
         x = jnp.zeros((b, cfg.d_model), target.params["embed"].dtype)
@@ -396,18 +471,22 @@ def bench_shape(name_or_config: str | ModelConfig, *, dtype: str = "float32", ba
         head_ms = 1e3 * best[("head", 1)]
         log(f"B={b}: forwards {', '.join(f'w={w} {ms:.1f} ms' for w, ms in fwd.items())}, head {head_ms:.1f} ms")
         rows_out = []
-        for (drafter, depth), run in runs.items():
+        for key, run in runs.items():
+            drafter, depth = key[:2]
             m = run["metrics"]
             steps = max(m["steps"], 1)
             ms = 1e3 * run["seconds"] / steps
             tps = m["emitted"] / run["seconds"]
-            w = depth + 1
-            row = {"drafter": drafter, "depth": depth, "ms_per_step": ms, "tok_per_step": m["tok_per_step"],
-                   "expected_tok_per_step": expected_tokens_per_step(profile["rates"], depth),
+            w = run["window"]
+            tree = trees[key]
+            want = expected_tokens_per_step(profile["rates"], depth) if tree is None else \
+                expected_tree_tokens(branch[key], tree)
+            row = {"drafter": drafter, "depth": depth, "tree": None if tree is None else key[2], "window": w,
+                   "ms_per_step": ms, "tok_per_step": m["tok_per_step"], "expected_tok_per_step": want,
                    "tok_per_s": tps, "speedup": tps / plain_tps, "steps": m["steps"],
                    # the speedup at the profile's own tok/step (a fixed depth's step costs the same whatever
                    # it accepts): free of the draws' noise over a short run
-                   "speedup_at_expected": expected_tokens_per_step(profile["rates"], depth) * plain_ms / ms,
+                   "speedup_at_expected": None if want is None else want * plain_ms / ms,
                    "tokens_match_plain": run["same"], "forward_ms": fwd[w], "step_over_forward": ms / fwd[w],
                    "efficiency": (tps / plain_tps) / (m["tok_per_step"] * plain_ms / fwd[w]),
                    "conditional_acceptance": m["conditional_acceptance_per_position"]}
@@ -470,8 +549,11 @@ def table(result: dict) -> str:
                      if bt["rows"] and "roofline" in bt["rows"][0] else ""),
                   "|---|---|---|---|---|---|---|---|" + ("---|" if bt["rows"] and "roofline" in bt["rows"][0] else "")]
         for r in bt["rows"]:
-            line = (f"| {r['drafter']} | {r['depth']} | {r['ms_per_step']:.1f} | {r['tok_per_step']:.2f} "
-                    f"({r['expected_tok_per_step']:.2f}) | {r['speedup']:.2f}x ({r['speedup_at_expected']:.2f}x) | "
+            name = r["drafter"] + (f" tree {r['tree']}" if r.get("tree") else "")
+            want = "-" if r["expected_tok_per_step"] is None else f"{r['expected_tok_per_step']:.2f}"
+            at = "-" if r["speedup_at_expected"] is None else f"{r['speedup_at_expected']:.2f}x"
+            line = (f"| {name} | {r['depth']} | {r['ms_per_step']:.1f} | {r['tok_per_step']:.2f} "
+                    f"({want}) | {r['speedup']:.2f}x ({at}) | "
                     f"{r['step_over_forward']:.2f} | {r['efficiency']:.2f} | "
                     f"{'yes' if r['tokens_match_plain'] else 'NO'} |")
             if "roofline" in r:

@@ -213,19 +213,30 @@ def spec_mismatches(tree: Any, specs: Any, mesh: Mesh) -> list[str]:
 # ----------------------------------------------------------------------------- per-shard attention
 
 
-def per_shard(fn, cache: Any, q: jax.Array, layer: int | jax.Array = 0) -> jax.Array:
-    """``fn(cache, q, layer)`` (attention of ``q [B, t, Hq, D]`` over ``cache``) on each device's own
-    rows and heads under ``shard_map`` when a multi-device mesh is set (``jax.set_mesh``: the
-    engine sets it), else directly. Attention never mixes rows or heads, so each shard's result
-    is its block of the whole; the Pallas kernels run unchanged on their shard."""
+def per_shard(fn, cache: Any, q: jax.Array, layer: int | jax.Array = 0, tree: Any = None) -> jax.Array:
+    """``fn(cache, q, layer, tree)`` (attention of ``q [B, t, Hq, D]`` over ``cache``; ``tree``: a
+    ``TreeMask`` or ``None``) on each device's own rows and heads under ``shard_map`` when a
+    multi-device mesh is set (``jax.set_mesh``: the engine sets it), else directly. Attention
+    never mixes rows or heads, so each shard's result is its block of the whole; the Pallas
+    kernels run unchanged on their shard, and a tree's per-row mask is split with the rows."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1 or set(mesh.axis_names) != {DATA, MODEL}:
-        return fn(cache, q, layer)
+        return fn(cache, q, layer, tree)
     q_spec = _fit(P(DATA, None, MODEL, None), q.shape, mesh)
-    specs = (state_specs(cache, mesh), q_spec)
-    if isinstance(layer, int):  # a static layer (a tuple of per-layer buffers is indexed by it)
-        return jax.shard_map(lambda c, x: fn(c, x, layer), in_specs=specs, out_specs=q_spec, check_vma=False)(cache, q)
-    return jax.shard_map(fn, in_specs=(*specs, P()), out_specs=q_spec, check_vma=False)(cache, q, layer)
+    rows = lambda x: _fit(P(DATA, *[None] * (x.ndim - 1)), x.shape, mesh)  # noqa: E731
+    args, specs = [cache, q], [state_specs(cache, mesh), q_spec]
+    if tree is not None:  # a per-row mask, split as the rows are
+        args.append(tree)
+        specs.append(jax.tree.map(rows, tree))
+    if not isinstance(layer, int):  # a traced layer index: every shard gets it
+        args.append(layer)
+        specs.append(P())
+
+    def body(c, x, *rest):
+        t = rest[0] if tree is not None else None
+        return fn(c, x, rest[-1] if not isinstance(layer, int) else layer, t)
+
+    return jax.shard_map(body, in_specs=tuple(specs), out_specs=q_spec, check_vma=False)(*args)
 
 
 # ----------------------------------------------------------------------------- the model's layout

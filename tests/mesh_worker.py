@@ -126,6 +126,90 @@ def main(drafter: str, runs, pallas: bool = False) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
+# token trees on a mesh: (drafter, tree, depth, mesh, rule, cache, attention_impl)
+TREE_RUNS = (("draft_model", "dynamic:4,2", 2, (4, 2), "per_sequence", "paged", "xla"),
+             ("ngram", "dynamic:4,2", 2, (2, 4), "cohort", "dense", "xla"),
+             ("mtp", (2, 1), 2, (8, 1), "per_sequence", "dense", "xla"),
+             ("mtp", "dynamic:4,2", 2, (2, 4), "per_sequence", "paged", "pallas"))
+
+
+def trees() -> None:
+    """Token trees on a mesh: every drafter's tree, both rules, dense and paged caches, the
+    Pallas kernel per shard: the unsharded tokens, the state placed by the table (the tree's
+    per-row counters too); a batch job with a tree; a tree under ``depth="auto"``."""
+    target = sharp(CFG, seed=1)
+    draft = noisy(target, 0.5)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, 64, size=int(n)).tolist() for n in (5, 9, 3, 7, 4, 6, 8, 2)]
+    prompts[2] = [7, 8, 9] * 3  # repetitive rows: n-gram trees with several continuations
+    result = {"tokens": {}, "params": {}, "state": {}, "accepted": {}}
+    for drafter, tree, depth, (d, m), rule, cache, impl in TREE_RUNS:
+        kw = dict(max_new_tokens=10, drafter=drafter, depth=depth, tree=tree, kv_advance=rule, cache=cache,
+                  attention_impl=impl)
+        ref = specjax.generate(target, prompts, draft_model=draft, **kw).tokens
+        mesh = make_mesh(d, m)
+        sm, sd = shard_model(target, mesh), shard_model(draft, mesh)
+        name = f"{drafter} {tree} {d}x{m} {rule} {cache} {impl}"
+        with jax.transfer_guard("disallow"):
+            out = specjax.generate(sm, prompts, mesh=mesh, draft_model=sd, **kw)
+        result["tokens"][name] = out.tokens == ref
+        result["accepted"][name] = out.metrics["accepted_drafts"]
+        cfg = GenerationConfig(**kw)
+        eng, params, args = generation.setup(sm, prompts, cfg, sd if drafter == "draft_model" else None, mesh)
+        limit = generation.put_rows_of(np.int32(eng.max_steps), mesh)
+        run, _ = generation.compiled_loop(eng, params, (*args, None, limit))
+        result["state"][name] = state_problems(run(params, *args, None, limit), len(prompts))
+    result["forward"] = tree_forward_gap(target)
+    mesh = make_mesh(4, 2)
+    reqs = [{"prompt": p, "max_new_tokens": 8} for p in prompts]
+    kw = dict(drafter="draft_model", depth=2, tree="dynamic:4,2", cache="paged")
+    ref = {c.id: c.tokens for c in specjax.batch_generate(target, reqs, slots=4, draft_model=draft, **kw)}
+    got = {c.id: c.tokens for c in specjax.batch_generate(shard_model(target, mesh), reqs, slots=4, mesh=mesh,
+                                                          draft_model=shard_model(draft, mesh), **kw)}
+    result["tokens"]["batch_generate paged tree"] = got == ref
+    kw = dict(max_new_tokens=10, drafter="draft_model", depth="auto", max_depth=2, tree="dynamic:4,2")
+    ref = specjax.generate(target, prompts, draft_model=draft, **kw).tokens
+    got = specjax.generate(shard_model(target, mesh), prompts, mesh=mesh, draft_model=shard_model(draft, mesh), **kw)
+    result["tokens"]["auto tree"] = got.tokens == ref
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def tree_forward_gap(target) -> dict:
+    """One tree forward (8 rows of their own lengths and random trees, sliding-window and
+    global layers) on meshes 2x4 and 8x1 against one device: the largest hidden difference.
+    Tokens alone could hide a mask lost per shard (a sharp model's argmax barely reads it)."""
+    import jax.numpy as jnp
+
+    from specjax.model import forward_hidden, init_cache
+    from specjax.tree import TreeMask, ancestors, depths
+
+    cfg, b, n, width = target.config, 8, 6, 12
+    rng = np.random.default_rng(5)
+    prompt = rng.integers(0, cfg.vocab_size, (b, width)).astype(np.int32)
+    lengths = rng.integers(1, width + 1, b).astype(np.int32)
+    parents = np.stack([[-1] + [int(rng.integers(0, j)) for j in range(1, n)] for _ in range(b)]).astype(np.int32)
+    tokens = rng.integers(0, cfg.vocab_size, (b, n)).astype(np.int32)
+    tpos = lengths[:, None] + np.asarray(depths(parents))
+    mask = TreeMask(lengths, np.asarray(ancestors(parents)), tpos, tpos)
+
+    def run(model, prompt, lengths, tokens, tpos, mask):  # prefill rows of their own lengths, then the tree
+        c = init_cache(model.config, b, 32, kind="dense", slack=16)
+        pos = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (b, width))
+        _, c = forward_hidden(model.params, model.config, prompt, pos, c)
+        c = c.advance(width).rollback(lengths)
+        return forward_hidden(model.params, model.config, tokens, tpos, c, tree=mask)[0]
+
+    args = (prompt, lengths, tokens, tpos, mask)
+    want = np.asarray(jax.jit(run)(target, *args))
+    out = {}
+    for d, m in ((2, 4), (8, 1)):
+        mesh = make_mesh(d, m)
+        with jax.set_mesh(mesh):
+            got = jax.jit(run)(shard_model(target, mesh), *jax.device_put(args, NamedSharding(mesh, P("data"))))
+        out[f"{d}x{m}"] = float(np.max(np.abs(np.asarray(got) - want)))
+    return out
+
+
 def extras() -> None:
     """``load_model(mesh=)`` (orbax into shardings) and ``load_hf_checkpoint(mesh=)`` (tensor by
     tensor): the same tokens as the unsharded loads, every weight where the table puts it;
@@ -225,8 +309,8 @@ def extras() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "extras":
-        extras()
+    if sys.argv[1] in ("extras", "trees"):
+        {"extras": extras, "trees": trees}[sys.argv[1]]()
         sys.exit(0)
     # python tests/mesh_worker.py DRAFTER cover [pallas]
     # python tests/mesh_worker.py DRAFTER MESH,...|all RULE:CACHE,...|all [pallas]   (the product)

@@ -412,8 +412,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "compressed memory: a token counted both raw and in its memory slot",
         "CompressedKVCache.visibility",
-        "ok_old = (old >= cut * self.block) & (old >= 0)",
-        "ok_old = (old >= (cut - 1) * self.block) & (old >= 0)",
+        "raw & (slot[:, None, :] >= cut * self.block)",
+        "raw & (slot[:, None, :] >= (cut - 1) * self.block)",
         ("tests/test_compressed.py",),
     ),
     Mutation(
@@ -422,6 +422,36 @@ MUTATIONS: list[Mutation] = [
         "(q >= end[:, None] - self.size)",
         "(q >= rel[:, None] + t - self.size)",
         ("tests/test_compressed.py",),
+    ),
+    Mutation(
+        "compressed trees: the accepted path's blocks are not pooled again after compaction (tree order in memory)",
+        "CompressedKVCache.compact",
+        "        return self.replace(k=ring_k, v=ring_v, mem_k=_pool_into(self.mem_k, ring_k, rows, slot, dest, "
+        "self.block),\n                            mem_v=_pool_into(self.mem_v, ring_v, rows, slot, dest, self.block))",
+        "        return self.replace(k=ring_k, v=ring_v)",
+        ("tests/test_compressed.py::test_engine_memory_after_a_run_holds_committed_tokens_only",),
+    ),
+    Mutation(
+        "compressed trees: a node attends to its siblings (causal in window order)",
+        "CompressedKVCache.visibility",
+        "            raw = tree_mask_visible(at, at, self.start, tree)",
+        "            raw = (at[:, None, :] >= 0) & (at[:, None, :] <= (self.lengths[:, None] + jnp.arange(t_q))"
+        "[:, :, None])",
+        ("tests/test_compressed.py::test_trees_on_compressed_layers_equal_plain",),
+    ),
+    Mutation(
+        "compressed trees: a tree wider than the raw window is not refused",
+        "check_tree_memory",
+        '    if getattr(config, "compressed_layers", ()) and config.compress_window < tree_window(tree, depth):',
+        '    if False:',
+        ("tests/test_compressed.py::test_a_tree_wider_than_the_raw_window_is_refused_before_compile",),
+    ),
+    Mutation(
+        "mesh trees: the tree mask is dropped inside shard_map (the verify window runs as a chain)",
+        "per_shard",
+        "        t = rest[0] if tree is not None else None",
+        "        t = None",
+        ("tests/test_sharding.py::test_token_trees_on_a_mesh",),
     ),
     Mutation(
         "rolling ring: a wide prefill keeps the write's last positions, not each row's own tail",
@@ -1276,16 +1306,16 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         'controlled: a wrong draft is the right token (every draft accepted)',
-        "Controlled.propose",
-        '        wrong = (right + 1 + jnp.abs(drafts) % max(v - 1, 1)) % v',
-        '        wrong = right + 0 * drafts',
+        "Controlled._wrong",
+        '        return (right + 1 + jnp.abs(drafts) % max(v - 1, 1)) % v',
+        '        return right + 0 * drafts',
         ('tests/test_controlled.py::test_all_right_accepts_every_draft_and_all_wrong_none',),
     ),
     Mutation(
         'controlled: a wrong draft no longer depends on the real drafter (XLA drops the MTP chain)',
-        "Controlled.propose",
-        '        wrong = (right + 1 + jnp.abs(drafts) % max(v - 1, 1)) % v',
-        '        wrong = (right + 1) % v',
+        "Controlled._wrong",
+        '        return (right + 1 + jnp.abs(drafts) % max(v - 1, 1)) % v',
+        '        return (right + 1) % v',
         ('tests/test_controlled.py::test_the_real_drafters_work_stays_in_the_step',),
     ),
     Mutation(
@@ -1315,6 +1345,41 @@ MUTATIONS: list[Mutation] = [
         '        ok = _uniform(st.seeds, pos, k) < rates[None]',
         '        ok = _uniform(jnp.arange(st.seeds.shape[0]), pos, k) < rates[None]',
         ('tests/test_controlled.py::test_a_row_alone_accepts_what_it_accepts_in_a_batch',),
+    ),
+    Mutation(
+        "controlled trees: a tree's first children draw apart from the chain (no shared luck)",
+        "Controlled.propose_tree",
+        "        ok = _uniform(st.seeds, pos, level + _RANK_SALT * rank) < rate",
+        "        ok = _uniform(st.seeds, pos, level + _RANK_SALT * (rank + 1)) < rate",
+        ("tests/test_controlled.py::test_a_trees_first_children_draw_what_the_chain_draws",),
+    ),
+    Mutation(
+        "controlled trees: a node's rate read at its parent's level",
+        "Controlled.propose_tree",
+        "        rate = data.branch[jnp.minimum(level, d - 1), jnp.minimum(rank, k - 1)]",
+        "        rate = data.branch[jnp.maximum(jnp.minimum(level, d - 1) - 1, 0), jnp.minimum(rank, k - 1)]",
+        ("tests/test_controlled.py::test_a_controlled_trees_acceptance_per_branch_follows_its_rates",),
+    ),
+    Mutation(
+        "controlled trees: ranks past the first never right",
+        "Controlled.propose_tree",
+        "        rate = jnp.where((level < d) & (rank < k), rate, 0.0)",
+        "        rate = jnp.where((level < d) & (rank < 1), rate, 0.0)",
+        ("tests/test_controlled.py::test_a_controlled_tree_accepts_the_ranks_its_branch_rates_name",),
+    ),
+    Mutation(
+        "scale: a tree row's acceptance per branch gives every rank but the first nothing",
+        "tree_profile",
+        "    return [[float(r)] * ranks for r in list(rates)[:depth]]",
+        "    return [[float(r)] + [0.0] * (ranks - 1) for r in list(rates)[:depth]]",
+        ("tests/test_controlled.py::test_bench_shape_reports_every_row_at_a_known_acceptance",),
+    ),
+    Mutation(
+        "scale: a tree row's forward is the chain's window, not the tree's",
+        "bench_shape",
+        '            runs[row] = {"eng": eng, "params": params, "st0": st0, "window": eng.window,',
+        '            runs[row] = {"eng": eng, "params": params, "st0": st0, "window": depth + 1,',
+        ("tests/test_controlled.py::test_bench_shape_reports_every_row_at_a_known_acceptance",),
     ),
     Mutation(
         'scale: efficiency leaves out the tokens per step',

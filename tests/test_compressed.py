@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specjax import batch_generate
+from specjax import batch_generate, kv_advance
 from specjax.cache import CompressedKVCache, cache_supports_per_sequence_advance
 from specjax.cache.compressed import compressed_attention
 from specjax.generation import generate
@@ -288,28 +288,6 @@ def test_batch_jobs_refill_compressed_rows(plain, chunk):
     assert [out[i] for i in range(len(PROMPTS))] == plain
 
 
-def test_engine_memory_after_a_run_holds_committed_tokens_only():
-    from specjax.advance import KvAdvance
-    from specjax.engine import make_engine, prefill, step
-
-    eng = make_engine(MODEL, drafter="draft_model", draft_model=DRAFT, depth=3, kv_advance_rule=KvAdvance.COHORT,
-                      cache="dense", capacity=128)
-    params = {"target": MODEL.params, "draft": DRAFT.params}
-    prompts = np.zeros((3, 16), np.int32)
-    plen = np.array([3, 9, 14], np.int32)
-    rng = np.random.default_rng(4)
-    for b in range(3):
-        prompts[b, : plen[b]] = rng.integers(0, CFG.vocab_size, plen[b])
-    st_ = prefill(eng, params, prompts, plen, plen + 60, np.full(3, -1, np.int32), np.zeros(3, np.uint32))
-    for _ in range(12):
-        st_ = step(eng, params, st_)
-    seq = np.asarray(st_.seq)
-    for part in (st_.cache, st_.dstate):  # target and draft model: both committed-only
-        lengths = np.asarray(part.lengths)
-        model = MODEL if part is st_.cache else DRAFT
-        assert_memory_from_committed(part.memory_kv, model, [seq[b, : lengths[b]].tolist() for b in range(3)])
-
-
 def test_init_model_random_compressed_model_runs_at_every_block_size():
     """Window smaller than the verify window, block 1 (every token pooled), block > window."""
     for window, block in ((1, 1), (2, 5), (6, 2)):
@@ -338,3 +316,57 @@ def test_a_bundle_round_trips_the_compressed_config(tmp_path):
     assert loaded.config == model.config and loaded.config.compressed_layers == (0, 3)
     got = generate(loaded, PROMPTS[:2], max_new_tokens=12, drafter=None).tokens
     assert got == generate(model, PROMPTS[:2], max_new_tokens=12, drafter=None).tokens
+
+
+# ------------------------------------------------------------------ token trees on compressed layers
+
+# a raw window wide enough for a 5-token tree (window 8 >= 5): memory read only from committed blocks
+TREE_CFG = dataclasses.replace(CFG, compress_window=8)
+TREE_MODEL = sharp(TREE_CFG, seed=5)
+TREE_DRAFT = noisy(TREE_MODEL, 0.3)
+
+
+@pytest.mark.parametrize("drafter,rule,cache", [("draft_model", "per_sequence", "paged"), ("ngram", "cohort", "dense"),
+                                                ("mtp", "per_sequence", "dense")])
+def test_trees_on_compressed_layers_equal_plain(drafter, rule, cache):
+    kw = dict(max_new_tokens=NEW, cache=cache)
+    want = generate(TREE_MODEL, PROMPTS, drafter=None, **kw).tokens
+    got = generate(TREE_MODEL, PROMPTS, drafter=drafter, draft_model=TREE_DRAFT, depth=3, tree="dynamic:4,2",
+                   kv_advance=rule, **kw)
+    assert got.tokens == want
+    if drafter != "mtp":
+        assert got.metrics["mean_accepted_drafts"] > 0.3
+
+
+@pytest.mark.parametrize("tree,rule", [(None, "cohort"), ("dynamic:4,2", "per_sequence"), ("dynamic:4,2", "cohort")])
+def test_engine_memory_after_a_run_holds_committed_tokens_only(tree, rule):
+    """After speculative steps every counted memory slot, the target's and the draft model's,
+    is the block mean of committed tokens alone. With a tree: its step writes the nodes in
+    window order and pools the blocks the window completes; after the accepted path is
+    compacted and pooled again no rejected node and no tree order is left in memory."""
+    from specjax.engine import make_engine, prefill, request_capacity, step
+    from specjax.tree import DynamicTree
+
+    target, draft = (MODEL, DRAFT) if tree is None else (TREE_MODEL, TREE_DRAFT)
+    eng = make_engine(target, drafter="draft_model", draft_model=draft, depth=3,
+                      tree=None if tree is None else DynamicTree(4, 2), kv_advance_rule=kv_advance(rule),
+                      cache="dense", capacity=request_capacity(16, 60, 4 if tree else 3))
+    params = {"target": target.params, "draft": draft.params}
+    prompts = np.zeros((3, 16), np.int32)
+    plen = np.array([3, 9, 14], np.int32)
+    rng = np.random.default_rng(4)
+    for b in range(3):
+        prompts[b, : plen[b]] = rng.integers(0, CFG.vocab_size, plen[b])
+    st_ = prefill(eng, params, prompts, plen, plen + 60, np.full(3, -1, np.int32), np.zeros(3, np.uint32))
+    for _ in range(12):
+        st_ = step(eng, params, st_)
+    assert int(np.sum(np.asarray(st_.accepted))) > 6
+    seq = np.asarray(st_.seq)
+    for part, model in ((st_.cache, target), (st_.dstate, draft)):  # target and draft model: both committed-only
+        lengths = np.asarray(part.lengths)
+        assert_memory_from_committed(part.memory_kv, model, [seq[b, : lengths[b]].tolist() for b in range(3)])
+
+
+def test_a_tree_wider_than_the_raw_window_is_refused_before_compile():
+    with pytest.raises(ValueError, match=r"tree=dynamic:6,2 verifies 7 tokens.*compress_window=4"):
+        generate(MODEL, PROMPTS[:1], max_new_tokens=4, drafter="mtp", depth=3, tree="dynamic:6,2")

@@ -113,6 +113,8 @@ def test_bad_rates_and_trace_are_refused():
         control_data(oracle, [1.5])
     with pytest.raises(ValueError, match="trace"):
         control_data(oracle, [0.5], np.zeros((3, 4)))
+    with pytest.raises(ValueError, match="branch"):
+        control_data(oracle, [0.5], None, [0.5, 1.2])
 
 
 def test_the_real_drafters_work_stays_in_the_step(models, prompts, plain):
@@ -134,6 +136,54 @@ def test_the_real_drafters_work_stays_in_the_step(models, prompts, plain):
         ops = count_ops(step.lower(eng, params, st).compile().as_text())
         counts[name] = ops.get("dot", 0) + ops.get("fusion", 0)
     assert counts["controlled"] >= counts["mtp"], counts
+
+
+def _tree_run(models, prompts, plain, branch, rates=(0.0, 0.0, 0.0), tree=(2, 2, 1), drafter="mtp", new=NEW,
+              base=None):
+    target, draft = models
+    data = control_data(oracle_rows(prompts, plain if base is None else base, 256), list(rates), None, branch)
+    return generate(target, prompts, max_new_tokens=new, drafter=Controlled(drafter, data), depth=3, tree=tree,
+                    draft_model=draft if drafter == "draft_model" else None, seed=list(range(11, 11 + len(prompts))))
+
+
+def test_a_controlled_tree_accepts_the_ranks_its_branch_rates_name(models, prompts, plain):
+    """Preset 2x2x1 with the second child always right and the first never: levels 1 and 2
+    accept through their second children and level 3 (one child) never, so every step takes
+    exactly 2 drafts; tokens stay plain decoding's, for the draft model's dynamic tree too."""
+    out = _tree_run(models, prompts, plain, [[0.0, 1.0], [0.0, 1.0], [0.0, 1.0]])
+    assert out.tokens == plain
+    for trace in out.metrics["row_accepted_trace"]:
+        assert trace[:-1] == [2] * (len(trace) - 1)
+    took = np.asarray(out.metrics["branch_accepted_count"])
+    assert took[0, 0] == took[1, 0] == 0 and took[0, 1] == took[1, 1] > 0 and took[2].sum() == 0
+    dyn = _tree_run(models, prompts, plain, [[0.9, 0.8], [0.7, 0.6], [0.8, 0.5]], tree="dynamic:6,2",
+                    drafter="draft_model")
+    assert dyn.tokens == plain and dyn.metrics["accepted_drafts"] > 0
+
+
+def test_a_trees_first_children_draw_what_the_chain_draws(models, prompts, plain):
+    """Rank 0's draws are the chain's (same keys): a tree whose other ranks are never right
+    accepts exactly the chain's counts step by step, so a tree and a chain share their luck."""
+    rates = [0.7, 0.6, 0.8]
+    chain = _run(models, prompts, plain, "mtp", rates).metrics["row_accepted_trace"]
+    tree = _tree_run(models, prompts, plain, [[r, 0.0] for r in rates], rates)
+    assert tree.metrics["row_accepted_trace"] == chain and tree.tokens == plain
+
+
+def test_a_controlled_trees_acceptance_per_branch_follows_its_rates(models):
+    """Over many steps the run's measured acceptance per branch (``TreeAcceptance.learn``)
+    recovers the rates it was given."""
+    from specjax.sim import TreeAcceptance
+
+    rng = np.random.default_rng(9)
+    many = [rng.integers(0, CFG.vocab_size, 6).tolist() for _ in range(6)]
+    base = generate(models[0], many, max_new_tokens=160, drafter=None).tokens
+    branch = [[0.5, 0.6], [0.4, 0.7], [0.8, 0.0]]
+    out = _tree_run(models, many, base, branch, new=160)
+    assert out.tokens == base
+    got = TreeAcceptance.learn(out.metrics, (2, 2, 1)).rates
+    np.testing.assert_allclose(got[:2], np.asarray(branch)[:2], atol=0.12)
+    assert abs(got[2, 0] - 0.8) < 0.12
 
 
 # ----------------------------------------------------------------------------- shapes and the at-scale bench
@@ -168,11 +218,15 @@ def test_bench_shape_reports_every_row_at_a_known_acceptance():
                       mtp_depth=2)
     target, draft = random_models(cfg)
     target = sharp(dataclasses.replace(cfg, tie_embeddings=False), seed=1)
-    rows = (("none", 0), ("mtp", 1), ("mtp", 2), ("ngram", 2), ("draft_model", 2))
+    rows = (("none", 0), ("mtp", 1), ("mtp", 2), ("ngram", 2), ("draft_model", 2), ("mtp", 2, "2x1"),
+            ("draft_model", 2, "dynamic:3,2"))
     out = bench_shape(cfg, batches=[2], prompt_len=12, max_new_tokens=20, rows=rows, acceptance="rates:1,1",
                       rounds=1, bandwidth=False, progress=False, models=(target, draft))
     (bt,) = out["batches"]
-    assert [(r["drafter"], r["depth"]) for r in bt["rows"]] == list(rows)
+    assert [(r["drafter"], r["depth"]) + ((r["tree"],) if r["tree"] else ()) for r in bt["rows"]] == list(rows)
+    assert [r["window"] for r in bt["rows"]] == [1, 2, 3, 3, 3, 5, 4]  # a tree's window: its nodes and the root
+    assert out["settings"]["branch_rates"] == {"mtp depth 2 tree 2x1": [[1.0, 1.0], [1.0, 1.0]],
+                                               "draft_model depth 2 tree dynamic:3,2": [[1.0, 1.0], [1.0, 1.0]]}
     for r in bt["rows"]:
         assert r["tokens_match_plain"]
         assert r["tok_per_step"] > 0.8 * (r["depth"] + 1)  # every draft right (the last step may be cut)
@@ -181,8 +235,9 @@ def test_bench_shape_reports_every_row_at_a_known_acceptance():
         assert set(r["roofline"]["predicted_ms"]) == set(DEVICES) and r["roofline"]["bytes"] > 0
         # the token lookups are charged what they read, not the whole embedding (XLA's count)
         assert r["roofline"]["bytes"] < r["roofline"]["bytes_xla"]
-    assert set(bt["forward_ms"]) == {1, 2, 3} and bt["head_ms"] > 0
-    assert "| mtp | 2 |" in table(out)
+    assert set(bt["forward_ms"]) == {1, 2, 3, 4, 5} and bt["head_ms"] > 0
+    assert bt["rows"][5]["expected_tok_per_step"] == 3.0 and bt["rows"][6]["expected_tok_per_step"] is None
+    assert "| mtp | 2 |" in table(out) and "| mtp tree 2x1 | 2 |" in table(out)
 
 
 def test_the_cli_refuses_a_shape_without_random_weights_in_one_line(capsys):
@@ -194,6 +249,11 @@ def test_the_cli_refuses_a_shape_without_random_weights_in_one_line(capsys):
     assert "qwen3-0.6b" in capsys.readouterr().err
     assert cli.main(["bench", "--shape", "qwen3-0.6b", "--random", "--acceptance", "iid:x"]) == 2
     assert "iid:P" in capsys.readouterr().err
+    for trees, said in (("dynamic:6,2+auto", "no +auto"), ("2xa", "tree='2xa' is invalid"),
+                        ("dynamic:6,2@x", "then @D"), ("dynamic:6,2@9", "depth 0-7")):
+        assert cli.main(["bench", "--shape", "qwen3-0.6b", "--random", "--trees", trees]) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_memory_sizes_the_named_shapes_without_an_mtp_module_unless_it_drafts(capsys):

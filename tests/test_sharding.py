@@ -220,3 +220,18 @@ def test_bad_mesh_sizes():
     with pytest.raises(ValueError, match="mesh=.*must be a jax.sharding.Mesh"):
         specjax.generate(init_model(ModelConfig(vocab_size=8, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1,
                                                 d_ff=16, max_seq_len=16)), [[1]], max_new_tokens=2, mesh="4x2")
+
+
+def test_token_trees_on_a_mesh():
+    """Token trees on meshes 4x2, 2x4 and 8x1 (draft model, n-gram and MTP trees, a preset,
+    both rules, dense and paged caches, the Pallas kernel per shard): the unsharded tokens and
+    the state where the table puts it; a batch job with a tree and a tree under depth="auto" too.
+    Each tree's per-row mask is split with the rows (``per_shard``); one tree forward's hidden
+    equals the unsharded one's on meshes 2x4 and 8x1."""
+    result = _worker("trees")
+    _check(result)
+    assert len(result["tokens"]) == 6 and len(result["state"]) == 4
+    assert result["accepted"]["draft_model dynamic:4,2 4x2 per_sequence paged xla"] > 10  # paths were compacted
+    assert result["accepted"]["ngram dynamic:4,2 2x4 cohort dense xla"] > 0
+    assert set(result["forward"]) == {"2x4", "8x1"}
+    assert max(result["forward"].values()) < 1e-4, result["forward"]  # one tree forward: the unsharded hidden

@@ -45,6 +45,11 @@ window plus chained drafts) and a rollback; the ring holds ``window + block + 2 
 slots, so every key a later query needs is still there. ``slots = ceil(capacity / block)``.
 Cost per query: ``slots + ring + t`` keys = ``capacity / block + window + block + 2 * slack +
 t``, never the row's length. This cache kind runs the XLA path only (no Pallas kernel yet).
+
+Token trees: a tree's nodes are written in window order and attend by ``TreeMask``
+(``visibility``); with ``window`` at least the tree's window no node reads a memory slot the
+tree's write pooled, and ``compact`` moves the accepted path into place and pools its blocks
+again, so the commit counts blocks of committed tokens only (``docs/design/trees.md``).
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax._pytree import pytree_dataclass, static_field
-from specjax.attention import attend_visible, ring_positions
+from specjax.attention import TreeMask, attend_visible, ring_positions, tree_mask_visible
 from specjax.cache.base import (
     CAPACITY_EXCEEDED,
     ROLLBACK_INVALID,
@@ -63,6 +68,7 @@ from specjax.cache.base import (
     is_stacked,
     layer_buffers,
     layer_spec,
+    move_slots,
     set_all_layers,
     set_rows,
 )
@@ -185,29 +191,46 @@ class CompressedKVCache:
         v, mem_v = update(self.v, self.mem_v, v_new)
         return self.replace(k=k, v=v, mem_k=mem_k, mem_v=mem_v)
 
-    def visibility(self, t_q: int) -> jax.Array:
+    def visibility(self, t_q: int, tree: TreeMask | None = None) -> jax.Array:
         """Boolean ``[B, t_q, slots + size + t_q]``: queries at ``lengths + [0, t_q)`` over
-        ``[memory slots | ring slots before the write | the t_q new tokens]``."""
+        ``[memory slots | ring slots before the write | the t_q new tokens]``.
+
+        ``tree``: the queries are token-tree nodes at ``tree.q_pos``; a raw key at a slot from
+        ``tree.start`` on is tree node ``slot - tree.start`` (written by this write or an
+        earlier one: a draft model's beams), read where ``tree.anc`` allows; memory slots and
+        the prefix's raw keys by each query's own position (``write_attend``)."""
         rel = self.lengths - self.start
-        q_rel = rel[:, None] + jnp.arange(t_q, dtype=jnp.int32)[None]  # [B, t]
+        old = ring_positions(rel, 0, self.size)  # [B, size]: latest relative slot < rel (-1: none)
+        slot = jnp.concatenate([old, rel[:, None] + jnp.arange(t_q, dtype=jnp.int32)[None]], axis=1)  # [B, size + t]
+        if tree is None:
+            q_rel = slot[:, self.size:]
+            raw = (slot[:, None, :] >= 0) & (slot[:, None, :] <= q_rel[:, :, None])
+        else:  # every tree node lies past each query's cut (window >= t): only the prefix's raw keys are cut
+            at = jnp.where(slot >= 0, slot + self.start[:, None], -1)  # absolute slots (a committed key's position)
+            raw = tree_mask_visible(at, at, self.start, tree)
+            q_rel = tree.q_pos - self.start[:, None]
         cut = memory_cut(q_rel, self.window, self.block)[:, :, None]  # [B, t, 1]
         ok_mem = jnp.arange(self.slots, dtype=jnp.int32)[None, None] < cut
-        old = ring_positions(rel, 0, self.size)[:, None]  # [B, 1, size]: latest position < rel (-1: none)
-        ok_old = (old >= cut * self.block) & (old >= 0)
-        new = q_rel[:, None, :]  # [B, 1, t]
-        ok_new = (new >= cut * self.block) & (new <= q_rel[:, :, None])
-        return jnp.concatenate([ok_mem, ok_old, ok_new], axis=2)
+        return jnp.concatenate([ok_mem, raw & (slot[:, None, :] >= cut * self.block)], axis=2)
 
     def write_attend(
-        self, layer: int | jax.Array, q: jax.Array, k_new: jax.Array, v_new: jax.Array, *, scale: float | None = None
+        self, layer: int | jax.Array, q: jax.Array, k_new: jax.Array, v_new: jax.Array, *,
+        scale: float | None = None, tree: TreeMask | None = None,
     ) -> tuple[CompressedKVCache, jax.Array]:
         """``write`` then compressed-memory attention of ``q [B, t, Hq, D]`` at ``lengths + [0, t)``
-        over the new memory, the ring as it was and the new K/V: ``(cache, [B, t, Hq, D])``."""
+        over the new memory, the ring as it was and the new K/V: ``(cache, [B, t, Hq, D])``.
+
+        ``tree``: the ``t`` tokens are token-tree nodes (``TreeMask``), written in window order;
+        each reads the memory and raw tokens of its own position and its own branch. The blocks
+        a tree's writes pool hold window order, not a branch, so no query may read them: that
+        holds when ``window`` is at least the tree's window (every memory slot a node reads lies
+        before the tree: ``engine.config.check_tree_memory``); ``compact`` pools the accepted
+        path's blocks again."""
         out = self.write(layer, k_new, v_new)
         hm = lambda x: x.astype(layer_spec(self.k).dtype).transpose(0, 2, 1, 3)  # noqa: E731  [B, Hkv, t, D]
         k = jnp.concatenate([out.mem_k[layer], self.k[layer], hm(k_new)], axis=2)
         v = jnp.concatenate([out.mem_v[layer], self.v[layer], hm(v_new)], axis=2)
-        return out, attend_visible(q, k, v, self.visibility(q.shape[1]), scale)
+        return out, attend_visible(q, k, v, self.visibility(q.shape[1], tree), scale)
 
     def advance(self, n: jax.Array | int) -> CompressedKVCache:
         """Commit ``n [B]`` tokens per row (written by the latest write): every block the commit
@@ -236,6 +259,25 @@ class CompressedKVCache:
             status=self.status | jnp.where(ok, 0, ROLLBACK_INVALID),
         )
 
+    def compact(self, src: jax.Array) -> CompressedKVCache:
+        """Position ``lengths + k`` takes the K/V of position ``lengths + src[b, k]`` (``src [B, N]``:
+        ``DenseKVCache.compact``) in ring slots, every layer; then every block the verify window
+        completes is pooled again from the ring (the write pooled the window in tree order). A
+        block past the accepted path stays scratch: only ``advance`` makes a block count."""
+        b, n = src.shape
+        rel = self.lengths - self.start
+        k = jnp.arange(n, dtype=jnp.int32)[None]
+        rows = jnp.arange(b, dtype=jnp.int32)[:, None]
+        frm = (rows, (rel[:, None] + src) % self.size)
+        to = (rows, jnp.where(src != k, (rel[:, None] + k) % self.size, self.size))  # explicit out-of-range: dropped
+        ring_k, ring_v = move_slots(self.k, frm, to), move_slots(self.v, frm, to)
+        end = jnp.minimum(self.lengths + n, self.write_end) - self.start
+        c = (rel // self.block)[:, None] + jnp.arange((n - 1) // self.block + 2, dtype=jnp.int32)[None]  # [B, nc]
+        slot = (c[:, :, None] * self.block + jnp.arange(self.block, dtype=jnp.int32)).reshape(b, -1) % self.size
+        dest = jnp.where(((c + 1) * self.block <= end[:, None]) & (c < self.slots), c, self.slots)  # else dropped
+        return self.replace(k=ring_k, v=ring_v, mem_k=_pool_into(self.mem_k, ring_k, rows, slot, dest, self.block),
+                            mem_v=_pool_into(self.mem_v, ring_v, rows, slot, dest, self.block))
+
     def rows_view(self, rows: jax.Array, width: int) -> CompressedKVCache:
         """Empty memory for ``rows [R]`` (a refill's prefill of ``width`` tokens, bounded per row)."""
         one = layer_spec(self.k)
@@ -250,3 +292,17 @@ class CompressedKVCache:
                             mem_v=each(self.mem_v, sub.mem_v), lengths=put(self.lengths, sub.lengths),
                             start=put(self.start, sub.start), compressed=put(self.compressed, sub.compressed),
                             write_end=put(self.write_end, sub.write_end), status=put(self.status, sub.status))
+
+
+def _pool_into(mem: Layers, ring: Layers, rows: jax.Array, slot: jax.Array, dest: jax.Array, block: int) -> Layers:
+    """Every layer's ``mem[rows, :, dest] = `` the means of ring slots ``slot [B, nc * block]``
+    taken ``block`` at a time (``dest [B, nc]``; out of range: dropped)."""
+    def one(m, x, lead):
+        blocks = x[(*lead, rows, slice(None), slot)]  # [B, nc * block, (L,) Hkv, D]: the indexed axes lead
+        b, t = blocks.shape[:2]
+        pooled = blocks.astype(jnp.float32).reshape(b, t // block, block, *blocks.shape[2:]).mean(axis=2)
+        return m.at[(*lead, rows, slice(None), dest)].set(pooled.astype(m.dtype), mode="drop")
+
+    if isinstance(mem, tuple):
+        return tuple(one(m, x, ()) for m, x in zip(mem, ring, strict=True))
+    return one(mem, ring, (slice(None),))

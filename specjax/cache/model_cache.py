@@ -123,11 +123,8 @@ class ModelCache:
 
     def compact(self, src: jax.Array) -> ModelCache:
         """Move a tree's accepted path into place (``DenseKVCache.compact``; ``src [B, N]``) in
-        the global and sliding-window layers; compressed-memory layers have no tree path."""
-        if self.memory_kv is not None:
-            raise ValueError("tree verification has no path through compressed-memory layers")
-        each = lambda c: None if c is None else c.compact(src)  # noqa: E731
-        return ModelCache(each(self.global_kv), each(self.local_kv), None)
+        every layer (compressed-memory layers pool its blocks again)."""
+        return self._map(lambda c: c.compact(src))
 
     def with_lengths(self, lengths: jax.Array) -> ModelCache:
         """Same buffers, write offset moved to ``lengths`` (scratch writes past the

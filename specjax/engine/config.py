@@ -14,7 +14,8 @@ from specjax.protocols import Decoder, DecoderModel, check_model
 from specjax.sharding import data_shards
 from specjax.tree import DynamicTree, Tree, max_children, preset_parents, tree_label, tree_scratch, tree_window
 
-__all__ = ["PAGE_SIZE", "EngineConfig", "check_tree", "make_engine", "prompt_bucket", "request_capacity"]
+__all__ = ["PAGE_SIZE", "EngineConfig", "check_tree", "check_tree_memory", "make_engine", "prompt_bucket",
+           "request_capacity"]
 
 PAGE_SIZE = 16  # tokens per page of a paged cache
 
@@ -136,6 +137,8 @@ def make_engine(model: DecoderModel, *, drafter, draft_model, depth, kv_advance_
     if tree is not None:
         tree = tree if isinstance(tree, DynamicTree) else tuple(int(k) for k in tree)
         check_tree(tree, d, resolve_drafter(drafter, ngram_n), controller, mesh)
+        for arg, m in (("model", model), ("draft_model", draft_model if kind == "draft_model" else None)):
+            check_tree_memory(tree, d, arg, getattr(m, "config", None))
     if kind is None:
         controller = None
     if controller is not None:
@@ -165,6 +168,15 @@ def make_engine(model: DecoderModel, *, drafter, draft_model, depth, kv_advance_
     )
 
 
+def check_tree_memory(tree: Tree, depth: int, arg: str, config) -> None:
+    """A model with compressed-memory layers verifies a tree only where every node reads memory
+    pooled from committed tokens alone: ``compress_window`` at least the tree's window."""
+    if getattr(config, "compressed_layers", ()) and config.compress_window < tree_window(tree, depth):
+        raise ValueError(f"tree={tree_label(tree)} verifies {tree_window(tree, depth)} tokens a step, but {arg}'s "
+                         f"compressed layers keep compress_window={config.compress_window} raw tokens: a tree "
+                         "needs at least its window (its nodes must read only memory pooled from committed tokens)")
+
+
 def check_tree(tree: Tree, depth: int, drafter, controller, mesh) -> None:
     """What a tree step needs today (a ``ValueError`` naming what is not met)."""
     shown = tree_label(tree)
@@ -184,5 +196,3 @@ def check_tree(tree: Tree, depth: int, drafter, controller, mesh) -> None:
     if controller is not None and tree_window(tree, depth) <= depth + 1:
         raise ValueError(f"tree={shown} holds no more nodes than the depth-{depth} chain: under depth='auto' a "
                          f"tree must be wider than the chain (more than {depth} nodes)")
-    if mesh is not None:
-        raise ValueError(f"tree={shown} runs on one device (mesh=None) for now")

@@ -436,12 +436,10 @@ def forward_mixed(
     own pages, so they see what they would alone. Every group's cache comes back on the final
     pool. Returns ``[(hidden [B_g, t_g, d], cache)]`` per group."""
     loop = layer_loop(params)
-    for _, _, cache, tree in groups:
+    for _, _, cache, _ in groups:
         if any(is_stacked(c.k) != (loop == "scan") for c in cache.parts):
             raise ValueError(f"the params' layers are laid out for layer_loop={loop!r} but the cache is "
                              f"{'not ' if loop == 'scan' else ''}stacked: init_cache(..., stacked={loop == 'scan'})")
-        if tree is not None and cache.memory_kv is not None:
-            raise ValueError("tree attention has no path through compressed-memory layers (this model has them)")
     shapes = [tokens.shape for tokens, *_ in groups]
     positions = _join([pos for _, pos, _, _ in groups])
 
@@ -453,7 +451,8 @@ def forward_mixed(
             glob, loc, mem = caches[g]
             if g and isinstance(glob, PagedKVCache) and isinstance(out[-1][0], PagedKVCache):
                 glob = glob.on_pool_of(out[-1][0])  # the pool as the group before left it
-            glob, loc, mem, a = _layer_write(config, (glob, loc, mem), q[g], k[g], v[g], kind_layer, idx)
+            glob, loc, mem, a = _layer_write(config, (glob, loc, mem), q[g], k[g], v[g], kind_layer, idx,
+                                             groups[g][3])
             out.append((glob, loc, mem))
             attn.append(a)
         last = out[-1][0]
@@ -470,14 +469,15 @@ def forward_mixed(
     return [(h, ModelCache(*c)) for h, c in zip(_split(x, shapes), caches, strict=True)]
 
 
-def _layer_write(config: ModelConfig, caches: tuple, q, k, v, kind_layer: int, idx) -> tuple:
+def _layer_write(config: ModelConfig, caches: tuple, q, k, v, kind_layer: int, idx,
+                 tree: TreeMask | None = None) -> tuple:
     """One group's K/V into the layer's cache (global, sliding-window or compressed):
     ``(glob, loc, mem, attn)``, ``attn`` already computed where the write and the attention are
     one operation (compressed layers, a prefill wider than the ring), else ``None``."""
     glob, loc, mem = caches
     attn = None
     if config.is_compressed(kind_layer):  # XLA path only (no Pallas kernel for this kind yet)
-        mem, attn = mem.write_attend(idx, q, k, v)
+        mem, attn = mem.write_attend(idx, q, k, v, tree=tree)
     elif config.is_local(kind_layer) and k.shape[1] > loc.slack:  # a prefill wider than the ring: XLA
         loc, attn = loc.write_attend(idx, q, k, v)
     elif config.is_local(kind_layer):
@@ -491,12 +491,16 @@ def _layer_attend(config: ModelConfig, caches: tuple, q, kind_layer: int, idx, a
                   tree: TreeMask | None) -> jax.Array:
     """One group's queries over the layer's written cache (global or sliding-window)."""
     glob, loc, _ = caches
-    extra = {} if tree is None else {"tree": tree}
+    return per_shard(_attend(attention_impl), loc if config.is_local(kind_layer) else glob, q, idx, tree)
 
-    def attend(c, q, idx):  # one device's rows and heads under a mesh (per_shard)
-        return c.attend(q, idx, impl=attention_impl, **extra)
 
-    return per_shard(attend, loc if config.is_local(kind_layer) else glob, q, idx)
+def _attend(impl: str):
+    """``per_shard``'s ``fn(cache, q, layer, tree)``: the cache's attention (one device's rows and
+    heads under a mesh), under a token tree's mask where one is given."""
+    def attend(c, q, layer, tree):
+        return c.attend(q, layer, impl=impl, **({} if tree is None else {"tree": tree}))
+
+    return attend
 
 
 def _join(parts: list[jax.Array]) -> jax.Array:
@@ -612,8 +616,7 @@ def mtp_hidden(
         if at is not None:  # one query per row, at lengths + at: it sees the keys written up to its slot
             one = lambda a: jnp.take_along_axis(a, at.reshape((-1, 1) + (1,) * (a.ndim - 2)), axis=1)  # noqa: E731
             q, x, view = one(q), one(x), cache.replace(lengths=cache.lengths + at)
-        extra = {} if tree is None else {"tree": tree}  # the t tokens are token-tree nodes (drafting a tree)
-        attn = per_shard(lambda c, q, layer: c.attend(q, layer, impl=attention_impl, **extra), view, q)
+        attn = per_shard(_attend(attention_impl), view, q, 0, tree)  # tree: the t tokens are a tree's nodes
     out = block_finish(m["block"], x, attn, config)
     return (out if at is None else out[:, 0]), cache
 
