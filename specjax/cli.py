@@ -568,7 +568,8 @@ def cmd_bench_shape(args: argparse.Namespace) -> int:
         result = bench_shape(args.shape, dtype=args.dtype, batches=_int_list("--batches", args.batches or "1,4"),
                              prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens or 64, rows=rows,
                              acceptance=args.acceptance, rounds=args.rounds or 2, seed=args.seed,
-                             roofline=not args.no_roofline, progress=not args.json, draft_vocab=args.draft_vocab)
+                             roofline=not args.no_roofline, progress=not args.json, draft_vocab=args.draft_vocab,
+                             layer_loop=args.shape_layer_loop)
     except ValueError as e:
         print(f"specjax bench: error: {e}", file=sys.stderr)
         return 2
@@ -899,6 +900,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bench at a named shape (specjax.model.shapes: qwen3-0.6b, llama3.2-1b, gemma3-1b, "
                         "llama3.1-8b, ...) with random weights and controlled acceptance (needs --random)")
     b.add_argument("--random", action="store_true", help="--shape: random weights (what is measured is cost)")
+    b.add_argument("--layer-loop", dest="shape_layer_loop", choices=["scan", "unrolled"], default=None,
+                   help="--shape: the layers as one scan (compile time flat in depth and window: use it for tree "
+                        "rows on CPU) or unrolled (the faster decode on XLA:CPU; the default)")
     b.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="--shape: weight dtype")
     b.add_argument("--prompt-len", type=int, default=512, help="--shape: prompt tokens per row")
     b.add_argument("--acceptance", default="bundled",

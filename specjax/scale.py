@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.controlled import Controlled, control_data, expected_tokens_per_step, oracle_rows
-from specjax.model import Model, ModelConfig, init_model
+from specjax.model import LAYER_LOOPS, Model, ModelConfig, init_model, with_layer_loop
 from specjax.model.shapes import draft_shape, shape
 from specjax.tree import tree_reach
 
@@ -352,13 +352,16 @@ def bench_shape(name_or_config: str | ModelConfig, *, dtype: str = "float32", ba
                 prompt_len: int = 512, max_new_tokens: int = 64, rows: Sequence[tuple[str, int]] = ROWS,
                 acceptance: str = "bundled", rounds: int = 2, seed: int = 0,
                 roofline: bool | Sequence[int] = True, bandwidth: bool = True, progress: bool = True,
-                models: tuple | None = None, draft_vocab: int = 0) -> dict:
+                models: tuple | None = None, draft_vocab: int = 0, layer_loop: str | None = None) -> dict:
     """The at-scale bench (module docstring). ``models``: ``(target, draft)`` already built
     (default: ``random_models``). ``draft_vocab = N``: rows ``("mtp:dv", d)`` run the MTP module
     over an ``N``-token draft vocabulary (``ModelConfig.mtp_draft_vocab``; the first ``N`` ids: the
     cost is what is measured). ``roofline``: compile each row's single step for its cost analysis
     (a second compile per row), at every batch size or at those listed. Returns ``{"settings",
-    "machine", "bandwidth", "weight_bytes", "batches": [...]}``."""
+    "machine", "bandwidth", "weight_bytes", "batches": [...]}``. ``layer_loop``: the models'
+    layers laid out for ``"scan"`` (one layer body compiled: at a real shape XLA:CPU's compile of
+    a wide window's unrolled forward can take tens of minutes) or ``"unrolled"`` (the faster
+    decode on XLA:CPU); ``None``: as built."""
     from specjax.bench import machine
     from specjax.engine import prefill, prompt_bucket, request_capacity
     from specjax.metrics import metrics, tokens
@@ -366,6 +369,8 @@ def bench_shape(name_or_config: str | ModelConfig, *, dtype: str = "float32", ba
     for b in batches:
         if not isinstance(b, int) or b < 1:
             raise ValueError(f"batches={list(batches)} is invalid: each must be an int >= 1")
+    if layer_loop is not None and layer_loop not in LAYER_LOOPS:
+        raise ValueError(f"layer_loop={layer_loop!r} is invalid: must be one of {list(LAYER_LOOPS)}")
     if prompt_len < 1 or max_new_tokens < 1:
         raise ValueError(f"prompt_len={prompt_len} / max_new_tokens={max_new_tokens} are invalid: must be >= 1")
     rows = tuple(tuple(r) for r in rows)
@@ -389,6 +394,9 @@ def bench_shape(name_or_config: str | ModelConfig, *, dtype: str = "float32", ba
     t0 = time.perf_counter()
     target, draft = models if models is not None else random_models(
         name_or_config, dtype, seed, draft=any(r[0] == "draft_model" for r in rows))
+    if layer_loop is not None:
+        target = with_layer_loop(target, layer_loop)
+        draft = None if draft is None else with_layer_loop(draft, layer_loop)
     cfg = target.config
     target_dv = None
     if draft_vocab:
@@ -404,7 +412,8 @@ def bench_shape(name_or_config: str | ModelConfig, *, dtype: str = "float32", ba
                         "config": cfg.to_dict(), "dtype": dtype, "batches": list(batches), "prompt_len": prompt_len,
                         "max_new_tokens": max_new_tokens, "acceptance": acceptance, "rates": profile["rates"],
                         "replayed_traces": profile["trace"] is not None, "rounds": rounds, "seed": seed,
-                        "draft_vocab": draft_vocab, "branch_rates": {_row_name(r): b for r, b in branch.items()},
+                        "draft_vocab": draft_vocab, "layer_loop": layer_loop,
+                        "branch_rates": {_row_name(r): b for r, b in branch.items()},
                         "rows": [list(r) for r in rows]},
            "machine": machine(), "weight_bytes": weights,
            "draft_weight_bytes": None if draft is None else _param_bytes(draft.params),

@@ -1382,6 +1382,13 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_controlled.py::test_bench_shape_reports_every_row_at_a_known_acceptance",),
     ),
     Mutation(
+        "scale: layer_loop ignored (the models run as built)",
+        "bench_shape",
+        "        target = with_layer_loop(target, layer_loop)\n",
+        "        target = target\n",
+        ("tests/test_controlled.py::test_bench_shape_lays_the_layers_out_as_asked",),
+    ),
+    Mutation(
         'scale: efficiency leaves out the tokens per step',
         "bench_shape",
         '"efficiency": (tps / plain_tps) / (m["tok_per_step"] * plain_ms / fwd[w]),',

@@ -277,3 +277,25 @@ def test_gather_overcount_is_the_lookup_table_less_what_it_returns():
     table, idx = jax.ShapeDtypeStruct((4096, 256), np.float32), jax.ShapeDtypeStruct((2, 3), np.int32)
     text = jax.jit(lambda e, i: e[i] * 2).lower(table, idx).compile().as_text()
     assert gather_overcount(text) == 4096 * 256 * 4 - 2 * 3 * 256 * 4
+
+
+def test_bench_shape_lays_the_layers_out_as_asked(monkeypatch):
+    """``layer_loop="scan"``: every row's engine runs the stacked layers (one scan); a bad value
+    is refused before anything is built."""
+    from specjax import scale
+    from specjax.model import ModelConfig
+    from specjax.model.llama import layer_loop
+
+    cfg = ModelConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=128,
+                      mtp_depth=1)
+    seen = []
+    engine = scale._engine
+    monkeypatch.setattr(scale, "_engine", lambda target, *a, **kw: seen.append(layer_loop(target.params))
+                        or engine(target, *a, **kw))
+    out = scale.bench_shape(cfg, batches=[1], prompt_len=8, max_new_tokens=6, rows=(("none", 0), ("mtp", 1)),
+                            acceptance="iid:0.5", rounds=1, roofline=False, bandwidth=False, progress=False,
+                            layer_loop="scan")
+    assert seen == ["scan", "scan"] and out["settings"]["layer_loop"] == "scan"
+    assert all(r["tokens_match_plain"] for r in out["batches"][0]["rows"])
+    with pytest.raises(ValueError, match="layer_loop='loop' is invalid"):
+        scale.bench_shape(cfg, layer_loop="loop", progress=False)
