@@ -539,6 +539,7 @@ def _int_list(arg: str, text: str) -> list[int]:
 
 def cmd_bench_shape(args: argparse.Namespace) -> int:
     """``specjax bench --shape NAME --random``: the at-scale bench (``specjax.scale``)."""
+    from specjax.generation_config import GenerationConfig
     from specjax.scale import bench_shape, table
 
     try:
@@ -562,8 +563,9 @@ def cmd_bench_shape(args: argparse.Namespace) -> int:
             spec, _, d = t.partition("@")
             if d and not d.isdigit():
                 raise ValueError(f"--trees {t} is invalid: a tree, then @D (its depth) for a dynamic tree")
-            preset = not spec.startswith("dynamic")
-            depth = len(spec.lower().split("x")) if preset else int(d or args.depth)
+            tree = GenerationConfig(tree=spec).tree  # a bad tree: its one error, before anything runs
+            preset = isinstance(tree, tuple)
+            depth = len(tree) if preset else int(d or args.depth)
             rows += [(x, depth, spec) for x in drafters if x.startswith("mtp") or not preset]
         result = bench_shape(args.shape, dtype=args.dtype, batches=_int_list("--batches", args.batches or "1,4"),
                              prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens or 64, rows=rows,

@@ -40,7 +40,7 @@ import numpy as np
 
 from specjax._pytree import pytree_dataclass
 from specjax.drafter import gather_tokens
-from specjax.tree import depths
+from specjax.tree import depths, earlier_siblings, sibling_rank
 
 __all__ = ["ControlData", "Controlled", "control_data", "expected_tokens_per_step", "oracle_rows"]
 
@@ -107,8 +107,8 @@ class Controlled:
         data: ControlData = params["drafter"]
         level = depths(parents)[:, 1:] - 1  # [B, T]: 0 for the root's children
         kid = parents[:, 1:]
-        before = jnp.tril(kid[:, :, None] == kid[:, None, :], -1)  # [B, T, T]: the siblings ranked above it
-        rank = jnp.sum(before, axis=2).astype(jnp.int32)
+        before = earlier_siblings(kid)  # [B, T, T]: the siblings ranked above it
+        rank = sibling_rank(kid)
         pos = st.known[:, None] + level  # the absolute position each node is for
         right = gather_tokens(data.oracle, pos)
         d, k = data.branch.shape

@@ -63,20 +63,26 @@ DEVICES: dict[str, dict[str, float]] = {
 # ----------------------------------------------------------------------------- acceptance
 
 
-@functools.lru_cache(maxsize=2)
-def _bundled_run(depth: int, n_prompts: int, max_new_tokens: int) -> tuple[tuple[float, ...], tuple]:
-    """The bundled model's MTP head at ``depth``, greedy, on the bench's held-out prompts:
-    (conditional acceptance per draft position, each row's accepted count per step)."""
+def _bundled_metrics(depth: int, n_prompts: int, max_new_tokens: int, tree: object = None) -> list[dict]:
+    """The bundled model's MTP head at ``depth`` (drafting ``tree`` if given), greedy, on the
+    bench's held-out prompts, eight at a time: each run's metrics."""
     from specjax.bench import bench_prompts
     from specjax.checkpoint import load_model
     from specjax.generation import generate
 
     bundle = load_model()
     toks = bundle.encode_prompts(bench_prompts(n_prompts), bos=False)
+    return [generate(bundle.model, toks[i : i + 8], max_new_tokens=max_new_tokens, drafter="mtp", depth=depth,
+                     tree=tree, temperature=0.0, eos_id=bundle.tokenizer.eos_id).metrics
+            for i in range(0, len(toks), 8)]
+
+
+@functools.lru_cache(maxsize=2)
+def _bundled_run(depth: int, n_prompts: int, max_new_tokens: int) -> tuple[tuple[float, ...], tuple]:
+    """The bundled MTP head's chain run (``_bundled_metrics``): (conditional acceptance per draft
+    position, each row's accepted count per step)."""
     verdicts, accepted, traces = np.zeros(depth), np.zeros(depth), []
-    for i in range(0, len(toks), 8):
-        m = generate(bundle.model, toks[i : i + 8], max_new_tokens=max_new_tokens, drafter="mtp", depth=depth,
-                     temperature=0.0, eos_id=bundle.tokenizer.eos_id).metrics
+    for m in _bundled_metrics(depth, n_prompts, max_new_tokens):
         verdicts += m["verdicts_per_position_count"]
         accepted += m["accepted_per_position_count"]
         traces += m["row_accepted_trace"]
@@ -85,19 +91,12 @@ def _bundled_run(depth: int, n_prompts: int, max_new_tokens: int) -> tuple[tuple
 
 @functools.lru_cache(maxsize=4)
 def _bundled_tree_run(tree: object, depth: int, n_prompts: int, max_new_tokens: int) -> tuple[tuple[float, ...], ...]:
-    """The bundled model's MTP head drafting ``tree`` to ``depth``, greedy, on the bench's
-    held-out prompts: its acceptance per branch ``[depth, ranks]`` (``TreeAcceptance.learn``)."""
-    from specjax.bench import bench_prompts
-    from specjax.checkpoint import load_model
-    from specjax.generation import generate
+    """The bundled MTP head drafting ``tree`` to ``depth`` (``_bundled_metrics``): its acceptance
+    per branch ``[depth, ranks]`` (``TreeAcceptance.learn``)."""
     from specjax.sim import TreeAcceptance
 
-    bundle = load_model()
-    toks = bundle.encode_prompts(bench_prompts(n_prompts), bos=False)
     tested, took = 0, 0
-    for i in range(0, len(toks), 8):
-        m = generate(bundle.model, toks[i : i + 8], max_new_tokens=max_new_tokens, drafter="mtp", depth=depth,
-                     tree=tree, temperature=0.0, eos_id=bundle.tokenizer.eos_id).metrics
+    for m in _bundled_metrics(depth, n_prompts, max_new_tokens, tree):
         tested = tested + np.asarray(m["branch_tested_count"])
         took = took + np.asarray(m["branch_accepted_count"])
     metrics = {"branch_tested_count": tested.tolist(), "branch_accepted_count": took.tolist()}
@@ -328,7 +327,6 @@ def _row_tree(row: tuple):
 
 def _row_name(row: tuple) -> str:
     return f"{row[0]} depth {row[1]}" + (f" tree {row[2]}" if len(row) > 2 and row[2] is not None else "")
-
 
 
 def _engine(target, draft, drafter: str, depth: int, capacity: int, data, tree=None):

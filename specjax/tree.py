@@ -27,6 +27,7 @@ import numpy as np
 from pallas_kernels.reference import TreeMask, tree_mask_visible
 
 __all__ = ["DynamicTree", "Tree", "TreeMask", "accepted_sources", "ancestors", "branch_verdicts", "chain_parents",
+           "earlier_siblings", "sibling_rank",
            "depths", "first_child_verdicts", "max_children", "preset_depths", "preset_parents", "tree_greedy_verify",
            "tree_label", "tree_levels", "tree_positions", "tree_reach", "tree_rejection_verify", "tree_scratch",
            "tree_size", "tree_visible", "tree_window"]
@@ -147,6 +148,17 @@ def ancestors(parents: jax.Array) -> jax.Array:
     return reach
 
 
+def earlier_siblings(parents: jax.Array) -> jax.Array:
+    """bool ``[B, N, N]``: ``[b, j, i]`` when node ``i`` is an earlier sibling of node ``j`` (same
+    parent, ``i < j``: window order is the drafter's rank order)."""
+    return jnp.tril(parents[:, :, None] == parents[:, None, :], -1)
+
+
+def sibling_rank(parents: jax.Array) -> jax.Array:
+    """int32 ``[B, N]``: each node's rank among its siblings (0: its parent's first child)."""
+    return jnp.sum(earlier_siblings(parents), axis=2).astype(jnp.int32)
+
+
 def depths(parents: jax.Array) -> jax.Array:
     """int32 ``[B, N]``: each node's ancestors, itself excluded (the root 0; a chain ``0 .. N-1``)."""
     return jnp.sum(ancestors(parents), axis=2).astype(jnp.int32) - 1
@@ -194,7 +206,7 @@ def tree_greedy_verify(logits: jax.Array, tokens: jax.Array, parents: jax.Array,
     node = jnp.arange(n, dtype=jnp.int32)[None]
     drafts = valid & (node >= u[:, None])
     match = drafts & (parents >= 0) & (tokens == jnp.take_along_axis(tgt, jnp.maximum(parents, 0), axis=1))
-    sibling = jnp.tril(parents[:, :, None] == parents[:, None, :], -1)  # [B, j, i]: i an earlier sibling of j
+    sibling = earlier_siblings(parents)
     first = match & ~jnp.any(sibling & match[:, None, :], axis=2)
     below_root = jnp.take_along_axis(anc, jnp.broadcast_to((u - 1)[:, None, None], (b, n, 1)), axis=2)[:, :, 0]
     good = drafts & below_root & jnp.all(~anc | (first | ~drafts)[:, None, :], axis=2)
@@ -236,7 +248,7 @@ def first_child_verdicts(parents: jax.Array, u: jax.Array, path: jax.Array, a: j
     b, n = parents.shape
     node = jnp.arange(n, dtype=jnp.int32)[None]
     drafts = node >= u[:, None]
-    earlier_sibling = jnp.any(jnp.tril(parents[:, :, None] == parents[:, None, :], -1), axis=2)  # [B, N]
+    earlier_sibling = jnp.any(earlier_siblings(parents), axis=2)  # [B, N]
     off = drafts & earlier_sibling  # a draft some sibling precedes
     main = drafts & ~jnp.any(anc & off[:, None, :], axis=2)  # no ancestor (itself included) off the branch
     level = jnp.sum(anc & drafts[:, None, :], axis=2)  # drafts on the branch: 1 for the first drafts
@@ -261,7 +273,7 @@ def branch_verdicts(parents: jax.Array, u: jax.Array, path: jax.Array, a: jax.Ar
     d = path.shape[1]
     node = jnp.arange(n, dtype=jnp.int32)[None]
     drafts = node >= u[:, None]
-    rank = jnp.sum(jnp.tril(parents[:, :, None] == parents[:, None, :], -1), axis=2).astype(jnp.int32)  # [B, N]
+    rank = sibling_rank(parents)
     level = jnp.arange(d, dtype=jnp.int32)[None]  # [1, D]
     cur = jnp.concatenate([(u - 1)[:, None], path[:, : d - 1]], axis=1)  # the node whose children level j tests
     kids = jnp.sum(drafts[:, None, :] & (parents[:, None, :] == cur[:, :, None]), axis=2)  # [B, D]

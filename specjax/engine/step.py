@@ -29,6 +29,7 @@ from specjax.tree import (
     branch_verdicts,
     first_child_verdicts,
     max_children,
+    sibling_rank,
     tree_greedy_verify,
     tree_rejection_verify,
 )
@@ -182,7 +183,7 @@ def _tree_verify(eng: EngineConfig, params: dict, st: EngineState, chunk: Chunk 
         # one uniform per node, keyed by its position and its rank among its siblings: the nodes a
         # walk tests have distinct keys, and a later step (which decides later positions) never
         # reuses one
-        rank = jnp.sum(jnp.tril(parents[:, :, None] == parents[:, None, :], -1), axis=2)
+        rank = sibling_rank(parents)
         keys = jax.vmap(jax.vmap(jax.random.fold_in))(position_keys(st.seeds, pos, TREE), rank)
         uniform = jax.vmap(jax.vmap(jax.random.uniform))(keys)
         a, path, resid = tree_rejection_verify(probs(logits, st.sampling), window, parents, u, uniform,
