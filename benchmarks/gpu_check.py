@@ -19,7 +19,9 @@ Sections (each reports its own error instead of stopping the run):
    time flat in depth), prompt 512, 64 new tokens, the bundled MTP head's acceptance; plain,
    MTP depth 1-3, MTP depth 3 over a 32k draft vocabulary and the draft model (Llama-3.2-1B's
    shape for the 8B) at B 1/8/32/64 (the 8B at B 1 and 32), each with the target's own w-token
-   forwards; at B=1 the roofline from this device's own compile beside the measured step.
+   forwards; at B=1 the roofline from this device's own compile beside the measured step, and
+   where each row's step time goes (its parts timed on their own: draft, the window's forward,
+   verification, the drafter's commit, the commit, the loop).
 
 5. ``trees``: token trees at llama3.2-1b's shape (random weights, bfloat16, B 1 and 8, the
    at-scale bench's tree rows): MTP chains at depth 3 and 4 against a 2x2x1 preset and dynamic
@@ -184,10 +186,12 @@ def scale(smoke: bool) -> dict:
         try:
             target, draft = random_models(name, "bfloat16")
             models = (with_layer_loop(target, "scan"), with_layer_loop(draft, "scan"))
-            # the roofline (a second compile per row) at B=1 only; a 32k draft vocabulary beside MTP's full one
+            # the roofline and the step's parts (more compiles per row) at B=1 only; a 32k draft vocabulary
+            # beside MTP's full one
             out[key] = bench_shape(name, dtype="bfloat16", batches=batches, prompt_len=32 if smoke else 512,
                                    max_new_tokens=16 if smoke else 64, rows=rows, rounds=2, progress=True,
-                                   models=models, roofline=(1,), draft_vocab=64 if smoke else 32768,
+                                   models=models, roofline=(1,), breakdown_parts=(1,),
+                                   draft_vocab=64 if smoke else 32768,
                                    acceptance="iid:0.8" if smoke else "bundled")
         except Exception:
             out[key] = {"error": traceback.format_exc()[-2000:]}

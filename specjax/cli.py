@@ -571,7 +571,7 @@ def cmd_bench_shape(args: argparse.Namespace) -> int:
                              prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens or 64, rows=rows,
                              acceptance=args.acceptance, rounds=args.rounds or 2, seed=args.seed,
                              roofline=not args.no_roofline, progress=not args.json, draft_vocab=args.draft_vocab,
-                             layer_loop=args.shape_layer_loop)
+                             layer_loop=args.shape_layer_loop, breakdown_parts=args.breakdown)
     except ValueError as e:
         print(f"specjax bench: error: {e}", file=sys.stderr)
         return 2
@@ -914,6 +914,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-roofline", action="store_true", help="--shape: skip the compiled steps' cost analysis")
     b.add_argument("--draft-vocab", type=int, default=0, metavar="N",
                    help="--shape: also MTP rows over an N-token draft vocabulary (mtp:dv); 0: none")
+    b.add_argument("--breakdown", action="store_true",
+                   help="--shape: also time each row's step parts on their own (draft, the window's forward, "
+                        "verification, the drafter's commit, the commit, the loop): where a step's time goes")
     b.add_argument("--temperatures", default="0,0.8",
                    help="0 = greedy; a sampled row uses top-p 0.95 and per-prompt seeds")
     b.add_argument("--workloads", default="code,mixed",

@@ -19,6 +19,9 @@ fastest decode kept; prefill excluded):
   bookkeeping add (1.0: nothing);
 * ``efficiency`` = ``speedup / (tok_per_step * plain_ms / forward_ms[w])``: the measured
   speedup over the one the window's forward allows (1.0: drafting and bookkeeping free);
+* ``breakdown_ms`` (``breakdown_parts``): where a step's time goes. The step's own parts
+  (draft, verify, commit, the drafter's commit) each run in a loop of their own, like
+  ``forward(w)``, and are split into ``PARTS``, which sum to ``ms_per_step``;
 * plain decoding's weight-read rate against the machine's read bandwidth (measured at start);
 * a roofline per configuration: the compiled step's bytes and flops (XLA's cost analysis)
   and op count, turned into a predicted step time on H100, H200, TPU v5e and v6e.
@@ -31,6 +34,7 @@ import functools
 import re
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,8 +47,8 @@ from specjax.model import LAYER_LOOPS, Model, ModelConfig, init_model, with_laye
 from specjax.model.shapes import draft_shape, shape
 from specjax.tree import tree_reach
 
-__all__ = ["DEVICES", "ROWS", "acceptance_profile", "bench_shape", "expected_tree_tokens", "gather_overcount",
-           "predict", "random_models", "read_bandwidth", "table", "tree_profile"]
+__all__ = ["DEVICES", "PARTS", "ROWS", "acceptance_profile", "bench_shape", "breakdown", "expected_tree_tokens",
+           "gather_overcount", "predict", "random_models", "read_bandwidth", "table", "tree_profile"]
 
 # (drafter, depth): the configurations a shape is benchmarked in (plain first: every ratio's base)
 ROWS: tuple[tuple[str, int], ...] = (("none", 0), ("mtp", 1), ("mtp", 2), ("mtp", 3), ("ngram", 3),
@@ -245,6 +249,111 @@ def _head_loop(dec, n: int, params, x):
 _head = jax.jit(_head_loop, static_argnums=(0, 1))
 
 
+# A step's parts, each from the step's own functions, each timed in a loop of its own as
+# ``forward(w)`` is (a single call costs about 5% more on XLA:CPU). Each part maps its inputs to
+# ``(next inputs, live outputs)``: a buffer it writes (a cache) becomes the next iteration's input,
+# so it is written in place as in the decode loop, and what else it returns stays live (not dead
+# code). An optimization barrier at the top of each iteration keeps XLA from hoisting the part out
+# of the loop (its inputs do not change from one iteration to the next).
+def _draft_part(eng, params, st):
+    """What a step drafts: the drafter's chain or tree."""
+    if eng.tree is not None:
+        tokens, parents, dstate = eng.drafter.propose_tree(eng, params, st)
+        return st.replace(dstate=dstate), (tokens, parents)
+    proposals, probs_, dstate = eng.drafter.propose(eng.at_window(eng.window), params, st)
+    return st.replace(dstate=dstate), (proposals, probs_)
+
+
+def _verify_part(eng, params, st):
+    """A step up to its commit: draft, the target's window forward, its LM head, acceptance (a
+    tree's walk and compaction)."""
+    from specjax.engine.step import verify
+
+    v = verify(eng, params, st, eng.window)[0]
+    return st.replace(cache=v.cache, dstate=v.dstate), v._replace(cache=None, dstate=None)
+
+
+def _commit_part(eng, params, inputs):
+    """A step's commit: emit, the plan's advance, the drafter's commit, the counters."""
+    from specjax.engine.step import commit
+
+    st, v = inputs
+    new, verdicts = commit(eng, params, st, eng.window, v)
+    # the caches it advanced and wrote go back to ``v`` (each buffer carried once: no copy)
+    return (new.replace(cache=st.cache, dstate=st.dstate), v._replace(cache=new.cache, dstate=new.dstate)), verdicts
+
+
+def _drafter_commit_part(eng, params, inputs):
+    """The drafter's own commit (an MTP module's block pass over the window and its head)."""
+    from specjax.engine.step import commit_drafter
+
+    st, v, new, advance = inputs
+    dstate = commit_drafter(eng, params, st, eng.window, v, new, advance)
+    return (st, v._replace(dstate=dstate), new, advance), ()
+
+
+PART_FNS = {"draft": _draft_part, "verify": _verify_part, "commit": _commit_part,
+            "drafter_commit": _drafter_commit_part}
+
+
+def _part_loop(eng, name: str, n: int, params, inputs):
+    part = PART_FNS[name]
+
+    def body(_, carry):
+        inputs, _ = jax.lax.optimization_barrier(carry)
+        return part(eng, params, inputs)
+    return jax.lax.fori_loop(1, n, body, part(eng, params, inputs))  # n runs
+
+
+_part = jax.jit(_part_loop, static_argnums=(0, 1, 2), donate_argnums=4)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _part_inputs(eng, params, st):
+    """The commit parts' inputs on ``st``: ``(v, emitted state, advance)``."""
+    from specjax.engine.step import emit
+
+    nxt, v = _verify_part(eng, params, st)
+    v = v._replace(cache=nxt.cache, dstate=nxt.dstate)
+    new, _, advance = emit(eng, st, eng.window, v)
+    return v, new, advance
+
+
+def _part_timers(eng, params, st, n: int) -> dict[str, tuple[Callable, Any]]:
+    """``name -> (fn, arg)``: ``fn(arg)`` runs the step's part ``n`` times on ``st`` (compiled here)."""
+    v, new, advance = _part_inputs(eng, params, st)
+    # one target cache per row in memory (a cache per part ran this machine's 23 GB out at B=4 at
+    # Qwen3-0.6B's shape): the commit parts move caches' lengths and never read their K/V, so they
+    # time the same on the state's own cache
+    v = v._replace(cache=st.cache)
+    new = new.replace(cache=st.cache)
+    args = {"draft": st, "verify": st, "commit": (st, v), "drafter_commit": (st, v, new, advance)}
+    timers = {name: (functools.partial(_part, eng, name, n, params), arg) for name, arg in args.items()}
+    with warnings.catch_warnings():  # a donated input a part does not write (a counter) is not an error
+        warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+        for fn, arg in timers.values():  # compile
+            jax.block_until_ready(fn(_copy(arg)))
+    return timers
+
+
+# the breakdown's columns, in a step's order: each is a part's time less the parts inside it
+PARTS = ("draft", "forward", "verify", "drafter_commit", "commit", "loop")
+
+
+def breakdown(step_ms: float, forward_ms: float, part_ms: dict[str, float]) -> dict[str, float]:
+    """Where a step's ``step_ms`` goes, from its parts each timed in a loop (``part_ms``: ``draft``,
+    ``verify``, ``commit``, ``drafter_commit``) and the target's own forward over the window:
+    ``draft``; ``forward`` (the target's window forward: layers, K/V write, LM head); ``verify``
+    (the rest of a step up to its commit: the window's assembly, acceptance, a tree's walk and
+    compaction); ``drafter_commit``; ``commit`` (emit, plan, counters); ``loop`` (the decode
+    loop's own work, less what fusing the parts in one step saves: may be negative). They sum
+    to ``step_ms``."""
+    return {"draft": part_ms["draft"], "forward": forward_ms,
+            "verify": part_ms["verify"] - part_ms["draft"] - forward_ms,
+            "drafter_commit": part_ms["drafter_commit"], "commit": part_ms["commit"] - part_ms["drafter_commit"],
+            "loop": step_ms - part_ms["verify"] - part_ms["commit"]}
+
+
 def _copy(tree):
     return jax.tree.map(lambda a: a.copy() if isinstance(a, jax.Array) else a, tree)
 
@@ -350,7 +459,8 @@ def bench_shape(name_or_config: str | ModelConfig, *, dtype: str = "float32", ba
                 prompt_len: int = 512, max_new_tokens: int = 64, rows: Sequence[tuple[str, int]] = ROWS,
                 acceptance: str = "bundled", rounds: int = 2, seed: int = 0,
                 roofline: bool | Sequence[int] = True, bandwidth: bool = True, progress: bool = True,
-                models: tuple | None = None, draft_vocab: int = 0, layer_loop: str | None = None) -> dict:
+                models: tuple | None = None, draft_vocab: int = 0, layer_loop: str | None = None,
+                breakdown_parts: bool | Sequence[int] = False) -> dict:
     """The at-scale bench (module docstring). ``models``: ``(target, draft)`` already built
     (default: ``random_models``). ``draft_vocab = N``: rows ``("mtp:dv", d)`` run the MTP module
     over an ``N``-token draft vocabulary (``ModelConfig.mtp_draft_vocab``; the first ``N`` ids: the
@@ -359,7 +469,9 @@ def bench_shape(name_or_config: str | ModelConfig, *, dtype: str = "float32", ba
     "machine", "bandwidth", "weight_bytes", "batches": [...]}``. ``layer_loop``: the models'
     layers laid out for ``"scan"`` (one layer body compiled: at a real shape XLA:CPU's compile of
     a wide window's unrolled forward can take tens of minutes) or ``"unrolled"`` (the faster
-    decode on XLA:CPU); ``None``: as built."""
+    decode on XLA:CPU); ``None``: as built. ``breakdown_parts``: also time each row's step parts on
+    their own (``breakdown``; two more compiles of the window's forward per row) and report where
+    its step's time goes, at every batch size or at those listed."""
     from specjax.bench import machine
     from specjax.engine import prefill, prompt_bucket, request_capacity
     from specjax.metrics import metrics, tokens
@@ -422,6 +534,7 @@ def bench_shape(name_or_config: str | ModelConfig, *, dtype: str = "float32", ba
     rng = np.random.default_rng(seed)
     for b in batches:
         costed = roofline if isinstance(roofline, bool) else b in roofline
+        parted = breakdown_parts if isinstance(breakdown_parts, bool) else b in breakdown_parts
         prompts = [rng.integers(0, cfg.vocab_size, prompt_len).tolist() for _ in range(b)]
         width = prompt_bucket(prompts)
         capacity = request_capacity(width, max_new_tokens, reach)  # one capacity: comparable forwards
@@ -459,6 +572,11 @@ def bench_shape(name_or_config: str | ModelConfig, *, dtype: str = "float32", ba
             timed[("forward", w)] = (lambda c, fn=fn, tok=tok: fn(c, tok), cache, n_fwd)
         x = jnp.zeros((b, cfg.d_model), target.params["embed"].dtype)
         timed[("head", 1)] = (functools.partial(_head, base["eng"].target, n_fwd, target.params), x, n_fwd)
+        if parted:
+            for key, run in runs.items():
+                for name, (fn, arg) in _part_timers(run["eng"], run["params"], run["st0"], n_fwd).items():
+                    timed[("part", key, name)] = (fn, arg, n_fwd)
+            log(f"B={b}: step parts compiled")
         for key in timed:
             if key[0] in ("forward", "head"):  # compile
                 fn, arg, _ = timed[key]
@@ -497,6 +615,9 @@ def bench_shape(name_or_config: str | ModelConfig, *, dtype: str = "float32", ba
                    "tokens_match_plain": run["same"], "forward_ms": fwd[w], "step_over_forward": ms / fwd[w],
                    "efficiency": (tps / plain_tps) / (m["tok_per_step"] * plain_ms / fwd[w]),
                    "conditional_acceptance": m["conditional_acceptance_per_position"]}
+            if parted:
+                row["breakdown_ms"] = breakdown(ms, fwd[w], {k[2]: 1e3 * t for k, t in best.items()
+                                                             if k[0] == "part" and k[1] == key})
             if costed:
                 row["roofline"] = _step_roofline(run, dtype)
             rows_out.append(row)
@@ -568,4 +689,12 @@ def table(result: dict) -> str:
                 line += (" " + " / ".join(f"{p[k]['bound_ms']:.2f}" for k in DEVICES)
                          + f" (+{p['H100 SXM']['launch_ms']:.1f} / {p['TPU v5e']['launch_ms']:.1f}) |")
             lines.append(line)
+        if bt["rows"] and "breakdown_ms" in bt["rows"][0]:
+            lines += ["", f"B={bt['batch']}: where a step's time goes (ms; each part timed on its own, `loop` the "
+                      "rest)", "", "| drafter | depth | window | ms/step | " + " | ".join(PARTS) + " |",
+                      "|---|---|---|---|" + "---|" * len(PARTS)]
+            for r in bt["rows"]:
+                name = r["drafter"] + (f" tree {r['tree']}" if r.get("tree") else "")
+                lines.append(f"| {name} | {r['depth']} | {r['window']} | {r['ms_per_step']:.1f} | "
+                             + " | ".join(f"{r['breakdown_ms'][p]:.1f}" for p in PARTS) + " |")
     return "\n".join(lines)

@@ -156,7 +156,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "cohort surplus not re-fed",
-        "_commit",
+        "specjax/engine/step.py::emit",
         "u=jnp.where(active, plan.next_uncached, u)",
         "u=jnp.where(active, 1, u)",
         ("tests/test_engine.py::test_greedy_speculative_equals_plain",),
@@ -171,7 +171,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "finished rows take part in the cohort minimum",
-        "_commit",
+        "specjax/engine/step.py::emit",
         "plan = plan_step(u, jnp.where(active, a, w - u), w, eng.kv_rule)",
         "plan = plan_step(u, jnp.where(active, a, 0), w, eng.kv_rule)",
         ("tests/test_engine.py::test_finished_rows_do_not_hold_back_the_cohort",),
@@ -366,9 +366,9 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "accepted drafts cut by EOS or the budget still counted",
-        "_commit",
-        "accepted=st.accepted + jnp.minimum(a, n_new) * act,",
-        "accepted=st.accepted + a * act,",
+        "_count",
+        "accepted=old.accepted + jnp.minimum(a, n_new) * act,",
+        "accepted=old.accepted + a * act,",
         ("tests/test_default_bundle.py::test_accepted_drafts_count_only_emitted_ones",),
     ),
     # --- compressed memory (the keystone): a per-row time base under both rules ---
@@ -521,7 +521,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "the engine stops only on a row's first stop id",
-        "_commit",
+        "specjax/engine/step.py::emit",
         "jnp.any(new_tok[:, :, None] == st.eos[:, None, :], axis=2)",
         "(new_tok == st.eos[:, :1])",
         ("tests/test_hf_families.py::test_eos_list_stops_on_any_id",),
@@ -837,9 +837,9 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "auto depth: the engine never counts a position's verdicts (seen_pos stays 0)",
-        "_commit",
-        "        seen_pos=st.seen_pos + (verdict & active[:, None]).astype(jnp.int32),\n",
-        "        seen_pos=st.seen_pos,\n",
+        "_count",
+        "        seen_pos=old.seen_pos + (verdict & active[:, None]).astype(jnp.int32),\n",
+        "        seen_pos=old.seen_pos,\n",
         ("tests/test_depth_auto.py::test_each_row_drafts_its_own_count",),
     ),
     Mutation(
@@ -1108,7 +1108,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "ngram auto: the estimates learn only from the drafts offered",
-        "_commit",
+        "_count",
         "chain = (asked, a) if v.chain is None else v.chain",
         "chain = (proposed, a) if v.chain is None else v.chain",
         ("tests/test_depth_auto.py::test_ngram_rows_without_a_match_offer_no_drafts",),
@@ -1394,6 +1394,41 @@ MUTATIONS: list[Mutation] = [
         '"efficiency": (tps / plain_tps) / (m["tok_per_step"] * plain_ms / fwd[w]),',
         '"efficiency": (tps / plain_tps) / (plain_ms / fwd[w]),',
         ('tests/test_controlled.py::test_bench_shape_reports_every_row_at_a_known_acceptance',),
+    ),
+    Mutation(
+        "scale breakdown: verification's share still holds the draft",
+        "breakdown",
+        '"verify": part_ms["verify"] - part_ms["draft"] - forward_ms,',
+        '"verify": part_ms["verify"] - forward_ms,',
+        ("tests/test_controlled.py::test_bench_shape_breaks_a_step_down_into_parts_that_sum_to_it",),
+    ),
+    Mutation(
+        "scale breakdown: the verify part times a narrower window than the step's",
+        "_verify_part",
+        "v = verify(eng, params, st, eng.window)[0]",
+        "v = verify(eng, params, st, eng.depth)[0]",
+        ("tests/test_controlled.py::test_a_steps_timed_parts_compose_to_the_step",),
+    ),
+    Mutation(
+        "scale breakdown: a part's loop runs it once more than it divides by",
+        "_part_loop",
+        "jax.lax.fori_loop(1, n, body,",
+        "jax.lax.fori_loop(0, n, body,",
+        ("tests/test_controlled.py::test_a_steps_timed_parts_compose_to_the_step",),
+    ),
+    Mutation(
+        "scale breakdown: the commit part's loop carries the caches it did not write",
+        "_commit_part",
+        "v._replace(cache=new.cache, dstate=new.dstate)), verdicts",
+        "v._replace(cache=v.cache, dstate=v.dstate)), verdicts",
+        ("tests/test_controlled.py::test_a_steps_timed_parts_compose_to_the_step",),
+    ),
+    Mutation(
+        "scale breakdown: the drafter's commit part commits the emitted state's drafter",
+        "_drafter_commit_part",
+        "dstate = commit_drafter(eng, params, st, eng.window, v, new, advance)",
+        "dstate = commit_drafter(eng, params, st, eng.window, v._replace(dstate=new.dstate), new, advance)",
+        ("tests/test_controlled.py::test_a_steps_timed_parts_compose_to_the_step",),
     ),
     Mutation(
         'draft vocabulary: a draft index is not mapped to its target token',
@@ -2000,7 +2035,7 @@ Mutation(
     ),
     Mutation(
         "tree budget: a tree engine's chain windows verify the tree",
-        "step_with_chunk",
+        "verify",
         "eng.tree is not None and w == eng.window",
         "eng.tree is not None",
         ("tests/test_tree_budget.py::test_a_tree_step_reveals_the_chain_verdicts",),
@@ -2029,9 +2064,9 @@ Mutation(
     ),
     Mutation(
         "branch counters: finished rows' walks counted",
-        "_commit",
-        "branch_tested=out.branch_tested + v.branch[0] * on,",
-        "branch_tested=out.branch_tested + v.branch[0],",
+        "_count",
+        "branch_tested=old.branch_tested + v.branch[0] * on,",
+        "branch_tested=old.branch_tested + v.branch[0],",
         ("tests/test_tree_sim.py::test_branch_counts_add_up_to_the_per_position_counts",),
     ),
     Mutation(

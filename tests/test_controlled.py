@@ -299,3 +299,62 @@ def test_bench_shape_lays_the_layers_out_as_asked(monkeypatch):
     assert all(r["tokens_match_plain"] for r in out["batches"][0]["rows"])
     with pytest.raises(ValueError, match="layer_loop='loop' is invalid"):
         scale.bench_shape(cfg, layer_loop="loop", progress=False)
+
+
+@pytest.mark.filterwarnings("ignore:Some donated buffers")
+@pytest.mark.parametrize("drafter,tree", [("mtp", None), ("draft_model", "dynamic:3,2")])
+def test_a_steps_timed_parts_compose_to_the_step(models, prompts, drafter, tree):
+    """The breakdown times the step's own parts: its verify then its commit give the step's
+    state exactly, and the drafter's commit alone gives that state's drafter state."""
+    import jax.numpy as jnp
+
+    from specjax import scale
+    from specjax.advance import KvAdvance
+    from specjax.engine import make_engine, prefill, step
+    from specjax.generation_config import GenerationConfig
+
+    target, draft = models
+    eng = make_engine(target, drafter=drafter, draft_model=draft if drafter == "draft_model" else None, depth=2,
+                      kv_advance_rule=KvAdvance.PER_SEQUENCE, cache="dense", capacity=64,
+                      tree=None if tree is None else GenerationConfig(tree=tree).tree)
+    params = {"target": target.params} | ({"draft": draft.params} if drafter == "draft_model" else {})
+    b = len(prompts)
+    toks = np.zeros((b, 16), np.int32)
+    for i, p in enumerate(prompts):
+        toks[i, :len(p)] = p
+    plen = jnp.asarray([len(p) for p in prompts], jnp.int32)
+    st0 = prefill(eng, params, jnp.asarray(toks), plen, plen + 20, jnp.full((b,), -1, jnp.int32),
+                  jnp.arange(b, dtype=jnp.uint32))
+    st0 = step(eng, params, st0)  # mid-run: rows hold different u and accepted counts
+    want = step(eng, params, scale._copy(st0))
+    v, new, advance = scale._part_inputs(eng, params, st0)
+    (got, got_v), _ = scale._part(eng, "commit", 1, params, scale._copy((st0, v)))
+    got = got.replace(cache=got_v.cache, dstate=got_v.dstate)
+    for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    (_, got_v, _, _), _ = scale._part(eng, "drafter_commit", 1, params, scale._copy((st0, v, new, advance)))
+    for x, y in zip(jax.tree.leaves(got_v.dstate), jax.tree.leaves(want.dstate), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    # the draft part runs the step's own drafter: its proposals are what the verify part drafted
+    _, (proposals, _) = scale._part(eng, "draft", 2, params, scale._copy(st0))
+    if tree is None:
+        np.testing.assert_array_equal(np.asarray(proposals)[:, :2], np.asarray(v.path))
+
+
+@pytest.mark.filterwarnings("ignore:Some donated buffers")
+def test_bench_shape_breaks_a_step_down_into_parts_that_sum_to_it():
+    from specjax.model import ModelConfig
+    from specjax.scale import PARTS, bench_shape, table
+
+    cfg = ModelConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=128,
+                      mtp_depth=2)
+    rows = (("none", 0), ("mtp", 2), ("ngram", 2, "dynamic:3,2"))
+    out = bench_shape(cfg, batches=[1], prompt_len=8, max_new_tokens=6, rows=rows, acceptance="iid:0.5", rounds=2,
+                      roofline=False, bandwidth=False, progress=False, breakdown_parts=True)
+    (bt,) = out["batches"]
+    for r in bt["rows"]:
+        parts = r["breakdown_ms"]
+        assert tuple(parts) == PARTS and parts["forward"] == bt["forward_ms"][r["window"]]
+        assert sum(parts.values()) == pytest.approx(r["ms_per_step"])
+        assert parts["draft"] > 0 and parts["drafter_commit"] > 0
+    assert "where a step's time goes" in table(out) and "| mtp | 2 | 3 |" in table(out)

@@ -35,7 +35,7 @@ from specjax.tree import (
 )
 from specjax.verify import greedy_verify, rejection_verify
 
-__all__ = ["StepVerdicts", "step_window", "step_with_chunk"]
+__all__ = ["StepVerdicts", "Verified", "commit", "commit_drafter", "emit", "step_window", "step_with_chunk", "verify"]
 
 
 class StepVerdicts(NamedTuple):
@@ -49,8 +49,8 @@ class StepVerdicts(NamedTuple):
     chain_accepted: jax.Array
 
 
-class _Verified(NamedTuple):
-    """A verify forward's outcome, before the commit (per row)."""
+class Verified(NamedTuple):
+    """A verify forward's outcome, before the commit (per row; ``verify``)."""
 
     a: jax.Array  # int32 [B]: drafts accepted
     path: jax.Array  # int32 [B, d]: the accepted drafts in order (valid below ``a``)
@@ -85,10 +85,19 @@ def step_with_chunk(eng: EngineConfig, params: dict, st: EngineState, w: int, ch
     the chunk's half for ``chunk_commit``. ``st``'s paged pool ends with the chunk's K/V; a
     slot both write (a pending row's, which ``st`` holds done) takes the chunk's. ``drafts``:
     as ``step_window``'s (a step controller's counts). ``chunk=None``: ``step_window``."""
-    v, out = _tree_verify(eng, params, st, chunk) if eng.tree is not None and w == eng.window else \
-        _chain_verify(eng, params, st, w, drafts, chunk)
-    st, verdicts = _commit(eng, params, st, w, v)
+    v, out = verify(eng, params, st, w, drafts, chunk)
+    st, verdicts = commit(eng, params, st, w, v)
     return st, verdicts, out
+
+
+def verify(eng: EngineConfig, params: dict, st: EngineState, w: int,
+           drafts: tuple[jax.Array, jax.Array] | None = None, chunk: Chunk | None = None) -> tuple[Verified, Any]:
+    """A step up to its commit at window ``w``: draft, the target's forward, acceptance (the
+    widest window with ``eng.tree``: a token tree's, ``_tree_verify``; else a chain's).
+    Returns ``(Verified, chunk's half or None)``."""
+    if eng.tree is not None and w == eng.window:
+        return _tree_verify(eng, params, st, chunk)
+    return _chain_verify(eng, params, st, w, drafts, chunk)
 
 
 def _target_forward(eng: EngineConfig, params: dict, window: jax.Array, pos: jax.Array, cache: Any,
@@ -112,7 +121,7 @@ def _target_forward(eng: EngineConfig, params: dict, window: jax.Array, pos: jax
 
 
 def _chain_verify(eng: EngineConfig, params: dict, st: EngineState, w: int,
-                  drafts: tuple[jax.Array, jax.Array] | None, chunk: Chunk | None = None) -> tuple[_Verified, Any]:
+                  drafts: tuple[jax.Array, jax.Array] | None, chunk: Chunk | None = None) -> tuple[Verified, Any]:
     """Draft a chain and verify it: ``u`` known tokens, then ``w - u`` drafts (``chunk``: a
     prefill chunk in the same forward, ``step_with_chunk``)."""
     d = w - 1
@@ -142,11 +151,11 @@ def _chain_verify(eng: EngineConfig, params: dict, st: EngineState, w: int,
         a, nxt = greedy_verify(logits, proposals, u, proposed)
     else:
         a, nxt = rejection_verify(logits, proposals, draft_probs, u, lengths, st.seeds, st.sampling, proposed)
-    return _Verified(a, proposals, nxt, hidden, cache, dstate, asked, proposed), out
+    return Verified(a, proposals, nxt, hidden, cache, dstate, asked, proposed), out
 
 
 def _tree_verify(eng: EngineConfig, params: dict, st: EngineState, chunk: Chunk | None = None
-                 ) -> tuple[_Verified, Any]:
+                 ) -> tuple[Verified, Any]:
     """Draft a token tree (``eng.tree``) and verify it in one target forward.
 
     Window node ``j < u`` is a known token (a chain); the drafter's tree (a preset or a
@@ -197,15 +206,29 @@ def _tree_verify(eng: EngineConfig, params: dict, st: EngineState, chunk: Chunk 
     asked = jnp.max(jnp.where(is_known, 0, node_depth - u[:, None] + 1), axis=1)  # the drafts' deepest level
     chain = first_child_verdicts(parents, u, path, a, anc)
     branch = branch_verdicts(parents, u, path, a, eng.branches)
-    return _Verified(a, path_tok, nxt, hidden, cache.compact(src), dstate, asked, w - u, chain, branch), out
+    return Verified(a, path_tok, nxt, hidden, cache.compact(src), dstate, asked, w - u, chain, branch), out
 
 
-def _commit(eng: EngineConfig, params: dict, st: EngineState, w: int, v: _Verified
+def commit(eng: EngineConfig, params: dict, st: EngineState, w: int, v: Verified
             ) -> tuple[EngineState, StepVerdicts]:
-    """Emit the accepted drafts and the next token, advance by the rule's plan, count."""
-    dmax = eng.depth
+    """Emit the accepted drafts and the next token, advance by the rule's plan, commit the
+    drafter, count."""
+    new, n_new, advance = emit(eng, st, w, v)
+    return _count(eng, st, new.replace(dstate=commit_drafter(eng, params, st, w, v, new, advance)), v, n_new)
+
+
+def commit_drafter(eng: EngineConfig, params: dict, st: EngineState, w: int, v: Verified, new: EngineState,
+                    advance: jax.Array) -> Any:
+    """The drafter's commit of the step from ``st`` (``new``, ``advance``: what ``emit`` made)."""
+    return eng.drafter.commit(eng.at_window(w), params, new, v.dstate, v.hidden, st.cache.lengths, st.u,
+                              jnp.where(st.done, 0, v.a), advance)
+
+
+def emit(eng: EngineConfig, st: EngineState, w: int, v: Verified) -> tuple[EngineState, jax.Array, jax.Array]:
+    """Emit ``drafts[:a] + nxt`` per row (cut at EOS and the token budget) and advance the caches
+    by the rule's plan: ``(state, n_new [B], advance [B])``; the drafter's state is not yet committed."""
     b, c = st.seq.shape
-    lengths, u, active = st.cache.lengths, st.u, ~st.done
+    u, active = st.u, ~st.done
     a, nxt, d = v.a, v.nxt, v.path.shape[1]
 
     # emit drafts[:a] + nxt at positions known .. known + a, cut at EOS / the token budget
@@ -227,29 +250,33 @@ def _commit(eng: EngineConfig, params: dict, st: EngineState, w: int, v: _Verifi
     advance = jnp.where(active, plan.advance, 0)
     st = st.replace(seq=seq, known=known, u=jnp.where(active, plan.next_uncached, u),
                     cache=v.cache.advance(advance), done=done)
-    dstate = eng.drafter.commit(eng.at_window(w), params, st, v.dstate, v.hidden, lengths, u,
-                                jnp.where(active, a, 0), advance)
+    return st, n_new, advance
 
-    # the row's counters: a verdict at draft position k is an acceptance or the first rejection
+
+def _count(eng: EngineConfig, old: EngineState, st: EngineState, v: Verified, n_new: jax.Array
+           ) -> tuple[EngineState, StepVerdicts]:
+    """The row's counters after a step (``old``: the state it began from): a verdict at draft
+    position k is an acceptance or the first rejection."""
+    dmax, b = eng.depth, st.seq.shape[0]
+    a, active = v.a, ~old.done
     act = active.astype(jnp.int32)
     kd = jnp.arange(dmax, dtype=jnp.int32)[None]
     asked, proposed = v.asked, v.proposed
     verdict = kd < jnp.minimum(a + 1, asked)[:, None]
     out = st.replace(
-        dstate=dstate,
-        steps=st.steps + act,
-        emitted=st.emitted + n_new,
-        accepted=st.accepted + jnp.minimum(a, n_new) * act,  # drafts emitted: none cut by EOS/budget
-        proposed=st.proposed + proposed * act,
-        acc_pos=st.acc_pos + ((kd < a[:, None]) & active[:, None]).astype(jnp.int32),
-        prop_pos=st.prop_pos + ((kd < asked[:, None]) & active[:, None]).astype(jnp.int32),
-        seen_pos=st.seen_pos + (verdict & active[:, None]).astype(jnp.int32),
-        trace=st.trace.at[jnp.arange(b), jnp.where(active, st.steps, eng.max_steps)].set(a, mode="drop"),
-        i=st.i + 1,
+        steps=old.steps + act,
+        emitted=old.emitted + n_new,
+        accepted=old.accepted + jnp.minimum(a, n_new) * act,  # drafts emitted: none cut by EOS/budget
+        proposed=old.proposed + proposed * act,
+        acc_pos=old.acc_pos + ((kd < a[:, None]) & active[:, None]).astype(jnp.int32),
+        prop_pos=old.prop_pos + ((kd < asked[:, None]) & active[:, None]).astype(jnp.int32),
+        seen_pos=old.seen_pos + (verdict & active[:, None]).astype(jnp.int32),
+        trace=old.trace.at[jnp.arange(b), jnp.where(active, old.steps, eng.max_steps)].set(a, mode="drop"),
+        i=old.i + 1,
     )
     if v.branch is not None:  # a tree step: what each level's children revealed
         on = active[:, None, None].astype(jnp.int32)
-        out = out.replace(branch_tested=out.branch_tested + v.branch[0] * on,
-                          branch_accepted=out.branch_accepted + v.branch[1] * on)
+        out = out.replace(branch_tested=old.branch_tested + v.branch[0] * on,
+                          branch_accepted=old.branch_accepted + v.branch[1] * on)
     chain = (asked, a) if v.chain is None else v.chain  # a chain step's verdicts are its own
-    return out, StepVerdicts(asked, a, nxt, *chain)
+    return out, StepVerdicts(asked, a, v.nxt, *chain)
