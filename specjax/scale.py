@@ -292,12 +292,12 @@ def _drafter_commit_part(eng, params, inputs):
     return (st, v._replace(dstate=dstate), new, advance), ()
 
 
-PART_FNS = {"draft": _draft_part, "verify": _verify_part, "commit": _commit_part,
-            "drafter_commit": _drafter_commit_part}
+_PART_FNS = {"draft": _draft_part, "verify": _verify_part, "commit": _commit_part,
+             "drafter_commit": _drafter_commit_part}
 
 
 def _part_loop(eng, name: str, n: int, params, inputs):
-    part = PART_FNS[name]
+    part = _PART_FNS[name]
 
     def body(_, carry):
         inputs, _ = jax.lax.optimization_barrier(carry)
@@ -309,11 +309,12 @@ _part = jax.jit(_part_loop, static_argnums=(0, 1, 2), donate_argnums=4)
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _part_inputs(eng, params, st):
-    """The commit parts' inputs on ``st``: ``(v, emitted state, advance)``."""
+def _part_inputs(eng, st, verified):
+    """The commit parts' inputs from the verify part's outcome on ``st`` (``verified``: its
+    ``(next inputs, live outputs)``): ``(v, emitted state, advance)``."""
     from specjax.engine.step import emit
 
-    nxt, v = _verify_part(eng, params, st)
+    nxt, v = verified
     v = v._replace(cache=nxt.cache, dstate=nxt.dstate)
     new, _, advance = emit(eng, st, eng.window, v)
     return v, new, advance
@@ -321,19 +322,21 @@ def _part_inputs(eng, params, st):
 
 def _part_timers(eng, params, st, n: int) -> dict[str, tuple[Callable, Any]]:
     """``name -> (fn, arg)``: ``fn(arg)`` runs the step's part ``n`` times on ``st`` (compiled here)."""
-    v, new, advance = _part_inputs(eng, params, st)
-    # one target cache per row in memory (a cache per part ran this machine's 23 GB out at B=4 at
-    # Qwen3-0.6B's shape): the commit parts move caches' lengths and never read their K/V, so they
-    # time the same on the state's own cache
-    v = v._replace(cache=st.cache)
-    new = new.replace(cache=st.cache)
-    args = {"draft": st, "verify": st, "commit": (st, v), "drafter_commit": (st, v, new, advance)}
-    timers = {name: (functools.partial(_part, eng, name, n, params), arg) for name, arg in args.items()}
+    timers = {name: functools.partial(_part, eng, name, n, params) for name in _PART_FNS}
     with warnings.catch_warnings():  # a donated input a part does not write (a counter) is not an error
         warnings.filterwarnings("ignore", "Some donated buffers were not usable")
-        for fn, arg in timers.values():  # compile
-            jax.block_until_ready(fn(_copy(arg)))
-    return timers
+        # the verify part's compile run gives the commit parts their inputs (its n runs verify the
+        # same window again: the commit's cost is what is timed)
+        v, new, advance = _part_inputs(eng, st, timers["verify"](_copy(st)))
+        # one target cache per row in memory (a cache per part ran this machine's 23 GB out at B=4 at
+        # Qwen3-0.6B's shape): the commit parts move caches' lengths and never read their K/V, so
+        # they time the same on the state's own cache
+        v = v._replace(cache=st.cache)
+        new = new.replace(cache=st.cache)
+        args = {"draft": st, "verify": st, "commit": (st, v), "drafter_commit": (st, v, new, advance)}
+        for name in ("draft", "commit", "drafter_commit"):  # compile
+            jax.block_until_ready(timers[name](_copy(args[name])))
+    return {name: (fn, args[name]) for name, fn in timers.items()}
 
 
 # the breakdown's columns, in a step's order: each is a part's time less the parts inside it
@@ -654,6 +657,10 @@ def _forward_roofline(base: dict, target: Model, w: int, dtype, prompt_len: int)
 # ----------------------------------------------------------------------------- report
 
 
+def _label(row: dict) -> str:
+    return row["drafter"] + (f" tree {row['tree']}" if row.get("tree") else "")
+
+
 def table(result: dict) -> str:
     """Markdown tables of a ``bench_shape`` result."""
     s = result["settings"]
@@ -677,7 +684,7 @@ def table(result: dict) -> str:
                      if bt["rows"] and "roofline" in bt["rows"][0] else ""),
                   "|---|---|---|---|---|---|---|---|" + ("---|" if bt["rows"] and "roofline" in bt["rows"][0] else "")]
         for r in bt["rows"]:
-            name = r["drafter"] + (f" tree {r['tree']}" if r.get("tree") else "")
+            name = _label(r)
             want = "-" if r["expected_tok_per_step"] is None else f"{r['expected_tok_per_step']:.2f}"
             at = "-" if r["speedup_at_expected"] is None else f"{r['speedup_at_expected']:.2f}x"
             line = (f"| {name} | {r['depth']} | {r['ms_per_step']:.1f} | {r['tok_per_step']:.2f} "
@@ -694,7 +701,6 @@ def table(result: dict) -> str:
                       "rest)", "", "| drafter | depth | window | ms/step | " + " | ".join(PARTS) + " |",
                       "|---|---|---|---|" + "---|" * len(PARTS)]
             for r in bt["rows"]:
-                name = r["drafter"] + (f" tree {r['tree']}" if r.get("tree") else "")
-                lines.append(f"| {name} | {r['depth']} | {r['window']} | {r['ms_per_step']:.1f} | "
+                lines.append(f"| {_label(r)} | {r['depth']} | {r['window']} | {r['ms_per_step']:.1f} | "
                              + " | ".join(f"{r['breakdown_ms'][p]:.1f}" for p in PARTS) + " |")
     return "\n".join(lines)

@@ -327,7 +327,7 @@ def test_a_steps_timed_parts_compose_to_the_step(models, prompts, drafter, tree)
                   jnp.arange(b, dtype=jnp.uint32))
     st0 = step(eng, params, st0)  # mid-run: rows hold different u and accepted counts
     want = step(eng, params, scale._copy(st0))
-    v, new, advance = scale._part_inputs(eng, params, st0)
+    v, new, advance = scale._part_inputs(eng, st0, scale._part(eng, "verify", 1, params, scale._copy(st0)))
     (got, got_v), _ = scale._part(eng, "commit", 1, params, scale._copy((st0, v)))
     got = got.replace(cache=got_v.cache, dstate=got_v.dstate)
     for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
