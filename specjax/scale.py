@@ -473,7 +473,7 @@ def bench_shape(name_or_config: str | ModelConfig, *, dtype: str = "float32", ba
     layers laid out for ``"scan"`` (one layer body compiled: at a real shape XLA:CPU's compile of
     a wide window's unrolled forward can take tens of minutes) or ``"unrolled"`` (the faster
     decode on XLA:CPU); ``None``: as built. ``breakdown_parts``: also time each row's step parts on
-    their own (``breakdown``; two more compiles of the window's forward per row) and report where
+    their own (``breakdown``; one more compile of the window's forward per row) and report where
     its step's time goes, at every batch size or at those listed."""
     from specjax.bench import machine
     from specjax.engine import prefill, prompt_bucket, request_capacity
