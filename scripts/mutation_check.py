@@ -14,6 +14,19 @@ mutation that leaves the tests green is *missed*; the script exits 1 if any is.
 Mutations are applied to copies of the tree in a temporary folder (one per job, so
 parallel jobs never see each other's edits), never to the checkout: a run killed
 midway leaves the sources as they were.
+
+A snippet matches on dedented lines: the same lines moved into or out of a block (every line
+shifted by the same indentation) still match, and the replacement is shifted with them.
+
+Verdicts come from pytest's exit code: 1 (a test failed) is *caught*; 0 is *missed*; 2-5
+(interrupted, internal error, usage error such as an unknown test id, nothing collected) are
+*stale*, never caught, so a renamed test cannot turn its mutations into false catches; a run
+killed by a signal (a crash) is caught.
+
+``tests/mutation_catchers.json`` records, per entry, the test that failed last time. A run
+tries that one test first (one short pytest) and, when it passes or no longer exists, runs
+the entry's whole list: the verdict is always a real failing test. ``--record`` rewrites the
+file from this run's catches.
 """
 
 from __future__ import annotations
@@ -25,6 +38,7 @@ import functools
 import json
 import os
 import queue
+import re
 import shutil
 import subprocess
 import sys
@@ -37,6 +51,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 from mutations import MUTATIONS, Mutation  # noqa: E402  (the entries: tests/mutations.py)
 
 SOURCE_ROOTS = ("specjax", "pallas_kernels", "benchmarks", "scripts")  # where ``at`` names are looked up
+CATCHERS = ROOT / "tests" / "mutation_catchers.json"  # {entry name: the test id that caught it last}
+STALE_EXITS = (2, 3, 4, 5)  # pytest: interrupted, internal error, usage error (unknown id), nothing collected
 
 
 def _line_starts(text: str) -> list[int]:
@@ -86,17 +102,73 @@ def resolve(at: str, root: Path = ROOT) -> tuple[str, int, int] | str:
     return found[0]
 
 
-def locate(m: Mutation, root: Path = ROOT) -> tuple[Path, str, int] | str:
-    """``(file, its text, offset of the snippet)`` for ``m``, or why it does not apply."""
+def shift(snippet: str, by: int) -> str | None:
+    """``snippet`` with every line that starts on a new line moved ``by`` columns (a negative
+    ``by`` removes that many leading spaces; ``None`` where a line has fewer). Its first line
+    moves too when the snippet starts at a line's indentation (with a space); a snippet that
+    starts mid-line keeps its first line. Blank lines stay blank."""
+    lines = snippet.split("\n")
+    out = []
+    for i, line in enumerate(lines):
+        if (i == 0 and not line.startswith(" ")) or not line.strip():
+            out.append(line)
+        elif by >= 0:
+            out.append(" " * by + line)
+        elif line[:-by].strip(" ") == "" and len(line) >= -by:
+            out.append(line[-by:])
+        else:
+            return None
+    return "\n".join(out)
+
+
+def _shifts(old: str) -> list[int]:
+    """The indentation shifts worth trying for ``old`` besides none: every shift that puts its
+    least indented moving line at a multiple of 4 columns, from 0 to 32."""
+    lines = old.split("\n")
+    moving = [ln for i, ln in enumerate(lines) if ln.strip() and (i > 0 or ln.startswith(" "))]
+    if not moving:
+        return []
+    least = min(len(ln) - len(ln.lstrip(" ")) for ln in moving)
+    return [c - least for c in range(0, 33, 4) if c != least]
+
+
+def _find(span: str, old: str, whole_lines: bool) -> tuple[int, int]:
+    """(occurrences of ``old`` in ``span``, the first one's offset); ``whole_lines``: only where
+    it starts a line."""
+    if not whole_lines:
+        return span.count(old), span.find(old)
+    lined = "\n" + span
+    return lined.count("\n" + old), lined.find("\n" + old)
+
+
+def locate(m: Mutation, root: Path = ROOT) -> tuple[Path, str, int, str, str] | str:
+    """``(file, its text, offset of the snippet, the snippet as found, the replacement)`` for
+    ``m``, or why it does not apply. The snippet must occur exactly once in ``at``: as written,
+    or else on dedented lines (``shift``: every line moved by the same columns, the replacement
+    moved with it)."""
     got = resolve(m.at, root)
     if isinstance(got, str):
         return got
     file, a, b = got
     text = (root / file).read_text()
-    count = text[a:b].count(m.old)
+    span = text[a:b]
+    count, at = _find(span, m.old, False)
+    if count == 0:
+        hits = []
+        for by in _shifts(m.old):
+            old = shift(m.old, by)
+            if old is not None and (found := _find(span, old, m.old.startswith(" ")))[0]:
+                hits.append((by, old, *found))
+        count = sum(h[2] for h in hits)
+        if count == 1:
+            by, old, _, at = hits[0]
+            new = shift(m.new, by)
+            if new is None:
+                return f"the replacement cannot move {by} columns as its snippet did in {m.at} ({file})"
+            return root / file, text, a + at, old, new
     if count != 1:
         return f"snippet found {count} times in {m.at} ({file})"
-    return root / file, text, a + text[a:b].index(m.old)
+    return root / file, text, a + at, m.old, m.new
 
 
 def copy_tree(dest: Path, name: str = "tree") -> Path:
@@ -106,30 +178,61 @@ def copy_tree(dest: Path, name: str = "tree") -> Path:
     return Path(shutil.copytree(ROOT, dest / name, ignore=ignore))
 
 
-def run_one(m: Mutation, python: str, root: Path = ROOT) -> dict:
+def _pytest(python: str, root: Path, tests: list[str] | tuple[str, ...]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env=os.environ | {"HYPOTHESIS_PROFILE": "ci"},
+    )
+
+
+_FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+?)(?: - |$)", re.M)
+
+
+def verdict(returncode: int) -> str:
+    """pytest's exit code -> ``caught`` (1: a test failed; or killed by a signal), ``missed``
+    (0) or ``stale`` (2-5: the run did not test the mutation)."""
+    if returncode == 0:
+        return "missed"
+    return "stale" if returncode in STALE_EXITS else "caught"
+
+
+def load_catchers(path: Path = CATCHERS) -> dict[str, str]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def run_one(m: Mutation, python: str, root: Path = ROOT, catcher: str | None = None) -> dict:
+    """Apply ``m`` in ``root``, run its tests (``catcher`` alone first, when given: the rest only
+    if it passes or is stale), restore the file. The result names the test that caught it."""
     got = locate(m, root)
     if isinstance(got, str):
         return {"name": m.name, "status": "stale", "detail": got}
-    path, src, at = got
+    path, src, at, old, new = got
     t0 = time.time()
     try:
-        path.write_text(src[:at] + m.new + src[at + len(m.old):])
-        proc = subprocess.run(
-            [python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *m.tests],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            env=os.environ | {"HYPOTHESIS_PROFILE": "ci"},
-        )
+        path.write_text(src[:at] + new + src[at + len(old):])
+        proc = _pytest(python, root, [catcher]) if catcher else None
+        if proc is None or verdict(proc.returncode) != "caught":
+            proc = _pytest(python, root, m.tests)
     finally:
         path.write_text(src)
-    caught = proc.returncode != 0
-    tail = (proc.stdout.strip().splitlines() or [""])[-1]
+    status = verdict(proc.returncode)
+    if proc.returncode < 0:
+        detail = f"crashed (signal {-proc.returncode})"
+    else:
+        detail = (proc.stdout.strip().splitlines() or [""])[-1]
+    failed = _FAILED.search(proc.stdout)
     return {
         "name": m.name,
-        "status": "caught" if caught else "missed",
+        "status": status,
         "seconds": round(time.time() - t0, 1),
-        "detail": tail,
+        "detail": detail,
+        "caught_by": failed.group(1) if status == "caught" and failed else None,
     }
 
 
@@ -140,6 +243,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--check", action="store_true", help="only check that every entry applies; run no tests")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--record", action="store_true",
+                    help=f"write each caught entry's failing test to {CATCHERS.relative_to(ROOT)} (tried first "
+                         "next time)")
+    ap.add_argument("--no-catchers", action="store_true", help="run every entry's whole test list (ignore the record)")
     ap.add_argument("-j", "--jobs", type=int, default=min(8, os.cpu_count() or 1),
                     help="mutations run at once, each in its own copy of the tree (default: cores, at most 8)")
     args = ap.parse_args(argv)
@@ -163,10 +270,12 @@ def main(argv: list[str] | None = None) -> int:
         for k in range(min(args.jobs, len(selected)) or 1):
             trees.put(copy_tree(scratch, f"tree{k}"))
 
+        catchers = {} if args.no_catchers else load_catchers()
+
         def one(m: Mutation) -> dict:
             root = trees.get()  # a tree no other job is editing
             try:
-                return _report(run_one(m, sys.executable, root), args.json)
+                return _report(run_one(m, sys.executable, root, catchers.get(m.name)), args.json)
             finally:
                 trees.put(root)
 
@@ -175,10 +284,15 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     bad = [r for r in results if r["status"] != "caught"]
+    if args.record:
+        record = load_catchers() | {r["name"]: r["caught_by"] for r in results if r.get("caught_by")}
+        names = {m.name for m in MUTATIONS}
+        CATCHERS.write_text(json.dumps({k: v for k, v in sorted(record.items()) if k in names}, indent=1) + "\n")
     if args.json:
         print(json.dumps({"results": results, "missed": len(bad)}))
     else:
-        print(f"{len(results) - len(bad)}/{len(results)} mutations caught")
+        stale = sum(r["status"] == "stale" for r in results)
+        print(f"{len(results) - len(bad)}/{len(results)} mutations caught" + (f" ({stale} stale)" if stale else ""))
     return 1 if bad else 0
 
 
