@@ -1,5 +1,5 @@
 """``python -m specjax``: the ``specjax`` command line."""
 
-from specjax.cli import main
+from specjax.cli import console
 
-raise SystemExit(main())
+console()

@@ -48,6 +48,7 @@ from specjax.advance import kv_advance as resolve_kv_advance
 from specjax.auto import AutoDepth, auto_state
 from specjax.auto.cost import SLICES, check_cost, cost_key, cost_table, placeholder_cost, slice_timer, warm_steps
 from specjax.cache import PagedKVCache
+from specjax.compile_cache import default_on
 from specjax.drafter import default_drafter
 from specjax.engine import (
     PAGE_SIZE,
@@ -393,39 +394,40 @@ class _Job:
         """Validate one request against the model and the job; errors name the request
         (``where``, default ``requests[index] (id ...)``) and the field."""
         cfg = self.model.decoder
+        at = f"requests[{index}] (id {r.id!r})." if where is None else f"{where}: "  # a field's prefix in errors
         where = where or f"requests[{index}] (id {r.id!r})"
         prompt = r.prompt
         if not isinstance(prompt, list | tuple | np.ndarray) or len(prompt) == 0:
-            fail(f"{where}.prompt", prompt, "must be a non-empty list of int token ids")
+            fail(f"{at}prompt", prompt, "must be a non-empty list of int token ids")
         arr = np.asarray(prompt)
         if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
-            fail(f"{where}.prompt", prompt, "must be a flat list of int token ids")
+            fail(f"{at}prompt", prompt, "must be a flat list of int token ids")
         bad = np.nonzero((arr < 0) | (arr >= cfg.vocab_size))[0]
         if len(bad):
-            fail(f"{where}.prompt[{int(bad[0])}]", int(arr[bad[0]]), f"token ids must lie in [0, {cfg.vocab_size})")
+            fail(f"{at}prompt[{int(bad[0])}]", int(arr[bad[0]]), f"token ids must lie in [0, {cfg.vocab_size})")
         n_new = self.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens
         if self.bounded and (not is_int(n_new) or not 1 <= n_new <= self.max_new_tokens):
-            fail(f"{where}.max_new_tokens", n_new, f"must be an int in [1, {self.max_new_tokens}] (for a stream "
+            fail(f"{at}max_new_tokens", n_new, f"must be an int in [1, {self.max_new_tokens}] (for a stream "
                   "of requests the job's max_new_tokens bounds every request)")
         if not is_int(n_new) or n_new < 1:
-            fail(f"{where}.max_new_tokens", n_new, "must be an int >= 1")
+            fail(f"{at}max_new_tokens", n_new, "must be an int >= 1")
         if self.bounded and len(arr) > self.max_prompt_len:
-            fail(f"{where}.prompt", f"{len(arr)} tokens", f"at most max_prompt_len={self.max_prompt_len} tokens")
+            fail(f"{at}prompt", f"{len(arr)} tokens", f"at most max_prompt_len={self.max_prompt_len} tokens")
         if n_new >= cfg.max_seq_len:
-            fail(f"{where}.max_new_tokens", n_new, f"must be < the model's max_seq_len={cfg.max_seq_len} "
+            fail(f"{at}max_new_tokens", n_new, f"must be < the model's max_seq_len={cfg.max_seq_len} "
                  "(the prompt needs a token)")
         if len(arr) + n_new > cfg.max_seq_len:
-            fail(f"{where}.prompt", f"{len(arr)} tokens", f"prompt + max_new_tokens ({n_new}) must be <= the "
+            fail(f"{at}prompt", f"{len(arr)} tokens", f"prompt + max_new_tokens ({n_new}) must be <= the "
                   f"model's max_seq_len={cfg.max_seq_len}: at most {cfg.max_seq_len - n_new} prompt tokens fit")
         temp = self.temperature if r.temperature is None else r.temperature
         top_k = self.top_k if r.top_k is None else r.top_k
         top_p = self.top_p if r.top_p is None else r.top_p
-        check_sampling(f"{where}.", temp, top_k, top_p)
+        check_sampling(f"{at}", temp, top_k, top_p)
         if r.seed is not None and (not is_int(r.seed) or not 0 <= r.seed < 2**32):
-            fail(f"{where}.seed", r.seed, "must be an int in [0, 2**32)")
-        eos = check_eos(f"{where}.eos_id", shown(self.eos_id) if r.eos_id is None else r.eos_id, cfg.vocab_size)
+            fail(f"{at}seed", r.seed, "must be an int in [0, 2**32)")
+        eos = check_eos(f"{at}eos_id", shown(self.eos_id) if r.eos_id is None else r.eos_id, cfg.vocab_size)
         if self.eos_width is not None and len(eos) > self.eos_width:
-            fail(f"{where}.eos_id", list(eos), f"at most {self.eos_width} stop ids in a streamed job (the job's "
+            fail(f"{at}eos_id", list(eos), f"at most {self.eos_width} stop ids in a streamed job (the job's "
                   "widest list, at least EOS_WIDTH, sizes every row's stops)")
         w = self.depth + 1
         pages = -(-(len(arr) + n_new + 2 * w - 1) // PAGE_SIZE)  # (a prefill reserves only its prompt)
@@ -499,6 +501,7 @@ def batch_generate(
     Compiles: one decode loop per (slots, ...) and one admit per prompt bucket; sampling
     settings, seeds and lengths are data.
     """
+    default_on()  # the persistent compilation cache, before the first compile
     cfg = GenerationConfig.of(config, **settings)
     max_new_tokens, seed, cache = cfg.max_new_tokens, cfg.seed, cfg.cache
     for name, val, lo in (("slots", slots, 1), ("max_new_tokens", max_new_tokens, 1), ("sync_every", sync_every, 1)):

@@ -272,7 +272,8 @@ def bench(
         spec, _, d = t.removesuffix(AUTO_TREE).partition("@")
         d = int(d) if d.isdigit() else depth
         # a bad tree: an error before any run
-        GenerationConfig(tree=spec, **(dict(depth="auto", max_depth=d) if t.endswith(AUTO_TREE) else dict(depth=d)))
+        fixed = {} if not spec.startswith("dynamic") else dict(depth=d)  # a preset sets its own depth
+        GenerationConfig(tree=spec, **(dict(depth="auto", max_depth=d) if t.endswith(AUTO_TREE) else fixed))
     if any(not t.startswith("dynamic") for t in trees) and "mtp" not in drafters:
         raise ValueError(f"trees={list(trees)} holds a preset, which needs the mtp drafter among "
                          f"drafters={list(drafters)}")

@@ -56,6 +56,10 @@ class Bundle:
     path: pathlib.Path
     meta: dict
 
+    def __repr__(self) -> str:
+        draft = "" if self.draft_model is None else f", draft_model={self.draft_model!r}"
+        return f"Bundle({str(self.path)!r}, model={self.model!r}{draft}, tokenizer={type(self.tokenizer).__name__})"
+
     def encode_prompts(self, prompts: list[str], bos: bool = True) -> list[list[int]]:
         if isinstance(prompts, str) or not isinstance(prompts, list | tuple) or not all(
             isinstance(p, str) for p in prompts

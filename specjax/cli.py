@@ -379,20 +379,36 @@ def cmd_memory(args: argparse.Namespace) -> int:
 
 
 class _Status:
-    """One transient line on a terminal's stderr ("compiling ..."), cleared by ``done()``; silent
-    when stderr is not a terminal (pipes, tests) or under ``--json``."""
+    """Progress on stderr while something slow runs (a compile), cleared by ``done()``: on a
+    terminal one transient line at once; elsewhere (a pipe, a log) a line after ``after``
+    seconds and one every ``every`` seconds more, so a log shows the wait. ``quiet``
+    (``--json``): none."""
 
-    def __init__(self, text: str, quiet: bool = False) -> None:
-        self.live = not quiet and sys.stderr.isatty()
-        if self.live:
+    def __init__(self, text: str, quiet: bool = False, after: float = 2.0, every: float = 10.0) -> None:
+        import threading
+        import time
+
+        self.text, self.t0, self.clock = text, time.perf_counter(), time.perf_counter
+        self.tty = not quiet and sys.stderr.isatty()
+        self.stop = threading.Event()
+        if self.tty:
             sys.stderr.write(text)
             sys.stderr.flush()
+        elif not quiet:
+            threading.Thread(target=self._lines, args=(after, every), daemon=True, name="specjax-status").start()
+
+    def _lines(self, after: float, every: float) -> None:
+        wait = after
+        while not self.stop.wait(wait):
+            print(f"{self.text} {self.clock() - self.t0:.0f} s", file=sys.stderr, flush=True)
+            wait = every
 
     def done(self) -> None:
-        if self.live:
+        self.stop.set()
+        if self.tty:
             sys.stderr.write("\r\033[K")
             sys.stderr.flush()
-            self.live = False
+            self.tty = False
 
 
 COMPILING = "compiling (once per shape: later runs read the compilation cache) ..."
@@ -450,6 +466,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     summary = {"tok_per_step": m["tok_per_step"], "mean_accepted_length": m["mean_accepted_length"],
                "tok_per_s_incl_compile": n_tok / dt, "drafter": m["drafter"], "kv_advance": m["kv_advance"],
                "depth": m["depth"], "layer_loop": m["layer_loop"], "new_tokens": n_tok, "seconds": dt}
+    if "tree" in m:
+        summary["tree"] = m["tree"]
     if "window_share" in m:  # depth="auto"
         summary.update(max_depth=m["max_depth"], windows=m["windows"], window_share=m["window_share"],
                        mean_proposed_drafts=m["mean_proposed_drafts"])
@@ -464,7 +482,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             print("-" * 40)
     speed = (f"{m['tok_per_s']:.1f} tok/s (compile {m['seconds_compile']:.1f} s apart)" if "tok_per_s" in m
              else f"{n_tok / dt:.1f} tok/s (incl. compile)")
-    print(f"{m['drafter']} depth {m['depth']}, {m['kv_advance']}: {m['tok_per_step']:.3f} tok/step, "
+    shape = f"tree {m['tree']} (depth {m['depth']})" if "tree" in m else f"depth {m['depth']}"
+    print(f"{m['drafter']} {shape}, {m['kv_advance']}: {m['tok_per_step']:.3f} tok/step, "
           f"mean accepted length {m['mean_accepted_length']:.3f}, {speed}")
     return 0
 
@@ -740,7 +759,7 @@ def _add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-model", default=None, help="checkpoint of a smaller model with the same tokenizer")
     p.add_argument("--drafter", choices=["mtp", "draft_model", "ngram", "none"], default=None,
                    help="default: mtp if the model has it, else draft_model if given, else ngram")
-    p.add_argument("--depth", type=_depth_arg, default=3,
+    p.add_argument("--depth", type=_depth_arg, default=None,
                    help="drafts per step, or 'auto': each step picks its window (1 .. --max-depth + 1) and each "
                         "row its drafts by expected tokens per second")
     p.add_argument("--max-depth", type=int, default=3, help="the most drafts --depth auto may propose")
@@ -967,19 +986,67 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_WHO = ["specjax"]  # who says "interrupted": the command once parsed
+
+
+def _exit_on_interrupt() -> None:
+    """Ctrl-C at any moment: one line on stderr and exit 130 (128 + SIGINT) at once, never a
+    traceback, a hang or a crash. The main thread leaves from the signal handler when it runs
+    Python; while it sits in C++ for seconds (an XLA compile) the handler would wait for it,
+    and a normal exit would then wait for the compiler's threads, so a watcher thread woken by
+    the signal's wakeup byte leaves for it after a short grace. Either way ``os._exit``: nothing
+    half-built is torn down. Standard output is flushed first when the main thread leaves (the
+    job file's lines are flushed as they are written)."""
+    import signal
+    import threading
+
+    leaving = threading.Lock()
+
+    def leave(*_: object) -> None:
+        if not leaving.acquire(blocking=False):
+            return
+        try:
+            if threading.current_thread() is threading.main_thread():
+                sys.stdout.flush()  # another thread could hold stdout's lock: the main thread only
+            os.write(2, f"\n{_WHO[0]}: interrupted\n".encode())
+        finally:
+            os._exit(130)
+
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    signal.signal(signal.SIGINT, leave)
+    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+
+    def watch() -> None:
+        while True:
+            if signal.SIGINT in os.read(read, 16):
+                threading.Event().wait(0.3)  # the main thread's handler first, if it is running Python
+                leave()
+
+    threading.Thread(target=watch, daemon=True, name="specjax-interrupt").start()
+
+
+def console() -> None:
+    """The ``specjax`` command (and ``python -m specjax``): ``main`` with Ctrl-C handled from the
+    first moment (``specjax`` imports nothing heavy before this runs)."""
+    _exit_on_interrupt()
+    raise SystemExit(main())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     _show_defaults(parser)
     args = parser.parse_args(argv)
+    _WHO[0] = f"specjax {args.command}"
     from specjax.compile_cache import enable_compilation_cache
 
     enable_compilation_cache()  # the second run of a command compiles nothing ($SPECJAX_COMPILATION_CACHE=0: off)
     try:
         return args.func(args)
-    except KeyboardInterrupt:  # Ctrl-C: one line and the shell's convention, 128 + SIGINT
+    except KeyboardInterrupt:  # Ctrl-C in a caller's process (console() leaves before this)
         print(f"\nspecjax {args.command}: interrupted", file=sys.stderr)
         return 130
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    console()

@@ -17,6 +17,7 @@ from specjax.advance import kv_advance as resolve_kv_advance
 from specjax.auto import AutoDepth, auto_state
 from specjax.auto.cost import check_cost, cost_key, known_cost, measured_cost, placeholder_cost, whole_run_timer
 from specjax.auto.policy import AutoState
+from specjax.compile_cache import default_on
 from specjax.drafter import default_drafter
 from specjax.engine import (
     EngineConfig,
@@ -109,6 +110,7 @@ def setup(model: DecoderModel, prompts: list[list[int]], cfg: GenerationConfig, 
     """Validate (before any compile), build the static engine and the host-side batch (placed
     on the mesh's data shards under ``mesh``; the model and draft model sharded for it).
     Returns ``(engine, params, (prompts, prompt_len, max_len, eos, seeds, sampling))``."""
+    default_on()  # the persistent compilation cache, before the first compile
     drafter = default_drafter(cfg.drafter, model, draft_model)
     depth, policy = resolve_depth(cfg.depth, cfg.max_depth, drafter, static_batch=True, tree=cfg.tree)
     check_cost(cfg.cost, policy)

@@ -23,41 +23,29 @@ from specjax.advance import KvAdvance, parse_kv_advance
 from specjax.auto.policy import CostTable, DepthPolicy
 from specjax.cache.base import ATTENTION_IMPLS
 from specjax.drafter import AUTO, DRAFTERS, resolve_drafter
+from specjax.errors import fail, is_int, is_real, shown
 from specjax.protocols import Drafter
 from specjax.tree import DynamicTree, tree_label, tree_window
 
-__all__ = ["MAX_DEPTH", "GenerationConfig", "check_sampling", "fail", "is_int", "shown", "takes_settings"]
+__all__ = ["DEFAULT_DEPTH", "MAX_DEPTH", "GenerationConfig", "check_sampling", "fail", "is_int", "shown",
+           "takes_settings"]
 
 MAX_DEPTH = 8
+DEFAULT_DEPTH = 3  # drafts per step when neither depth= nor a preset tree says
 MAX_TREE_NODES = 64  # draft nodes a tree may hold (the verify window is one more)
+INT32_MAX = 2**31 - 1  # top_k travels as an int32 per row
 CACHES = ("dense", "paged")
-
-
-def fail(arg: str, value: object, allowed: str) -> None:
-    """Raise ``ValueError('<arg>=<value> is invalid: <allowed>')``: every argument check's error."""
-    raise ValueError(f"{arg}={value!r} is invalid: {allowed}")
-
-
-def is_int(x: object) -> bool:
-    """An int (NumPy's too), not a bool."""
-    return isinstance(x, int | np.integer) and not isinstance(x, bool)
 
 
 def check_sampling(where: str, temperature: object, top_k: object, top_p: object) -> None:
     """One row's sampling settings (``where`` prefixes the names in errors: ``""`` for the
     config's own fields, ``"requests[3] (id 7)."`` for one request of a batch job)."""
-    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not math.isfinite(temperature) \
-            or temperature < 0:
+    if not is_real(temperature) or not math.isfinite(temperature) or temperature < 0:
         fail(f"{where}temperature", temperature, "must be a finite float >= 0")
-    if top_k is not None and (not is_int(top_k) or top_k < 1):
-        fail(f"{where}top_k", top_k, "must be an int >= 1 or None")
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, int | float) or not 0 < top_p <= 1):
+    if top_k is not None and (not is_int(top_k) or not 1 <= top_k <= INT32_MAX):
+        fail(f"{where}top_k", top_k, f"must be an int in [1, {INT32_MAX}] or None")
+    if top_p is not None and (not is_real(top_p) or not 0 < top_p <= 1):
         fail(f"{where}top_p", top_p, "must lie in (0, 1]")
-
-
-def shown(value: object) -> object:
-    """A tuple the config made from a list, shown as the list the caller gave (errors)."""
-    return list(value) if isinstance(value, tuple) else value
 
 
 def _ints(value: object) -> object:
@@ -75,7 +63,8 @@ class GenerationConfig:
     * ``drafter``: ``"auto"`` (``"mtp"`` if the model has an MTP module, else ``"draft_model"``
       if a draft model is given, else ``"ngram"``), one of those names, ``None`` (plain
       decoding on the same step: the baseline) or a drafter object (``specjax.protocols.Drafter``).
-    * ``depth``: drafts per step (``1 .. MAX_DEPTH``), ``"auto"`` (each step picks its window
+    * ``depth``: drafts per step (``1 .. MAX_DEPTH``; ``None``, the default: ``DEFAULT_DEPTH``, or a
+      preset tree's own depth), ``"auto"`` (each step picks its window
       from 1 .. ``max_depth + 1`` and each row its draft count: ``specjax.auto``), or a
       ``DepthPolicy``. ``cost``: ``depth="auto"``'s step-cost table (a ``CostTable`` or a JSON
       file; default: measured at warm-up and cached on disk). ``ngram_n``: the n-gram drafter's n.
@@ -89,7 +78,7 @@ class GenerationConfig:
     * ``tree``: verify a token tree each step instead of a chain (the MTP drafter proposes it):
       a preset, children per node at each draft depth (``(2, 2, 1)``: 2 first drafts, 2
       children each, 1 child each: 10 nodes; or ``"2x2x1"``), whose depth is ``len(tree)``
-      (``depth`` is not used); or ``"dynamic:N,K"`` (``specjax.tree.DynamicTree``): each step
+      (an int ``depth`` must equal it); or ``"dynamic:N,K"`` (``specjax.tree.DynamicTree``): each step
       and row, the ``N`` most probable nodes of an expansion to ``depth`` that grows the ``K``
       best branches by their ``K`` best children (EAGLE-2). ``None``: a chain of ``depth`` drafts.
       With ``depth="auto"`` each step verifies the tree or a chain (or decodes plainly), as the
@@ -99,7 +88,7 @@ class GenerationConfig:
 
     max_new_tokens: int | tuple[int, ...] = 64
     drafter: str | Drafter | None = "auto"
-    depth: int | str | DepthPolicy = 3
+    depth: int | str | DepthPolicy | None = None
     max_depth: int = 3
     cost: CostTable | str | os.PathLike | None = None
     ngram_n: int = 3
@@ -117,9 +106,12 @@ class GenerationConfig:
         for name in ("max_new_tokens", "seed", "eos_id"):
             object.__setattr__(self, name, _ints(getattr(self, name)))
         object.__setattr__(self, "tree", _tree(self.tree))
-        if self.tree is not None and not (is_int(self.depth) or self.depth == "auto"):
+        if self.tree is not None and not (is_int(self.depth) or self.depth in (None, "auto")):
             fail("tree", tree_label(self.tree), f"does not combine with depth={self.depth!r}: give an int depth "
                  "(a preset tree sets its own) or 'auto'")
+        if isinstance(self.tree, tuple) and is_int(self.depth) and self.depth != len(self.tree):
+            fail("depth", self.depth, f"tree={tree_label(self.tree)} drafts to depth {len(self.tree)}: leave depth "
+                 f"out (a preset tree sets its own) or give {len(self.tree)}")
         news = self.max_new_tokens
         if not (is_int(news) and news >= 1) and not (
                 isinstance(news, tuple) and news and all(is_int(n) and n >= 1 for n in news)):
@@ -133,8 +125,9 @@ class GenerationConfig:
             self.depth.check(MAX_DEPTH)
             if self.depth.tree:
                 fail("depth", "DepthPolicy(tree=True)", "needs a tree: give tree= with depth='auto'")
-        elif self.depth != "auto" and not (is_int(self.depth) and 1 <= self.depth <= MAX_DEPTH):
-            fail("depth", self.depth, f"must be an int in [1, {MAX_DEPTH}], 'auto' or a DepthPolicy")
+        elif self.depth not in (None, "auto") and not (is_int(self.depth) and 1 <= self.depth <= MAX_DEPTH):
+            fail("depth", self.depth,
+                 f"must be an int in [1, {MAX_DEPTH}], 'auto', a DepthPolicy or None (the default)")
         if not (is_int(self.max_depth) and 1 <= self.max_depth <= MAX_DEPTH):
             fail("max_depth", self.max_depth,
                   f"must be an int in [1, {MAX_DEPTH}] (the widest depth='auto' may draft)")

@@ -18,6 +18,7 @@ import numpy as np
 from specjax.model import Model, ModelConfig, RopeScaling, fuse_params, unfuse_params
 from specjax.mtp_head import MTP_WEIGHTS, load_mtp
 from specjax.sharding import shard_model
+from specjax.tokenizer import ByteTokenizer
 
 __all__ = ["HFTokenizer", "generate_text", "load_hf_checkpoint", "load_tokenizer", "save_hf_checkpoint"]
 
@@ -301,11 +302,17 @@ def load_hf_checkpoint(path: str | Path, dtype=None, mtp: str | Path | None = No
     return model if mesh is None else shard_model(model, mesh)
 
 
-def save_hf_checkpoint(model: Model, path: str | Path) -> None:
+def save_hf_checkpoint(model: Model, path: str | Path, tokenizer: ByteTokenizer | HFTokenizer | None = None) -> None:
     """Write ``config.json`` + ``model.safetensors`` that transformers loads as Llama
     (Qwen2 with q/k/v bias, Mistral with a sliding window on every layer). MTP weights,
-    which those architectures lack, are not written."""
+    which those architectures lack, are not written. ``tokenizer`` (a bundle's byte
+    tokenizer or a loaded ``HFTokenizer``): also ``tokenizer.json``, ``tokenizer_config.json``
+    and the BOS/EOS ids, so ``load_tokenizer``, ``--model DIR`` and ``train-mtp`` take the folder."""
     from safetensors.numpy import save_file
+
+    if tokenizer is not None and not isinstance(tokenizer, ByteTokenizer | HFTokenizer):
+        raise ValueError(f"tokenizer={type(tokenizer).__name__} is invalid: a bundle's ByteTokenizer, a "
+                         "specjax.load_tokenizer(...) tokenizer or None")
 
     if model.config.shard_groups != 1:
         raise ValueError("export the model as loaded, not its shard_model() layout "
@@ -371,7 +378,47 @@ def save_hf_checkpoint(model: Model, path: str | Path) -> None:
         config["rope_scaling"] = {"rope_type": s.kind, **{k: v for k, v in keys.items() if v is not None}}
     if arch == "MistralForCausalLM":
         config["sliding_window"] = cfg.sliding_window
+    if tokenizer is not None:
+        config.update(_save_tokenizer(tokenizer, path))
     (path / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def _byte_unicode() -> list[str]:
+    """Byte ``b`` -> the printable character byte-level BPE writes for it (GPT-2's table: the
+    printable Latin-1 bytes stand for themselves, the rest move to code points from 256 up)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+            *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    moved = iter(range(256, 512))
+    return [chr(b) if b in keep else chr(next(moved)) for b in range(256)]
+
+
+def _save_tokenizer(tokenizer: ByteTokenizer | HFTokenizer, path: Path) -> dict:
+    """``tokenizer.json`` and ``tokenizer_config.json`` in ``path``; returns the ids for
+    ``config.json`` (``bos_token_id``, ``eos_token_id``). The byte tokenizer becomes byte-level
+    BPE without merges (id = byte), its specials at their ids and BOS added to every encoding,
+    as the bundle's prompts start."""
+    if isinstance(tokenizer, HFTokenizer):
+        (path / "tokenizer.json").write_text(tokenizer.tokenizer.to_str())
+        tcfg = {k: v for k, v in tokenizer.special.items() if v}
+        if tokenizer.chat_template is not None:
+            tcfg["chat_template"] = tokenizer.chat_template
+        (path / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=2))
+        eos = list(tokenizer.eos_ids)
+        return {"bos_token_id": tokenizer.bos_id, "eos_token_id": eos[0] if len(eos) == 1 else eos or None}
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    t = ByteTokenizer
+    names = {t.pad_id: "<pad>", t.bos_id: "<s>", t.eos_id: "</s>"}
+    tok = Tokenizer(models.BPE(vocab={c: b for b, c in enumerate(_byte_unicode())}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(names[i], special=True) for i in sorted(names)])  # ids 256, 257, 258
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B", special_tokens=[
+        ("<s>", t.bos_id)])
+    (path / "tokenizer.json").write_text(tok.to_str())
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": names[t.bos_id], "eos_token": names[t.eos_id], "pad_token": names[t.pad_id]}, indent=2))
+    return {"bos_token_id": t.bos_id, "eos_token_id": t.eos_id, "pad_token_id": t.pad_id}
 
 
 @dataclasses.dataclass
@@ -475,6 +522,9 @@ def generate_text(model: Model, tokenizer: HFTokenizer, prompts: list[str], *, c
 
     if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
         raise ValueError(f"prompts must be a list of strings, got {prompts!r}")
+    if chat and tokenizer.chat_template is None:
+        raise ValueError(f"chat=True is invalid: tokenizer={type(tokenizer).__name__} has no chat template (a Hugging "
+                         "Face checkpoint's tokenizer_config.json carries one); pass chat=False")
     config = kwargs.get("config")
     if "eos_id" not in kwargs and (config is None or config.eos_id is None):
         kwargs["eos_id"] = tokenizer.eos_id

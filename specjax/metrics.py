@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from specjax.tree import tree_spec
+
 __all__ = ["GenerationResult", "metrics", "tokens"]
 
 
@@ -91,7 +93,7 @@ def metrics(st, eng: Any, compiles: int) -> dict:
     }
     if getattr(eng, "tree", None) is not None:  # a tree: acceptance per draft level and sibling rank
         tested, took = np.asarray(st.branch_tested).sum(axis=0), np.asarray(st.branch_accepted).sum(axis=0)
-        out.update(branch_tested_count=tested.tolist(), branch_accepted_count=took.tolist(),
+        out.update(tree=tree_spec(eng.tree), branch_tested_count=tested.tolist(), branch_accepted_count=took.tolist(),
                    # P(rank r accepted | ranks < r rejected) at draft level j: specjax.sim.TreeAcceptance.learn
                    acceptance_per_branch=(took / np.maximum(tested, 1)).tolist())
     if eng.controller is not None:  # depth="auto": what it chose and by what

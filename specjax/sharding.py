@@ -341,9 +341,12 @@ def shard_model(model: Any, mesh: Mesh, *, replicate: bool = False) -> Any:
         return model
     try:
         params, cfg = sharded_layout(model.params, model.config, mesh.shape[MODEL])
-    except ValueError:
-        if not replicate or model.config.shard_groups != 1:
+    except ValueError as e:
+        if model.config.shard_groups != 1:
             raise
+        if not replicate:
+            raise ValueError(f"{e}: pass shard_model(..., replicate=True) to put a whole copy of the model on every "
+                             "device instead (what the engine does for a small draft model)") from None
         whole = NamedSharding(mesh, P())
         return model.replace(params=jax.tree.map(lambda x: jax.device_put(x, whole), model.params))
     return model.replace(params=place(params, mesh), config=cfg)

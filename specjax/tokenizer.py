@@ -23,6 +23,7 @@ class ByteTokenizer:
 
     vocab_size = VOCAB_SIZE
     pad_id, bos_id, eos_id = PAD_ID, BOS_ID, EOS_ID
+    chat_template = None  # bytes have no chat format (``generate_text(chat=True)`` refuses it)
 
     def encode(self, text: str | bytes, *, bos: bool = False, eos: bool = False) -> list[int]:
         data = text if isinstance(text, bytes) else text.encode("utf-8", "surrogateescape")

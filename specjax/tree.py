@@ -27,7 +27,7 @@ import numpy as np
 from pallas_kernels.reference import TreeMask, tree_mask_visible
 
 __all__ = ["DynamicTree", "Tree", "TreeMask", "accepted_sources", "ancestors", "branch_verdicts", "chain_parents",
-           "earlier_siblings", "sibling_rank",
+           "earlier_siblings", "sibling_rank", "tree_spec",
            "depths", "first_child_verdicts", "max_children", "preset_depths", "preset_parents", "tree_greedy_verify",
            "tree_label", "tree_levels", "tree_positions", "tree_reach", "tree_rejection_verify", "tree_scratch",
            "tree_size", "tree_visible", "tree_window"]
@@ -61,6 +61,11 @@ Tree = tuple[int, ...] | DynamicTree  # a preset (children per node at each draf
 def tree_label(tree: Tree) -> object:
     """How errors show a tree: a preset as the list it reads as, a dynamic tree as its spec."""
     return str(tree) if isinstance(tree, DynamicTree) else list(tree)
+
+
+def tree_spec(tree: Tree) -> str:
+    """A tree as ``tree=`` and ``--tree`` take it: ``"2x2x1"``, ``"dynamic:8,2"``."""
+    return str(tree) if isinstance(tree, DynamicTree) else "x".join(str(k) for k in tree)
 
 
 def tree_window(tree: Tree, depth: int) -> int:

@@ -7,7 +7,7 @@ import numpy as np
 
 from specjax.auto.policy import DepthPolicy
 from specjax.drafter import drafter_kind
-from specjax.generation_config import MAX_DEPTH, GenerationConfig, fail, shown
+from specjax.generation_config import DEFAULT_DEPTH, MAX_DEPTH, GenerationConfig, fail, shown
 from specjax.protocols import check_model
 from specjax.sampling import derive_seed
 from specjax.tree import Tree, tree_window
@@ -20,7 +20,7 @@ EOS_WIDTH = 4  # stop ids a row holds on device (a longer list widens every row:
 
 def resolve_depth(depth: object, max_depth: int, drafter: object,
                   static_batch: bool = False, tree: Tree | None = None) -> tuple[int, DepthPolicy | None]:
-    """``depth`` (an int, ``"auto"`` with ``max_depth``, or a ``DepthPolicy``, as a
+    """``depth`` (an int, ``None`` for the default, ``"auto"`` with ``max_depth``, or a ``DepthPolicy``, as a
     ``GenerationConfig`` checked them) -> (the engine's depth, its policy). Plain decoding
     (``drafter=None``) has neither. ``"auto"`` chooses by ``"makespan"`` for a ``static_batch``
     (``generate``, ``stream``: the batch lasts as long as its slowest row) and by ``"goodput"``
@@ -30,6 +30,8 @@ def resolve_depth(depth: object, max_depth: int, drafter: object,
     if isinstance(tree, tuple):
         max_depth = len(tree)
         depth = depth if depth == "auto" else len(tree)
+    elif depth is None:
+        depth = DEFAULT_DEPTH
     if drafter_kind(drafter) is None:
         return 0, None
     if isinstance(depth, DepthPolicy):

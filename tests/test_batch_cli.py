@@ -162,12 +162,12 @@ def test_sigint_mid_job_then_resume_gives_the_clean_run(clean, tmp_path):
     ('{"prompt": "a"}\n{"prompt": "b"\n', r"in\.jsonl line 2: not JSON"),
     ('{"prompt": "a"}\n\n{"id": 4}\n', r"in\.jsonl line 3: field 'prompt' is missing"),
     ('{"prompt": "a", "temperature": "hot"}\n', r"line 1: field 'temperature' must be a number"),
-    ('{"prompt": "a", "top_p": 2.0}\n', r"line 1\.top_p=2\.0 is invalid: must lie in \(0, 1\]"),
+    ('{"prompt": "a", "top_p": 2.0}\n', r"line 1: top_p=2\.0 is invalid: must lie in \(0, 1\]"),
     ('{"prompt": "a", "colour": 1}\n', r"line 1: field 'colour' is not allowed"),
     ('{"id": "x", "prompt": "a"}\n{"id": "x", "prompt": "b"}\n', r"line 2: field 'id': 'x' repeats the id of line 1"),
-    ('{"prompt": "' + "y" * 300 + '"}\n', r"line 1\.prompt='301 tokens' is invalid: .* max_seq_len=256"),
+    ('{"prompt": "' + "y" * 300 + '"}\n', r"line 1: prompt='301 tokens' is invalid: .* max_seq_len=256"),
     ('[1, 2]\n', r"line 1: must be a JSON object"),
-    ('{"prompt": "a", "max_new_tokens": 100000}\n', r"line 1\.max_new_tokens=100000 is invalid: must be < the "
+    ('{"prompt": "a", "max_new_tokens": 100000}\n', r"line 1: max_new_tokens=100000 is invalid: must be < the "
                                                      r"model's max_seq_len=256"),
     ("", r"holds no request"),
 ])

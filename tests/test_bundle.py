@@ -300,3 +300,52 @@ def test_cli_train_smoke_end_to_end(tmp_path, capsys):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
     assert main(["train", "--preset", "smoke", "--stages", "target,beam"]) == 2
     assert "stages must be" in capsys.readouterr().err
+
+
+def test_a_bundle_and_its_models_print_in_one_short_line(tiny_bundle):
+    """``repr`` sums up the params (their count and dtype) instead of printing their arrays."""
+    for obj in (tiny_bundle, tiny_bundle.model, tiny_bundle.draft_model):
+        text = repr(obj)
+        assert len(text) < 400 and "\n" not in text and "Array" not in text, text
+    assert "M params float32" in repr(tiny_bundle.model) and "MTP depth 1" in repr(tiny_bundle.model)
+    assert repr(tiny_bundle).startswith(f"Bundle({str(tiny_bundle.path)!r}, model=Model(")
+
+
+def test_an_exported_bundle_carries_its_tokenizer_to_the_cli_and_train_mtp(tiny, tiny_bundle, tmp_path, capsys):
+    """``save_hf_checkpoint(model, path, tokenizer=bundle.tokenizer)`` writes a tokenizer.json
+    that encodes exactly as the byte tokenizer (BOS first), so ``--model DIR`` generates the
+    bundle's tokens and ``train-mtp`` trains on it; chat needs a template the bytes lack."""
+    import specjax
+    from specjax.hf import generate_text, load_tokenizer, save_hf_checkpoint
+
+    out = tmp_path / "hf"
+    save_hf_checkpoint(tiny_bundle.model, out, tokenizer=tiny_bundle.tokenizer)
+    tok = load_tokenizer(out)
+    for text in ("def f(x):\n\treturn x", "héllo ✓", ""):
+        assert tok.encode(text) == tiny_bundle.tokenizer.encode(text, bos=True)
+        assert tok.decode(tok.encode(text)) == text
+    assert tok.eos_id == tiny_bundle.tokenizer.eos_id
+    greedy = ["def f(", "--max-new-tokens", "6", "--json", "--temperature", "0", "--drafter", "ngram"]
+    assert main(["generate", "--model", str(out), *greedy]) == 0
+    exported = json.loads(capsys.readouterr().out)
+    assert main(["generate", "--model", str(tiny), *greedy]) == 0
+    assert exported["tokens"] == json.loads(capsys.readouterr().out)["tokens"]
+    data = tmp_path / "corpus.txt"
+    data.write_text("def f(x):\n    return x + 1\n" * 40)
+    assert main(["train-mtp", "--model", str(out), "--data", str(data), "--out", str(tmp_path / "mtp"), "--steps",
+                 "2", "--batch", "2", "--seq-len", "16", "--eval-every", "2", "--ckpt-every", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["step"] == 2
+    with pytest.raises(ValueError, match=r"chat=True is invalid: tokenizer=ByteTokenizer has no chat template"):
+        generate_text(tiny_bundle.model, tiny_bundle.tokenizer, ["hi"], chat=True)
+    with pytest.raises(ValueError, match=r"tokenizer=dict is invalid"):
+        specjax.save_hf_checkpoint(tiny_bundle.model, tmp_path / "bad", tokenizer={})
+
+
+def test_a_tree_run_names_its_tree(tiny, capsys):
+    """A ``--tree`` run's summary line and JSON say which tree ran (not only its depth)."""
+    args = ["generate", "--model", str(tiny), "def f(", "--max-new-tokens", "4", "--tree", "2x1"]
+    assert main(args) == 0
+    assert "mtp tree 2x1 (depth 2), per_sequence:" in capsys.readouterr().out
+    assert main([*args, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["summary"]["tree"] == out["metrics"]["tree"] == "2x1" and out["summary"]["depth"] == 2

@@ -1,10 +1,13 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from specjax import cli
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_simulate_json(capsys):
@@ -179,3 +182,88 @@ def test_the_cli_keeps_compiled_programs_on_disk(tmp_path, monkeypatch):
         assert enable_compilation_cache(tmp_path / "other") == tmp_path / "xla"  # set: kept
     finally:
         jax.config.update("jax_compilation_cache_dir", before)
+
+
+def _interrupt(argv: list[str], delay: float, env: dict) -> tuple[int, str, float]:
+    """``specjax ARGV`` in a real process, SIGINT after ``delay`` s: (exit code, stderr, seconds
+    from the signal to the exit)."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "specjax", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    time.sleep(delay)
+    sent = time.perf_counter()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, err.decode(), time.perf_counter() - sent
+
+
+@pytest.mark.parametrize("command", ["generate", "batch"])
+def test_ctrl_c_at_any_moment_of_a_cold_run_is_one_line_and_exit_130(command, tmp_path):
+    """Importing, loading, compiling (inside XLA, where Python's handler cannot run), decoding:
+    a SIGINT is one line and exit 130 within a second, never a traceback, a hang, a crash or
+    exit 0. A fresh compilation cache each time: the compile is cold."""
+    import os
+
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text("".join(json.dumps({"id": i, "prompt": f"def f{i}("}) + "\n" for i in range(6)))
+    argv = {"generate": ["generate", "def parse_args(", "--max-new-tokens", "200"],
+            "batch": ["batch", str(jobs), "--out", str(tmp_path / "out.jsonl"), "--max-new-tokens", "200"]}[command]
+    for k, delay in enumerate((0.3, 1.5, 4.0)):
+        env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+        env["SPECJAX_COMPILATION_CACHE"] = str(tmp_path / f"xla{k}")
+        rc, err, took = _interrupt(argv, delay, env)
+        assert rc == 130, (delay, rc, err)
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert lines[-1] == f"specjax {command}: interrupted" and "Traceback" not in err, (delay, err)
+        assert took < 1.0, (delay, took)
+
+
+def test_a_slow_compile_shows_progress_on_stderr_when_it_is_not_a_terminal(capsys):
+    """Not a terminal (a pipe, a log): a line after ``after`` seconds, then one every ``every``;
+    ``done()`` stops them; ``--json`` (quiet) prints none."""
+    import time
+
+    status = cli._Status("specjax generate: compiling ...", after=0.05, every=0.1)
+    time.sleep(0.3)
+    status.done()
+    time.sleep(0.15)
+    lines = capsys.readouterr().err.splitlines()
+    assert 2 <= len(lines) <= 4 and all(ln.startswith("specjax generate: compiling ... ") for ln in lines), lines
+    quiet = cli._Status("x", quiet=True, after=0.01)
+    time.sleep(0.1)
+    quiet.done()
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("module", ["specjax.generation_config", "specjax.validate", "specjax.auto", "specjax.batch",
+                                    "specjax.streaming", "specjax.cli"])
+def test_each_entry_module_imports_first_in_a_fresh_process(module):
+    """``import specjax`` loads nothing until a name is used, so whichever module a command
+    imports first must import alone (an import cycle shows up only then)."""
+    subprocess.run([sys.executable, "-c", f"import {module}"], check=True, capture_output=True)
+
+
+def test_the_python_api_keeps_compiled_programs_on_disk_by_default(tmp_path):
+    """No setting: ``generate`` turns the persistent cache on (``~/.cache/specjax/xla``; here
+    ``$SPECJAX_CACHE_DIR/xla``) before it compiles, even after other jax work ran first; a folder
+    that cannot be written is one line on stderr and the run goes on."""
+    import os
+
+    script = ("import jax, jax.numpy as jnp, specjax\n"
+              "jnp.ones(3).sum().block_until_ready()\n"  # jax compiled before: its cache decision was made
+              "from engine_models import TINY, sharp\n"
+              "specjax.generate(sharp(TINY), [[1, 2, 3]], max_new_tokens=4, drafter='ngram')\n"
+              "print(jax.config.jax_compilation_cache_dir)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", "SPECJAX_COMPILATION_CACHE")}
+    env.update(SPECJAX_CACHE_DIR=str(tmp_path), PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT)]))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == str(tmp_path / "xla")
+    assert any(p.name.startswith("jit_generate_loop") for p in (tmp_path / "xla").iterdir()), "the loop was not kept"
+    env["SPECJAX_COMPILATION_CACHE"] = str(tmp_path / "a-file" / "xla")
+    (tmp_path / "a-file").write_text("")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+    warned = [ln for ln in out.stderr.splitlines() if "compilation cache" in ln]
+    assert len(warned) == 1 and "cannot write" in warned[0] and "SPECJAX_COMPILATION_CACHE=0" in warned[0], out.stderr
+    assert out.stdout.strip() == "None"

@@ -58,3 +58,29 @@ def test_every_entry_point_shows_the_settings_as_keywords(fn):
     assert FIELDS <= set(params)
     assert params["temperature"].default == 0.0 and params["drafter"].default == "auto"
     assert "config" in params and "draft_model" in params and "mesh" in params
+
+
+def test_the_inputs_a_new_user_got_past_the_checks_are_errors_naming_the_argument():
+    """Each reached NumPy, XLA or a silent default before: now a ``ValueError`` naming it."""
+    import numpy as np
+
+    from engine_models import noisy
+
+    cases = [
+        (dict(temperature=1.0, top_k=2**40), r"top_k=1099511627776 is invalid: must be an int in \[1, 2147483647\]"),
+        (dict(drafter="ngram", ngram_n=500), r"ngram_n=500 is invalid: must be less than the token buffer"),
+        (dict(tree=(2, 2, 1), depth=2), r"depth=2 is invalid: tree=\[2, 2, 1\] drafts to depth 3"),
+        (dict(drafter="draft_model", draft_model=noisy(MODEL, 0.1), tree="dynamic:6,5"),
+         r"tree=dynamic:6,5 is invalid: it ranks 5 candidates per node, more than the draft model's vocabulary holds \(4\)"),
+    ]
+    for kw, match in cases:
+        with pytest.raises(ValueError, match=match):
+            specjax.generate(MODEL, PROMPTS, max_new_tokens=4, **kw)
+    # NumPy scalars are numbers like any other (np.int64 always was; np.float32 was refused)
+    cfg = GenerationConfig(temperature=np.float32(0.5), top_p=np.float32(0.9), top_k=np.int64(3))
+    assert cfg.temperature == 0.5 and abs(cfg.top_p - 0.9) < 1e-6
+    req = specjax.Request([1, 2], temperature=np.float32(0.5), top_p=np.float64(0.5))
+    assert len(list(specjax.batch_generate(MODEL, [req], slots=1, max_new_tokens=2))) == 1
+    # a preset tree with no depth (or its own) runs at its depth; the default depth is 3
+    assert GenerationConfig(tree=(2, 1)).depth is None and GenerationConfig(tree=(2, 1), depth=2).tree == (2, 1)
+    assert specjax.generate(MODEL, PROMPTS, max_new_tokens=4, drafter="ngram").metrics["depth"] == 3

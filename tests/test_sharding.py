@@ -104,7 +104,7 @@ def test_loaders_stream_batch_memory_and_errors_on_a_mesh():
     errors = result["errors"]
     assert "3 rows" in errors["rows"] and "data axis (4)" in errors["rows"], errors
     assert "slots=6" in errors["slots"] and "data axis (4)" in errors["slots"], errors
-    assert "model=3 must divide n_heads=8" in errors["heads"], errors
+    assert "model=3 must divide n_heads=8" in errors["heads"] and "replicate=True" in errors["heads"], errors
     assert "pages=6" in errors["pages"] and "data axis (4)" in errors["pages"], errors
 
 

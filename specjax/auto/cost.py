@@ -19,7 +19,7 @@ import numpy as np
 
 from specjax.auto.policy import AutoState, CostTable, DepthPolicy
 from specjax.engine.config import EngineConfig
-from specjax.validate import fail
+from specjax.errors import fail
 
 __all__ = [
     "SLICES", "check_cost", "cost_cache_path", "cost_key", "cost_table", "known_cost", "load_cached_cost",

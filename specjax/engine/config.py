@@ -149,6 +149,11 @@ def make_engine(model: DecoderModel, *, drafter, draft_model, depth, kv_advance_
     target = check_model("model", model)
     if capacity is None:
         capacity = request_capacity(0, target.max_seq_len, d)
+    if kind == "ngram" and ngram_n >= capacity:
+        raise ValueError(f"ngram_n={ngram_n} is invalid: must be less than the token buffer of {capacity} "
+                         "(the longest prompt, its new tokens and the draft window): a longer n-gram never matches")
+    if tree is not None and kind is not None:
+        check_tree_width(tree, kind, model, draft_model, capacity - ngram_n + 1)
     return EngineConfig(
         target=target,
         drafter=resolve_drafter(drafter, ngram_n),
@@ -175,6 +180,24 @@ def check_tree_memory(tree: Tree, depth: int, arg: str, config) -> None:
         raise ValueError(f"tree={tree_label(tree)} verifies {tree_window(tree, depth)} tokens a step, but {arg}'s "
                          f"compressed layers keep compress_window={config.compress_window} raw tokens: a tree "
                          "needs at least its window (its nodes must read only memory pooled from committed tokens)")
+
+
+def check_tree_width(tree: Tree, kind: str, model, draft_model, ngram_starts: int) -> None:
+    """A tree's widest branching fits what its drafter ranks: the MTP module's (draft)
+    vocabulary, the draft model's vocabulary, the n-gram drafter's candidate starts."""
+    widest = tree.topk if isinstance(tree, DynamicTree) else max(tree)
+    if kind == "mtp":  # an MTP module is specjax's Llama's: its config says the draft vocabulary
+        vocab = model.decoder.vocab_size
+        limit, what = getattr(model.decoder.config, "mtp_draft_vocab", 0) or vocab, "the MTP module's vocabulary"
+    elif kind == "draft_model":
+        limit, what = draft_model.decoder.vocab_size, "the draft model's vocabulary"
+    elif kind == "ngram":
+        limit, what = ngram_starts, "the n-gram drafter's candidate matches (token buffer - ngram_n + 1)"
+    else:
+        return
+    if widest > limit:
+        raise ValueError(f"tree={tree_label(tree)} is invalid: it ranks {widest} candidates per node, more than "
+                         f"{what} holds ({limit})")
 
 
 def check_tree(tree: Tree, depth: int, drafter, controller, mesh) -> None:

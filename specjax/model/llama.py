@@ -59,6 +59,16 @@ class Model:
     params: dict
     config: ModelConfig = static_field()
 
+    def __repr__(self) -> str:
+        """One line (the params are summed up, never printed: a model holds millions of numbers)."""
+        c, leaves = self.config, jax.tree.leaves(self.params)
+        count = sum(int(np.prod(x.shape)) for x in leaves)
+        dtypes = "/".join(sorted({str(x.dtype) for x in leaves}))
+        mtp = f", MTP depth {c.mtp_depth}" if c.mtp_depth else ""
+        return (f"Model({c.n_layers} layers, d_model {c.d_model}, {c.n_heads}/{c.n_kv_heads} heads, vocab "
+                f"{c.vocab_size}, context {c.max_seq_len}{mtp}; {count / 1e6:.2f}M params {dtypes}, "
+                f"{layer_loop(self.params)})")
+
     @property
     def decoder(self) -> LlamaDecoder:
         """The engine's view of this model (``specjax.protocols``): static, hashable."""
