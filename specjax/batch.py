@@ -485,7 +485,8 @@ def batch_generate(
     stalls the running rows for one chunk at a time, not its whole prefill; its row joins the
     decode loop when its last chunk has taken its first token (dense and paged caches,
     sliding-window and compressed layers, ``depth="auto"``, a mesh and the prefix cache too). ``prefix_cache`` (``cache=
-    "paged"``; default on wherever it applies): a request whose prompt begins with full pages
+    "paged"``, the default cache of a batch job whose model's layers are all global; on
+    wherever it applies): a request whose prompt begins with full pages
     already in the pool starts on them (reference-counted, never written by it) and computes
     only the rest; unreferenced cached pages are evicted least recently used when the pool
     needs them (``specjax.prefix_cache``; a model whose layers are all global, any drafter; each
@@ -503,7 +504,9 @@ def batch_generate(
     """
     default_on()  # the persistent compilation cache, before the first compile
     cfg = GenerationConfig.of(config, **settings)
-    max_new_tokens, seed, cache = cfg.max_new_tokens, cfg.seed, cfg.cache
+    max_new_tokens, seed = cfg.max_new_tokens, cfg.seed
+    # the default cache: paged, where rows can share cached prompt prefixes (else dense, below)
+    cache = cfg.cache or ("dense" if prefix_cache is False and pages is None else "paged")
     for name, val, lo in (("slots", slots, 1), ("max_new_tokens", max_new_tokens, 1), ("sync_every", sync_every, 1)):
         if not is_int(val) or val < lo:
             fail(name, val, f"must be an int >= {lo}")
@@ -559,11 +562,18 @@ def batch_generate(
         greedy = False  # unknown requests: per-row sampling (a temperature-0 row stays exactly greedy)
         eos_width = job.eos_width
     cap_width = width if prefill_chunk is None else -(-width // prefill_chunk) * prefill_chunk  # whole chunks
-    eng = make_engine(model, drafter=drafter, draft_model=draft_model, depth=d, kv_advance_rule=rule,
-                      cache=cache, greedy=greedy, ngram_n=cfg.ngram_n,
-                      capacity=request_capacity(cap_width, longest_new, reach),
-                      attention_impl=cfg.attention_impl, num_pages=pages,
-                      controller=None if policy is None else AutoDepth(policy), mesh=mesh, tree=cfg.tree)
+
+    def engine(cache: str) -> EngineConfig:
+        return make_engine(model, drafter=drafter, draft_model=draft_model, depth=d, kv_advance_rule=rule,
+                           cache=cache, greedy=greedy, ngram_n=cfg.ngram_n,
+                           capacity=request_capacity(cap_width, longest_new, reach),
+                           attention_impl=cfg.attention_impl, num_pages=pages,
+                           controller=None if policy is None else AutoDepth(policy), mesh=mesh, tree=cfg.tree)
+
+    eng = engine(cache)
+    if cfg.cache is None and pages is None and _prefix_refusal(eng) is not None:  # nothing to share: dense
+        cache = "dense"
+        eng = engine(cache)
     params = {"target": model.params}
     if eng.draft is not None:
         params["draft"] = draft_model.params

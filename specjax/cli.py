@@ -760,8 +760,8 @@ def _add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", choices=["mtp", "draft_model", "ngram", "none"], default=None,
                    help="default: mtp if the model has it, else draft_model if given, else ngram")
     p.add_argument("--depth", type=_depth_arg, default=None,
-                   help="drafts per step, or 'auto': each step picks its window (1 .. --max-depth + 1) and each "
-                        "row its drafts by expected tokens per second")
+                   help="drafts per step (default: 3, or a preset tree's own), or 'auto': each step picks its window "
+                        "(1 .. --max-depth + 1) and each row its drafts by expected tokens per second")
     p.add_argument("--max-depth", type=int, default=3, help="the most drafts --depth auto may propose")
     p.add_argument("--tree", default=None, metavar="K1xK2x...",
                    help="verify a token tree each step instead of a chain: children per node at each draft depth, "
@@ -772,7 +772,9 @@ def _add_decoding_args(p: argparse.ArgumentParser) -> None:
                         "warm-up and kept in $SPECJAX_CACHE_DIR (~/.cache/specjax)")
     p.add_argument("--kv-advance", choices=["per_sequence", "cohort"], default=None,
                    help="KV advance rule (default: $SPECJAX_KV_ADVANCE, else per_sequence)")
-    p.add_argument("--cache", choices=["dense", "paged"], default="dense")
+    p.add_argument("--cache", choices=["dense", "paged"], default=None,
+                   help="KV cache layout (default: dense for generate; paged for batch jobs where the model's layers "
+                        "are all global, so requests share cached prompt prefixes)")
     p.add_argument("--attention", choices=["auto", "xla", "pallas"], default="auto",
                    help="attention path: Pallas kernels (interpret mode on CPU) or XLA; auto = Pallas on TPU, "
                         "XLA on GPU and CPU (default: auto)")
@@ -986,50 +988,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_WHO = ["specjax"]  # who says "interrupted": the command once parsed
-
-
-def _exit_on_interrupt() -> None:
-    """Ctrl-C at any moment: one line on stderr and exit 130 (128 + SIGINT) at once, never a
-    traceback, a hang or a crash. The main thread leaves from the signal handler when it runs
-    Python; while it sits in C++ for seconds (an XLA compile) the handler would wait for it,
-    and a normal exit would then wait for the compiler's threads, so a watcher thread woken by
-    the signal's wakeup byte leaves for it after a short grace. Either way ``os._exit``: nothing
-    half-built is torn down. Standard output is flushed first when the main thread leaves (the
-    job file's lines are flushed as they are written)."""
-    import signal
-    import threading
-
-    leaving = threading.Lock()
-
-    def leave(*_: object) -> None:
-        if not leaving.acquire(blocking=False):
-            return
-        try:
-            if threading.current_thread() is threading.main_thread():
-                sys.stdout.flush()  # another thread could hold stdout's lock: the main thread only
-            os.write(2, f"\n{_WHO[0]}: interrupted\n".encode())
-        finally:
-            os._exit(130)
-
-    read, write = os.pipe()
-    os.set_blocking(write, False)
-    signal.signal(signal.SIGINT, leave)
-    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-
-    def watch() -> None:
-        while True:
-            if signal.SIGINT in os.read(read, 16):
-                threading.Event().wait(0.3)  # the main thread's handler first, if it is running Python
-                leave()
-
-    threading.Thread(target=watch, daemon=True, name="specjax-interrupt").start()
-
-
 def console() -> None:
     """The ``specjax`` command (and ``python -m specjax``): ``main`` with Ctrl-C handled from the
-    first moment (``specjax`` imports nothing heavy before this runs)."""
-    _exit_on_interrupt()
+    first moment (``specjax`` imports nothing heavy before this runs: ``specjax.interrupt``)."""
+    from specjax import interrupt
+
+    interrupt.install()
     raise SystemExit(main())
 
 
@@ -1037,7 +1001,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     _show_defaults(parser)
     args = parser.parse_args(argv)
-    _WHO[0] = f"specjax {args.command}"
+    from specjax import interrupt
+
+    interrupt.name(f"specjax {args.command}")
     from specjax.compile_cache import enable_compilation_cache
 
     enable_compilation_cache()  # the second run of a command compiles nothing ($SPECJAX_COMPILATION_CACHE=0: off)

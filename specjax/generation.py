@@ -129,7 +129,7 @@ def setup(model: DecoderModel, prompts: list[list[int]], cfg: GenerationConfig, 
             seeds = [derive_seed(seed, jax.process_index() * len(prompts) + i) for i in range(len(prompts))]
     capacity = request_capacity(width, longest, tree_reach(cfg.tree, depth))
     eng = make_engine(model, drafter=drafter, draft_model=draft_model, depth=depth, kv_advance_rule=rule,
-                      cache=cfg.cache, greedy=temperature == 0, ngram_n=cfg.ngram_n, capacity=capacity,
+                      cache=cfg.cache or "dense", greedy=temperature == 0, ngram_n=cfg.ngram_n, capacity=capacity,
                       attention_impl=cfg.attention_impl, controller=None if policy is None else AutoDepth(policy),
                       mesh=mesh, tree=cfg.tree)
     b = len(prompts)

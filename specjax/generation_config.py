@@ -69,7 +69,9 @@ class GenerationConfig:
       ``DepthPolicy``. ``cost``: ``depth="auto"``'s step-cost table (a ``CostTable`` or a JSON
       file; default: measured at warm-up and cached on disk). ``ngram_n``: the n-gram drafter's n.
     * ``kv_advance``: ``"per_sequence"`` | ``"cohort"`` | ``None`` (the latched rule).
-    * ``cache``: ``"dense"`` | ``"paged"``. ``attention_impl``: ``"xla"`` | ``"pallas"`` |
+    * ``cache``: ``"dense"`` | ``"paged"`` | ``None`` (the default: dense for ``generate`` and
+      ``stream``; paged for batch jobs where the model's layers are all global, so rows share
+      cached prompt prefixes, else dense). ``attention_impl``: ``"xla"`` | ``"pallas"`` |
       ``"auto"`` (Pallas on TPU, XLA elsewhere).
     * ``temperature`` (0: greedy), ``top_k``, ``top_p``: data, never a recompile.
     * ``seed``: one int (each row's seed derived from it and the row, or for a batch job the
@@ -93,7 +95,7 @@ class GenerationConfig:
     cost: CostTable | str | os.PathLike | None = None
     ngram_n: int = 3
     kv_advance: str | KvAdvance | None = None
-    cache: str = "dense"
+    cache: str | None = None
     attention_impl: str = "auto"
     temperature: float = 0.0
     top_k: int | None = None
@@ -143,8 +145,8 @@ class GenerationConfig:
                 parse_kv_advance(self.kv_advance)
             except ValueError:
                 fail("kv_advance", self.kv_advance, "must be 'per_sequence', 'cohort' or None (the latched rule)")
-        if self.cache not in CACHES:
-            fail("cache", self.cache, "must be 'dense' or 'paged'")
+        if self.cache is not None and self.cache not in CACHES:
+            fail("cache", self.cache, "must be 'dense', 'paged' or None (the entry point's default)")
         if self.attention_impl not in ATTENTION_IMPLS:
             fail("attention_impl", self.attention_impl, f"must be one of {list(ATTENTION_IMPLS)}")
         check_sampling("", self.temperature, self.top_k, self.top_p)

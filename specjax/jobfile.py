@@ -20,6 +20,8 @@ import sys
 import time
 from typing import Any
 
+from specjax import interrupt
+
 __all__ = ["FIELDS", "completed_ids", "read_requests", "read_text", "run_job"]
 
 FIELDS = ("id", "prompt", "max_new_tokens", "temperature", "top_p", "top_k", "seed")
@@ -152,8 +154,14 @@ def run_job(args, runner, kw: dict) -> int:
     first: tuple[float, int] | None = None  # (time, tokens) at the first completion: the rate counts from there
     bar = tqdm(total=len(todo), desc="batch", unit="req", disable=args.json, file=sys.stderr)
     bar.set_postfix_str("compiling (once per shape; later runs read the compilation cache)")
+
+    def stopped_line() -> str:  # the one line of a stop, graceful or not (lines are fsynced as written)
+        name = "SIGTERM" if stopped and stopped[0] == signal.SIGTERM else "SIGINT"
+        return (f"specjax batch: stopped by {name}: {written} requests written to {args.out}; rerun with --resume "
+                "to finish")
+
     try:
-        with open(args.out, "a", encoding="utf-8") as out:
+        with interrupt.saying(stopped_line), open(args.out, "a", encoding="utf-8") as out:
             for c in jobs:
                 line = {"id": c.id, "text": runner.decode(c.tokens), "finish_reason": c.finish_reason,
                         "num_tokens": c.metrics["num_tokens"], "tok_per_step": c.metrics["tok_per_step"]}
@@ -192,9 +200,7 @@ def run_job(args, runner, kw: dict) -> int:
         with open(stats, "w", encoding="utf-8") as f:
             f.write(json.dumps(summary, indent=1) + "\n")
     if stopped:
-        name = "SIGINT" if stopped[0] == signal.SIGINT else "SIGTERM"
-        print(f"specjax batch: stopped by {name}: {written} requests written to {args.out}; "
-              "rerun with --resume to finish", file=sys.stderr)
+        interrupt.say_once(stopped_line())
         return 130 if stopped[0] == signal.SIGINT else 143
     if args.json:
         print(json.dumps(summary))

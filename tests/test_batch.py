@@ -260,7 +260,7 @@ def test_changing_sampling_settings_seeds_or_lengths_never_recompiles():
     ([Request([1], top_p=1.5)], {}, r"\.top_p=1\.5 is invalid: must lie in \(0, 1\]"),
     ([Request([1] * 60, max_new_tokens=10)], {}, r"at most 54 prompt tokens fit"),
     ([[1]], {"slots": 0}, r"slots=0 is invalid"),
-    ([[1]], {"pages": 4}, r"pages=4 is invalid: is the paged pool's size"),
+    ([[1]], {"pages": 4, "cache": "dense"}, r"pages=4 is invalid: is the paged pool's size"),
     ([[1]], {"refill_rows": 5, "slots": 4}, r"refill_rows=5 is invalid"),
 ])
 def test_bad_requests_are_refused_before_compile(requests, kw, match):

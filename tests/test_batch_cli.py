@@ -204,3 +204,15 @@ def test_bundle_batch_generate_is_text_in_text_out():
         assert got[rid][1].metrics["num_tokens"] <= n
     with pytest.raises(ValueError, match=r"requests\[0\]\.prompt=\[1, 2\] is invalid: must be a string"):
         list(bundle.batch_generate([{"prompt": [1, 2]}]))
+
+
+def test_a_job_behind_a_shared_header_shares_its_prefix_with_default_flags(tmp_path, capsys):
+    """No flags: the bundled model's layers are all global, so a batch job runs on the paged
+    cache and later requests start on the header's cached pages (hit rate above one half)."""
+    header = "# a job's shared instructions, the same bytes at the head of every request of it, " \
+             "long enough for several pages.\n"  # 130 bytes: eight whole pages
+    src = _write(tmp_path / "in.jsonl", [{"prompt": header + p[:12], "max_new_tokens": 4}
+                                         for p in bench_prompts()[:10]])
+    assert cli.main(["batch", src, "--out", str(tmp_path / "out.jsonl"), "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)["prefix_cache"]
+    assert stats["hit_rate"] > 0.5, stats

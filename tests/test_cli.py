@@ -75,7 +75,8 @@ def test_help_shows_every_default(capsys):
         cli.main(["generate", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     for shown in ("--max-new-tokens MAX_NEW_TOKENS default: 128", "--temperature TEMPERATURE 0 = greedy (default: 0.8)",
-                  "--cache {dense,paged} default: dense", "--seed SEED default: 0"):
+                  "--cache {dense,paged} KV cache layout (default: dense for generate;", "--seed SEED default: 0",
+                  "--depth DEPTH drafts per step (default: 3, or a preset tree's own)"):
         assert shown in out, shown
 
 

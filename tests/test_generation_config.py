@@ -71,7 +71,8 @@ def test_the_inputs_a_new_user_got_past_the_checks_are_errors_naming_the_argumen
         (dict(drafter="ngram", ngram_n=500), r"ngram_n=500 is invalid: must be less than the token buffer"),
         (dict(tree=(2, 2, 1), depth=2), r"depth=2 is invalid: tree=\[2, 2, 1\] drafts to depth 3"),
         (dict(drafter="draft_model", draft_model=noisy(MODEL, 0.1), tree="dynamic:6,5"),
-         r"tree=dynamic:6,5 is invalid: it ranks 5 candidates per node, more than the draft model's vocabulary holds \(4\)"),
+         r"tree=dynamic:6,5 is invalid: it ranks 5 candidates per node, more than the draft model's vocabulary "
+         r"holds \(4\)"),
     ]
     for kw, match in cases:
         with pytest.raises(ValueError, match=match):
