@@ -500,6 +500,10 @@ def bench_shape(name_or_config: str | ModelConfig, *, dtype: str = "float32", ba
     if isinstance(name_or_config, str):
         shape(name_or_config)  # an unknown name fails before anything runs
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if progress else (lambda msg: None)
+    runs = len(rows) * len(list(batches))
+    log(f"{runs} runs ({len(rows)} rows x {len(list(batches))} batch sizes), each compiling and timing a step at this "
+        "shape: about a minute or more each on a 2-core CPU at qwen3-0.6b's shape (a breakdown, trees and larger "
+        "batches take longer; fewer drafters, depths or batches shorten the run)")
     max_depth = max(r[1] for r in rows)
     reach = max(tree_reach(trees[r], r[1]) for r in rows)  # the farthest slot past a row's length a step writes
     profile = acceptance_profile(acceptance, max(max_depth, 1))
