@@ -32,6 +32,7 @@ __all__ = [
     "check_shapes",
     "dense_reference",
     "finite_values",
+    "finite_weighted_values",
     "gather_pages",
     "group_mask",
     "key_major_scores",
@@ -143,6 +144,15 @@ def finite_values(v: jax.Array) -> jax.Array:
     return jnp.where(jnp.isfinite(v), v, 0.0)
 
 
+def finite_weighted_values(p: jax.Array, v: jax.Array) -> jax.Array:
+    """``weighted_values(p, finite_values(v))`` without a copy of ``v`` in the common case:
+    ``p @ v`` as it is, and only where that is not finite (a non-finite value somewhere in
+    ``v``) again over ``finite_values(v)``. The sanitized copy is ``v``-sized (a whole cache
+    block per layer per step, in XLA:CPU's unfused form), so it runs only when needed."""
+    out = weighted_values(p, v)
+    return jax.lax.cond(jnp.all(jnp.isfinite(out)), lambda: out, lambda: weighted_values(p, finite_values(v)))
+
+
 def online_softmax_step(m_prev: jax.Array, l_prev: jax.Array, s: jax.Array, ok: jax.Array,
                         axis: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """One block of the online softmax, the one recurrence every blocked attention path runs
@@ -168,7 +178,7 @@ def attend_visible(q: jax.Array, k: jax.Array, v: jax.Array, ok: jax.Array, scal
     m = jnp.max(s, axis=2, keepdims=True)  # over keys
     p = jnp.where(ok, jnp.exp(s - m), 0.0)  # a query with no visible key: all zeros
     denom = jnp.maximum(jnp.sum(p, axis=2, keepdims=True), jnp.finfo(jnp.float32).tiny)
-    return unstack_groups(weighted_values(p / denom, finite_values(v)), t_q, q.dtype)
+    return unstack_groups(finite_weighted_values(p / denom, v), t_q, q.dtype)
 
 
 def attention_with_positions(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, key_pos: jax.Array,

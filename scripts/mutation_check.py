@@ -43,6 +43,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -271,29 +272,38 @@ def main(argv: list[str] | None = None) -> int:
             trees.put(copy_tree(scratch, f"tree{k}"))
 
         catchers = {} if args.no_catchers else load_catchers()
+        recording = threading.Lock()
 
         def one(m: Mutation) -> dict:
             root = trees.get()  # a tree no other job is editing
             try:
-                return _report(run_one(m, sys.executable, root, catchers.get(m.name)), args.json)
+                result = _report(run_one(m, sys.executable, root, catchers.get(m.name)), args.json)
             finally:
                 trees.put(root)
+            if args.record and result.get("caught_by"):  # as they come: a run cut short keeps what it learned
+                with recording:
+                    record({m.name: result["caught_by"]})
+            return result
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
             results = list(pool.map(one, selected))  # reported as they finish, returned in list order
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     bad = [r for r in results if r["status"] != "caught"]
-    if args.record:
-        record = load_catchers() | {r["name"]: r["caught_by"] for r in results if r.get("caught_by")}
-        names = {m.name for m in MUTATIONS}
-        CATCHERS.write_text(json.dumps({k: v for k, v in sorted(record.items()) if k in names}, indent=1) + "\n")
     if args.json:
         print(json.dumps({"results": results, "missed": len(bad)}))
     else:
         stale = sum(r["status"] == "stale" for r in results)
         print(f"{len(results) - len(bad)}/{len(results)} mutations caught" + (f" ({stale} stale)" if stale else ""))
     return 1 if bad else 0
+
+
+def record(caught: dict[str, str], path: Path = CATCHERS) -> None:
+    """``caught`` ({entry: failing test id}) into the catchers file; entries that no longer
+    exist are dropped."""
+    names = {m.name for m in MUTATIONS}
+    merged = load_catchers(path) | caught
+    path.write_text(json.dumps({k: v for k, v in sorted(merged.items()) if k in names}, indent=1) + "\n")
 
 
 def _report(r: dict, quiet: bool) -> dict:

@@ -24,7 +24,7 @@ from pallas_kernels.reference import (
     TreeMask,
     attend_visible,
     attention_with_positions,
-    finite_values,
+    finite_weighted_values,
     gather_pages,
     group_mask,
     key_major_scores,
@@ -34,7 +34,6 @@ from pallas_kernels.reference import (
     tree_mask_visible,
     unstack_groups,
     visible,
-    weighted_values,
 )
 from pallas_kernels.reference import (
     dense_reference as reference_attention,  # the dense layout: the kernels' oracle
@@ -125,7 +124,7 @@ def live_attention(
         ok = group_mask(mask(key_pos), g)  # [B, 1, block, G * t_q]
         s = key_major_scores(qg, k.astype(jnp.float32), scale)
         m_new, l_new, p, alpha = online_softmax_step(m_prev, l_prev, s, ok, axis=2)
-        acc_new = alpha.swapaxes(2, 3) * acc_prev + weighted_values(p, finite_values(v))
+        acc_new = alpha.swapaxes(2, 3) * acc_prev + finite_weighted_values(p, v)
         return m_new, l_new, acc_new
 
     init = (

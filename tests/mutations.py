@@ -2198,4 +2198,18 @@ Mutation(
         "(2, 3, 5) else",
         ("tests/test_mutations.py::test_only_a_failing_test_counts_as_caught",),
     ),
+    Mutation(
+        "attention: V sanitized over every key slot each step (a cache-sized pass per layer)",
+        "finite_weighted_values",
+        "    return jax.lax.cond(jnp.all(jnp.isfinite(out)), lambda: out, lambda: weighted_values(p, finite_values(v)))",
+        "    return weighted_values(p, finite_values(v))",
+        ("tests/test_lean_step.py::test_a_decode_step_never_sanitizes_the_whole_cache",),
+    ),
+    Mutation(
+        "attention: the sanitized pass never runs (a masked slot's NaN reaches the row)",
+        "finite_weighted_values",
+        "lambda: out, lambda: weighted_values(p, finite_values(v))",
+        "lambda: out, lambda: out",
+        ("tests/test_masks_attention.py::test_non_finite_values_in_unseen_slots_never_reach_a_row",),
+    ),
 ]
