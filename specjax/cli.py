@@ -429,7 +429,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import time
 
     from specjax.checkpoint import CheckpointError
-    from specjax.generation import generate
+    from specjax.generation import generate, setup
     from specjax.streaming import stream
 
     prompts = [p.replace("\\n", "\n") for p in args.prompt]  # a typed backslash-n: a newline
@@ -447,6 +447,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         drafter = _drafter(args, run)
         kw = dict(config=_settings(args, run, drafter), draft_model=run.draft, mesh=run.mesh)
         toks = [run.encode(p) for p in prompts]
+        setup(run.model, toks, kw["config"], run.draft, run.mesh)  # every check first: an error is the only line
         t0 = time.perf_counter()
         status = _Status(f"specjax generate: {COMPILING}", quiet=args.json)
         try:
