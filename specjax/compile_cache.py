@@ -18,7 +18,6 @@ import tempfile
 from pathlib import Path
 
 import jax
-from jax.experimental.compilation_cache import compilation_cache as _jax_cache
 
 __all__ = ["ENV", "cache_dir", "default_on", "enable_compilation_cache"]
 
@@ -56,7 +55,6 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path | No
     jax.config.update("jax_compilation_cache_dir", str(folder))
     # every engine program is worth keeping: a small decode loop still takes a second or more
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
-    _jax_cache.reset_cache()  # jax decides once, at its first compile, whether a cache is used: ask again
     return folder
 
 

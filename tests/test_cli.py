@@ -262,7 +262,7 @@ def test_each_entry_module_imports_first_in_a_fresh_process(module):
 
 def test_the_python_api_keeps_compiled_programs_on_disk_by_default(tmp_path):
     """No setting: ``generate`` turns the persistent cache on (``~/.cache/specjax/xla``; here
-    ``$SPECJAX_CACHE_DIR/xla``) before it compiles, even after other jax work ran first; a folder
+    ``$SPECJAX_CACHE_DIR/xla``) before it compiles, also after other jax work ran first; a folder
     that cannot be written is one line on stderr and the run goes on."""
     import os
 
@@ -282,3 +282,29 @@ def test_the_python_api_keeps_compiled_programs_on_disk_by_default(tmp_path):
     warned = [ln for ln in out.stderr.splitlines() if "compilation cache" in ln]
     assert len(warned) == 1 and "cannot write" in warned[0] and "SPECJAX_COMPILATION_CACHE=0" in warned[0], out.stderr
     assert out.stdout.strip() == "None"
+
+
+def test_ctrl_c_leaves_while_the_main_thread_is_stuck_in_c():
+    """The watcher thread: a main thread inside a C call that releases the GIL and never checks
+    for signals (an XLA compile; here PBKDF2 for several seconds) cannot run the Python handler,
+    yet the process exits 130 with its one line about ``GRACE`` after the signal, not when the
+    call ends."""
+    import signal
+    import time
+
+    script = ("import hashlib, sys\n"
+              "from specjax import interrupt\n"
+              "interrupt.install(); interrupt.name('specjax test')\n"
+              "print('ready', flush=True)\n"
+              "hashlib.pbkdf2_hmac('sha256', b'x', b'y', 40_000_000)\n"  # ~20 s, the GIL released
+              "print('finished', flush=True)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT)
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(0.3)  # inside the C call
+    sent = time.perf_counter()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    took = time.perf_counter() - sent
+    assert proc.returncode == 130 and "finished" not in out, (proc.returncode, out, err)
+    assert err.strip() == "specjax test: interrupted" and took < 3.0, (err, took)
