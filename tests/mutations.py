@@ -2194,7 +2194,8 @@ Mutation(
     Mutation(
         "attention: V sanitized over every key slot each step (a cache-sized pass per layer)",
         "finite_weighted_values",
-        "    return jax.lax.cond(jnp.all(jnp.isfinite(out)), lambda: out, lambda: weighted_values(p, finite_values(v)))",
+        "    return jax.lax.cond(jnp.all(jnp.isfinite(out)), lambda: out, "
+        "lambda: weighted_values(p, finite_values(v)))",
         "    return weighted_values(p, finite_values(v))",
         ("tests/test_lean_step.py::test_a_decode_step_never_sanitizes_the_whole_cache",),
     ),
