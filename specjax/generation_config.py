@@ -129,7 +129,7 @@ class GenerationConfig:
                 fail("depth", "DepthPolicy(tree=True)", "needs a tree: give tree= with depth='auto'")
         elif self.depth not in (None, "auto") and not (is_int(self.depth) and 1 <= self.depth <= MAX_DEPTH):
             fail("depth", self.depth,
-                 f"must be an int in [1, {MAX_DEPTH}], 'auto', a DepthPolicy or None (the default)")
+                 f"must be an int in [1, {MAX_DEPTH}], 'auto' or a DepthPolicy (or None: the default)")
         if not (is_int(self.max_depth) and 1 <= self.max_depth <= MAX_DEPTH):
             fail("max_depth", self.max_depth,
                   f"must be an int in [1, {MAX_DEPTH}] (the widest depth='auto' may draft)")
@@ -146,7 +146,7 @@ class GenerationConfig:
             except ValueError:
                 fail("kv_advance", self.kv_advance, "must be 'per_sequence', 'cohort' or None (the latched rule)")
         if self.cache is not None and self.cache not in CACHES:
-            fail("cache", self.cache, "must be 'dense', 'paged' or None (the entry point's default)")
+            fail("cache", self.cache, "must be 'dense' or 'paged' (or None: the entry point's default)")
         if self.attention_impl not in ATTENTION_IMPLS:
             fail("attention_impl", self.attention_impl, f"must be one of {list(ATTENTION_IMPLS)}")
         check_sampling("", self.temperature, self.top_k, self.top_p)
