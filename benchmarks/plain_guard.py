@@ -4,12 +4,13 @@
     python benchmarks/plain_guard.py --against HEAD~5 --batches 32 --rounds 3 --json
     python benchmarks/plain_guard.py --check 0.95          # exit 1 if any B runs below 0.95x
 
-For each batch size B: the plain decode step's HLO op count (built as ``benchmarks/step_ops.py``
-builds it, counted by this tree's ``specjax.hlo_ops``: older revisions lack that module, so the
-guard carries its own copy of the few lines that build the step; what one step launches on
-CPU) and plain greedy decoding's tok/s on the bundled model (the 64 held-out bench prompts
-in batches of B, 128 new tokens, every prompt bucket compiled first, the fastest of ``--reps`` passes). Each side runs in a fresh process on its own source tree
-(the revision in a temporary git worktree), the sides alternating ``--rounds`` times, so a
+For each batch size B: the plain decode step's HLO op count (built as
+``benchmarks/step_ops.py`` builds it, counted by this tree's ``specjax.hlo_ops``: older
+revisions lack that module, so the guard carries its own copy of the few lines that build the
+step; what one step launches on CPU) and plain greedy decoding's tok/s on the bundled model
+(the 64 held-out bench prompts in batches of B, 128 new tokens, every prompt bucket compiled
+first, the fastest of ``--reps`` passes). Each side runs in a fresh process on its own source
+tree (the revision in a temporary git worktree), the sides alternating ``--rounds`` times, so a
 slow spell of a shared machine falls on both; each side keeps its fastest round. The ratio
 ``tok/s this tree / tok/s the revision`` is the guard; op counts are exact.
 
