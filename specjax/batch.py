@@ -49,7 +49,7 @@ from specjax.auto import AutoDepth, auto_state
 from specjax.auto.cost import SLICES, check_cost, cost_key, cost_table, placeholder_cost, slice_timer, warm_steps
 from specjax.cache import PagedKVCache
 from specjax.compile_cache import default_on
-from specjax.drafter import default_drafter
+from specjax.drafters import default_drafter
 from specjax.engine import (
     PAGE_SIZE,
     EngineConfig,
@@ -640,7 +640,7 @@ def _run(eng: EngineConfig, params: dict, rows_iter: Iterator[_Row], slots: int,
     and registers the full prompt pages it writes; at the end every page is back in the pool."""
     start = latency.now()
     st = _empty_state(eng, slots, width, eos_width)
-    if prefixes is not None and hasattr(eng.drafter, "with_prefix_store"):  # the MTP block's entries of cached pages
+    if prefixes is not None and eng.drafter.stores_prefixes:  # the MTP block's entries of cached pages
         st = st.replace(dstate=eng.drafter.with_prefix_store(eng, st.dstate, st.cache.global_kv.num_pages, PAGE_SIZE))
     table_ready = eng.controller is None
     held: list[_Row | None] = [None] * slots  # the request each slot serves

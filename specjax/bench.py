@@ -253,7 +253,7 @@ def bench(
     plain and every chain depth of its drafter."""
     from tqdm import tqdm
 
-    from specjax.drafter import DRAFTERS
+    from specjax.drafters import DRAFTERS
     from specjax.engine import prompt_bucket
     from specjax.validate import MAX_DEPTH
 

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.drafter import AUTO, default_drafter
+from specjax.drafters import AUTO, default_drafter
 from specjax.model import Model, ModelConfig, fuse_params, init_model, unfuse_params
 from specjax.sharding import MODEL, param_specs, placed_shapes, sharded_config, sharded_layout, shardings
 from specjax.tokenizer import ByteTokenizer

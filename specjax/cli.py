@@ -333,8 +333,8 @@ class _TextRunner:
 
 
 def _drafter(args: argparse.Namespace, run: _TextRunner) -> str | None:
-    """``--drafter``; by default the API's rule (``specjax.drafter.default_drafter``)."""
-    from specjax.drafter import AUTO, default_drafter
+    """``--drafter``; by default the API's rule (``specjax.drafters.default_drafter``)."""
+    from specjax.drafters import AUTO, default_drafter
 
     if args.drafter == "none":
         return None

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax._pytree import pytree_dataclass
-from specjax.drafter import gather_tokens
+from specjax.drafters import gather_tokens
 from specjax.tree import depths, earlier_siblings, sibling_rank
 
 __all__ = ["ControlData", "Controlled", "control_data", "expected_tokens_per_step", "oracle_rows"]
@@ -79,7 +79,7 @@ class Controlled:
 
     inner: Any
     data: ControlData | None = dataclasses.field(default=None, compare=False, repr=False)
-    wraps_drafter: ClassVar[bool] = True  # the engine resolves and sizes it by ``inner`` (specjax.drafter)
+    wraps_drafter: ClassVar[bool] = True  # the engine resolves and sizes it by ``inner`` (specjax.drafters)
 
     @property
     def name(self) -> str:

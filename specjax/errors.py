@@ -7,7 +7,7 @@ import numbers
 
 import numpy as np
 
-__all__ = ["fail", "is_int", "is_real", "shown"]
+__all__ = ["dtype_of", "fail", "is_int", "is_real", "shown"]
 
 
 def fail(arg: str, value: object, allowed: str) -> None:
@@ -23,6 +23,16 @@ def is_int(x: object) -> bool:
 def is_real(x: object) -> bool:
     """A real number (Python's or NumPy's, ``np.float32`` too), not a bool."""
     return isinstance(x, numbers.Real) and not isinstance(x, bool | np.bool_)
+
+
+def dtype_of(x: object) -> np.dtype:
+    """The dtype of an array (NumPy's, jax's, a tracer, a ``ShapeDtypeStruct``) or of what
+    ``np.asarray`` makes of anything else (a list, a Python int)."""
+    import jax  # (an array type check only: jax is imported by then wherever arrays exist)
+
+    if isinstance(x, np.ndarray | np.generic | jax.Array | jax.ShapeDtypeStruct):
+        return np.dtype(x.dtype)
+    return np.asarray(x).dtype
 
 
 def shown(value: object) -> object:

@@ -18,7 +18,7 @@ from specjax.auto import AutoDepth, auto_state
 from specjax.auto.cost import check_cost, cost_key, known_cost, measured_cost, placeholder_cost, whole_run_timer
 from specjax.auto.policy import AutoState
 from specjax.compile_cache import default_on
-from specjax.drafter import default_drafter
+from specjax.drafters import default_drafter
 from specjax.engine import (
     EngineConfig,
     check_status,

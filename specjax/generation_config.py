@@ -22,7 +22,7 @@ import numpy as np
 from specjax.advance import KvAdvance, parse_kv_advance
 from specjax.auto.policy import CostTable, DepthPolicy
 from specjax.cache.base import ATTENTION_IMPLS
-from specjax.drafter import AUTO, DRAFTERS, resolve_drafter
+from specjax.drafters import AUTO, DRAFTERS, resolve_drafter
 from specjax.errors import fail, is_int, is_real, shown
 from specjax.protocols import Drafter
 from specjax.tree import DynamicTree, tree_label, tree_window

@@ -25,6 +25,7 @@ import numpy as np
 
 from specjax._pytree import pytree_dataclass
 from specjax.advance import KvAdvance, parse_kv_advance
+from specjax.errors import dtype_of
 
 __all__ = [
     "CohortStepPlan",
@@ -141,7 +142,7 @@ def _validate(u: object, a: object, window: object) -> None:
     if u_shape != a_shape:
         raise ValueError(f"u and a must have the same shape [..., B]; got u {u_shape}, a {a_shape}")
     for name, x in (("u", u), ("a", a)):
-        dtype = np.dtype(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype)
+        dtype = dtype_of(x)
         if not np.issubdtype(dtype, np.integer):
             raise ValueError(f"{name} must be an integer array, got dtype {dtype}")
     if not (_is_concrete(u) and _is_concrete(a)):

@@ -45,8 +45,8 @@ import jax.numpy as jnp
 from specjax._pytree import pytree_dataclass, static_field
 from specjax.sampling import RowSampling, draft_token
 
-__all__ = ["Decoder", "DecoderModel", "DraftContext", "Drafter", "check_drafter", "check_model",
-           "reachable_positions"]
+__all__ = ["Decoder", "DecoderModel", "DraftContext", "Drafter", "MixedForward", "MtpHead", "MtpOneSlot",
+           "check_drafter", "check_model", "reachable_positions"]
 
 
 def reachable_positions(positions: jax.Array, max_len: jax.Array) -> jax.Array:
@@ -81,9 +81,41 @@ class Decoder(Protocol):
         """``hidden [..., H]`` -> float32 logits ``[..., V]`` (applied only where used)."""
 
 
+@runtime_checkable
+class MixedForward(Protocol):
+    """Optional: groups of rows of different widths in one forward (a verify window with a
+    prefill chunk riding along); without it the engine runs them one after the other."""
+
+    def forward_mixed(self, params: Any, groups: list, *, attention_impl: str) -> tuple: ...
+
+
+@runtime_checkable
+class MtpHead(Protocol):
+    """Optional: the MTP module's own head, ``(logits [..., N], ids int32 [N] | None)`` (a draft
+    vocabulary's logits and the target ids they cover; ``None``: the target's vocabulary);
+    without it the MTP drafter reads the target's ``head``."""
+
+    def mtp_head(self, params: Any, hidden: jax.Array) -> tuple[jax.Array, jax.Array | None]: ...
+
+
+@runtime_checkable
+class MtpOneSlot(Protocol):
+    """Optional: ``mtp_hidden``'s output at one slot ``at [B]`` per row (K/V written for every
+    slot): the MTP drafter then runs attention and MLP for the slot it reads only."""
+
+    def mtp_hidden_at(self, params: Any, hidden: jax.Array, next_tokens: jax.Array, positions: jax.Array,
+                      cache: Any, at: jax.Array, *, attention_impl: str) -> tuple[jax.Array, Any]: ...
+
+
 class DecoderModel(Protocol):
     params: Any
     decoder: Decoder
+
+
+def lacking(obj: object, names: tuple[str, ...]) -> list[str]:
+    """The ``names`` a user's object (a model, a decoder, a drafter) does not have: the one place
+    an object is probed, to name what is missing before anything compiles."""
+    return [n for n in names if not hasattr(obj, n)]
 
 
 _NEEDS = ("vocab_size", "max_seq_len", "dtype", "mtp_depth", "hidden_size", "init_cache", "forward_hidden", "head")
@@ -92,10 +124,10 @@ _NEEDS = ("vocab_size", "max_seq_len", "dtype", "mtp_depth", "hidden_size", "ini
 def check_model(arg: str, model: object) -> Decoder:
     """``model``'s decoder, or ``ValueError`` naming ``arg`` and what is missing (before any compile)."""
     dec = getattr(model, "decoder", None)
-    if not hasattr(model, "params") or dec is None:
+    if lacking(model, ("params",)) or dec is None:
         raise ValueError(f"{arg}={type(model).__name__} is invalid: a model needs .params (a pytree) and .decoder "
                          "(specjax.protocols.Decoder): a specjax Model, specjax.nnx_model(...) or your own")
-    missing = [n for n in _NEEDS if not hasattr(dec, n)]
+    missing = lacking(dec, _NEEDS)
     if missing:
         raise ValueError(f"{arg}.decoder={type(dec).__name__} is invalid: it lacks {', '.join(missing)} "
                          "(specjax.protocols.Decoder)")
@@ -104,7 +136,7 @@ def check_model(arg: str, model: object) -> Decoder:
     except TypeError as e:
         raise ValueError(f"{arg}.decoder={type(dec).__name__} is invalid: it must be hashable (a frozen "
                          f"dataclass; it is a static argument of every compile): {e}") from None
-    if dec.mtp_depth and not all(hasattr(dec, n) for n in ("mtp_hidden", "init_mtp_cache")):
+    if dec.mtp_depth and lacking(dec, ("mtp_hidden", "init_mtp_cache")):
         raise ValueError(f"{arg}.decoder={type(dec).__name__} is invalid: mtp_depth={dec.mtp_depth} needs "
                          "mtp_hidden and init_mtp_cache")
     return dec
@@ -162,7 +194,7 @@ class Drafter(Protocol):
 
 def check_drafter(arg: str, drafter: object) -> None:
     """A user drafter has ``name``, ``propose`` and a hash, or ``ValueError`` naming ``arg``."""
-    missing = [n for n in ("name", "propose") if not hasattr(drafter, n)]
+    missing = lacking(drafter, ("name", "propose"))
     if missing:
         raise ValueError(f"{arg}={type(drafter).__name__} is invalid: a drafter is a name ('mtp', 'draft_model', "
                          f"'ngram'), None, or an object with {' and '.join(missing)} (specjax.protocols.Drafter)")

@@ -205,7 +205,7 @@ def spec_mismatches(tree: Any, specs: Any, mesh: Mesh) -> list[str]:
     for (path, x), spec in zip(flat, flat_specs, strict=True):
         want = NamedSharding(mesh, spec)
         if not x.sharding.is_equivalent_to(want, x.ndim):
-            out.append(f"{jax.tree_util.keystr(path)}: {x.sharding.spec if hasattr(x.sharding, 'spec') else x.sharding}"
+            out.append(f"{jax.tree_util.keystr(path)}: {getattr(x.sharding, 'spec', x.sharding)}"
                        f" != {spec}")
     return out
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from specjax.auto.policy import DepthPolicy
-from specjax.drafter import drafter_kind
+from specjax.drafters import drafter_kind
 from specjax.generation_config import DEFAULT_DEPTH, MAX_DEPTH, GenerationConfig, fail, shown
 from specjax.protocols import check_model
 from specjax.sampling import derive_seed

@@ -1029,8 +1029,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "ngram auto: the match skipped at window 2 as well as window 1",
         "AutoDepth.drafts",
-        "if w > 1 and hasattr(eng.drafter, \"offer\"):",
-        "if w > 2 and hasattr(eng.drafter, \"offer\"):",
+        "if w > 1 and eng.drafter.offers:",
+        "if w > 2 and eng.drafter.offers:",
         ("tests/test_depth_auto.py::test_ngram_rows_without_a_match_offer_no_drafts",),
     ),
     Mutation(
@@ -1144,7 +1144,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "ngram auto: no window-1 verdict (the estimates learn only while drafting)",
         "AutoDepth.observe",
-        "if w == 1 and hasattr(eng.drafter, \"offer\"):",
+        "if w == 1 and eng.drafter.offers:",
         "if False:",
         ("tests/test_depth_auto.py::test_a_window_1_step_judges_an_ngram_rows_first_draft_for_free",),
     ),

@@ -19,7 +19,7 @@ from specjax.advance import kv_advance
 from specjax.auto import AutoDepth, auto_state
 from specjax.auto.cost import cost_cache_path, measure_cost, monotone_costs, placeholder_cost
 from specjax.auto.policy import EARLY_VERDICTS, RELAX_EARLY, CostTable, DepthPolicy
-from specjax.drafter import MtpDrafter, NgramDrafter
+from specjax.drafters import MtpDrafter, NgramDrafter
 from specjax.engine import make_engine, prefill, request_capacity, step, step_window
 from specjax.engine.loop import TRACES
 from specjax.generation import compiled_loop, setup

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specjax.auto.policy import DepthPolicy
-from specjax.drafter import DraftModelDrafter, MtpDrafter
+from specjax.drafters import DraftModelDrafter, MtpDrafter
 from specjax.engine.loop import TRACES
 from specjax.generation import generate
 from specjax.model import logits

@@ -445,7 +445,7 @@ def test_a_job_hands_a_sharing_row_the_mtp_entries_its_cached_pages_were_written
     """A batch job with the MTP drafter (run op by op, so the drafter's calls can be read): the
     first request's admit stores its block entries of its registered pages (``keep_prefix``),
     and a later row starting on those pages starts its block cache with exactly them."""
-    from specjax.drafter import MtpDrafter
+    from specjax.drafters import MtpDrafter
 
     stored, started = [], []
     keep, view = MtpDrafter.keep_prefix, MtpDrafter.rows_view

@@ -45,7 +45,7 @@ class AutoDepth:
         draft where the drafter knows it now (``offer``; else -1), kept in ``st.auto``."""
         active = ~st.done
         can, first = None, jnp.full(st.known.shape, -1, jnp.int32)
-        if hasattr(eng.drafter, "offer"):  # rows that can offer fewer drafts now (n-gram: none without a match)
+        if eng.drafter.offers:  # rows that can offer fewer drafts now (n-gram: none without a match)
             can, first = eng.drafter.offer(eng, st)
         idx, drafts = decide(self.policy, st.est, active, st.u, st.auto.cost, remaining=st.max_len - st.known,
                              seen=st.seen_pos, can=can, lift=st.auto.lift)
@@ -66,7 +66,7 @@ class AutoDepth:
         (``DepthPolicy.fill``); what it can offer of them (``available``)."""
         room = w - st.u
         asked = jnp.clip(room if self.policy.fill else jnp.minimum(room, st.auto.drafts), 0, None)
-        if w > 1 and hasattr(eng.drafter, "offer"):  # window 1 proposes none (u >= 1)
+        if w > 1 and eng.drafter.offers:  # window 1 proposes none (u >= 1)
             return asked, jnp.minimum(asked, eng.drafter.available(eng, st))
         return asked, asked
 
@@ -86,7 +86,7 @@ class AutoDepth:
         active = ~before.done
         told, told_a = verdicts.chain_asked, verdicts.chain_accepted  # a tree step: its main branch
         seen = after.seen_pos
-        if w == 1 and hasattr(eng.drafter, "offer"):
+        if w == 1 and eng.drafter.offers:
             hit = (before.auto.first >= 0) & (before.auto.first == verdicts.token)
             told, told_a = jnp.ones_like(told_a), hit.astype(jnp.int32)
             seen = seen + (revealed(told, told_a, eng.depth) & active[:, None]).astype(jnp.int32)

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from specjax.errors import dtype_of
+
 __all__ = ["cache_supports_per_sequence_advance"]
 
 _LENGTH_NAMES = ("length", "len", "offset", "pos", "position", "index", "cur_index", "cache_index", "seq_len")
@@ -84,7 +86,7 @@ def cache_supports_per_sequence_advance(cache: Any) -> str | None:
                 )
             return f"{name} has no per-row 'lengths' field; per-sequence advance needs int32 [B]"
         shape = np.shape(lengths)
-        dtype = np.dtype(lengths.dtype) if hasattr(lengths, "dtype") else np.asarray(lengths).dtype
+        dtype = dtype_of(lengths)
         if len(shape) != 1:
             return (
                 f"{name} field 'lengths' has shape {shape}: a length shared by the whole batch; "

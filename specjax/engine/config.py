@@ -8,7 +8,7 @@ from typing import Any
 
 from specjax.advance import KvAdvance
 from specjax.cache.base import CAPACITY_BLOCK, resolve_attention_impl
-from specjax.drafter import drafter_kind, resolve_drafter
+from specjax.drafters import drafter_kind, resolve_drafter
 from specjax.engine.controller import StepController
 from specjax.protocols import Decoder, DecoderModel, check_model
 from specjax.sharding import data_shards
@@ -203,7 +203,7 @@ def check_tree_width(tree: Tree, kind: str, model, draft_model, ngram_starts: in
 def check_tree(tree: Tree, depth: int, drafter, controller, mesh) -> None:
     """What a tree step needs today (a ``ValueError`` naming what is not met)."""
     shown = tree_label(tree)
-    if not hasattr(drafter, "propose_tree"):
+    if not drafter.trees:
         raise ValueError(f"tree={shown} needs a drafter that proposes trees ('mtp', 'draft_model', 'ngram'); "
                          f"drafter {getattr(drafter, 'name', drafter)!r} drafts chains only")
     if isinstance(tree, DynamicTree):
@@ -211,7 +211,7 @@ def check_tree(tree: Tree, depth: int, drafter, controller, mesh) -> None:
             raise ValueError(f"tree={shown} is invalid at depth={depth}: nodes, topk and depth must be >= 1")
     else:
         preset_parents(tree)  # the shape itself
-        if not getattr(drafter, "tree_presets", True):
+        if not drafter.tree_presets:
             raise ValueError(f"tree={shown} is a preset; drafter {drafter.name!r} drafts dynamic trees only: "
                              "tree='dynamic:N,K'")
         if depth != len(tree):

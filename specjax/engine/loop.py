@@ -72,7 +72,7 @@ def _dispatch(eng: EngineConfig, keep_going, k: int, w: int):
     """Under a step controller: (when a settle is due before window ``k``'s loop, or None;
     while window ``k``'s loop runs), for ``run_steps`` and ``step_and_chunk``."""
     ctl, drafter = eng.controller, eng.drafter
-    full = drafter.backlog_size(eng) if hasattr(drafter, "settle") else 0  # R; 0: the drafter defers nothing
+    full = drafter.backlog_size(eng) if drafter.defers else 0  # R; 0: the drafter defers nothing
 
     def chosen(s):
         return keep_going(s) & (ctl.chosen(s) == k)

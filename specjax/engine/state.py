@@ -70,7 +70,7 @@ def new_state(eng: EngineConfig, *, seq, known, cache, dstate, prompt_len, max_l
 def row_status(eng: EngineConfig, st: EngineState) -> jax.Array:
     """int32 ``[B]``: each row's status bits, the target's caches' and those of the drafter's
     own (``drafter.status``: the MTP block's, a draft model's; a drafter that keeps no cache has none)."""
-    if not hasattr(eng.drafter, "status"):
+    if not eng.drafter.reports_status:
         return st.cache.status
     return st.cache.status | eng.drafter.status(st.dstate)
 

@@ -20,7 +20,7 @@ from specjax.engine.config import EngineConfig
 from specjax.engine.prefill import Chunk
 from specjax.engine.state import EngineState
 from specjax.plan import plan_step
-from specjax.protocols import reachable_positions
+from specjax.protocols import MixedForward, reachable_positions
 from specjax.sampling import SAMPLE, TREE, position_keys, probs, sample
 from specjax.tree import (
     TreeMask,
@@ -110,7 +110,7 @@ def _target_forward(eng: EngineConfig, params: dict, window: jax.Array, pos: jax
     extra = {} if tree is None else {"tree": tree}
     if chunk is None:
         return (*eng.target.forward_hidden(tp, window, pos, cache, attention_impl=impl, **extra), None)
-    if hasattr(eng.target, "forward_mixed"):
+    if isinstance(eng.target, MixedForward):
         (hidden, cache), out = eng.target.forward_mixed(
             tp, [(window, pos, cache, tree), (chunk.tokens, chunk.positions, chunk.cache, None)], attention_impl=impl)
         return hidden, cache, out
@@ -200,7 +200,7 @@ def _tree_verify(eng: EngineConfig, params: dict, st: EngineState, chunk: Chunk 
         nxt = sample(position_keys(st.seeds, (lengths + u + a)[:, None], SAMPLE)[:, 0], resid)
     src = accepted_sources(path, u, w)
     hidden = jnp.take_along_axis(hidden, src[:, :, None], axis=1)
-    if hasattr(eng.drafter, "compact_tree"):  # a drafter whose own caches hold the window (a draft model)
+    if eng.drafter.compacts:  # a drafter whose own caches hold the window (a draft model)
         dstate = eng.drafter.compact_tree(dstate, src)
     path_tok = jnp.take_along_axis(window, jnp.clip(path, 0, w - 1), axis=1)
     asked = jnp.max(jnp.where(is_known, 0, node_depth - u[:, None] + 1), axis=1)  # the drafts' deepest level
