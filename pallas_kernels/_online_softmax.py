@@ -16,15 +16,26 @@ __all__ = ["MASK_VALUE", "block_update", "finalize", "group_queries", "init_carr
            "live_block_range", "query_rows", "stack_query_rows", "stack_tree_rows", "unstack_query_rows"]
 
 
+def target_platform() -> str:
+    """The platform programs are built for: the default device's (``jax_default_device``, which a
+    compile-only TPU client sets while ``jax.default_backend()`` stays ``"cpu"``), else jax's
+    default backend. Picks the kernel body and interpret mode."""
+    dev = jax.config.jax_default_device
+    if dev is None:
+        return jax.default_backend()
+    return dev if isinstance(dev, str) else dev.platform
+
+
 def live_block_range(
-    lead: jax.Array, q_start: jax.Array, t_q: int, window: int | None, block: int, num_keys: int
+    lead: jax.Array, q_start: jax.Array, t_q: int, window: int | None, block: int, num_keys: int, xp=jnp
 ) -> tuple[jax.Array, jax.Array]:
     """``(first, last)`` KV block indices that hold any key visible to this row's queries
-    (``first > last`` when none). Blocks outside are skipped: no compute, no new copy."""
-    hi = jnp.minimum(q_start + t_q - 1, num_keys - 1)
-    lo = lead if window is None else jnp.maximum(lead, q_start - window + 1)
-    lo = jnp.maximum(lo, 0)
-    return lo // block, jnp.where(hi >= lo, hi // block, lo // block - 1)
+    (``first > last`` when none). Blocks outside are skipped: no compute, no new copy.
+    ``xp=numpy``: on host integers (a check outside any trace, no device op)."""
+    hi = xp.minimum(q_start + t_q - 1, num_keys - 1)
+    lo = lead if window is None else xp.maximum(lead, q_start - window + 1)
+    lo = xp.maximum(lo, 0)
+    return lo // block, xp.where(hi >= lo, hi // block, lo // block - 1)
 
 
 def key_positions(j: jax.Array, block: int, q_start: jax.Array, t_q: int, ring: int | None) -> jax.Array:

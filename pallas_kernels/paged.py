@@ -72,10 +72,9 @@ def _check_pages(block_table, lead_pad, q_start, t_q: int, window: int | None, p
     if any(isinstance(x, jax.core.Tracer) for x in (block_table, lead_pad, q_start)):
         return
     bt = np.asarray(block_table)
-    for b in range(bt.shape[0]):  # host-side validation, not the kernel (evaluated now, even under a trace)
-        with jax.ensure_compile_time_eval():
-            first, last = (int(x) for x in live_block_range(
-                int(lead_pad[b]), int(q_start[b]), t_q, window, page, bt.shape[1] * page))
+    for b in range(bt.shape[0]):  # on the host, in NumPy: no device op (a compile-only client has no CPU default)
+        first, last = (int(x) for x in live_block_range(
+            int(lead_pad[b]), int(q_start[b]), t_q, window, page, bt.shape[1] * page, xp=np))
         ids = bt[b, first : last + 1]
         if ((ids < 0) | (ids >= num_pages)).any():
             raise ValueError(

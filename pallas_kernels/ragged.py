@@ -45,6 +45,7 @@ from pallas_kernels._online_softmax import (
     query_rows,
     stack_query_rows,
     stack_tree_rows,
+    target_platform,
     unstack_query_rows,
 )
 from pallas_kernels.reference import TreeMask, dense_reference, ring_reference
@@ -176,7 +177,7 @@ def loop_call(static: dict, *, q, scalars: tuple, k, v, interpret, paged: bool, 
         return pl.BlockSpec(x.shape, lambda b, h: (0,) * x.ndim)
 
     extra = {}
-    if not interpret and _TRITON_PARAMS is not None and jax.default_backend() != "tpu":
+    if not interpret and _TRITON_PARAMS is not None and target_platform() != "tpu":
         extra["compiler_params"] = _TRITON_PARAMS()  # Triton's defaults; the body is written for it
     body = {k: x for k, x in static.items() if k not in ("hkv", "groups")}  # the grid and row stacking carry them
     call = pl.pallas_call(
@@ -211,7 +212,7 @@ def grid_call(static: dict, *, n_prefetch: int, grid: tuple[int, int], kv_spec, 
         ],
     )
     extra = {}
-    if _TPU_PARAMS is not None and jax.default_backend() == "tpu":
+    if _TPU_PARAMS is not None and target_platform() == "tpu":
         extra["compiler_params"] = _TPU_PARAMS(dimension_semantics=("parallel", "arbitrary"))
     return pl.pallas_call(
         functools.partial(grid_kernel, n_prefetch=n_prefetch, tree=tree_nodes is not None, **static),
@@ -234,12 +235,12 @@ def interpret_arg(interpret: bool | str | None):
     if interpret == "tpu":
         return pltpu.InterpretParams() if hasattr(pltpu, "InterpretParams") else True
     if interpret is None:
-        return jax.default_backend() == "cpu"
+        return target_platform() == "cpu"
     return bool(interpret)
 
 
 def default_body() -> str:
-    return "loop" if jax.default_backend() == "gpu" else "grid"
+    return "loop" if target_platform() == "gpu" else "grid"
 
 
 # ----------------------------------------------------------------------------- checks

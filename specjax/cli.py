@@ -1,7 +1,8 @@
 """specjax: batched speculative decoding in JAX. Commands: generate (text from the bundled model
 or a Hugging Face checkpoint), batch (a JSONL job file), bench (speed, bundled or at a real
-model's shape), memory (bytes per device before a run), simulate (the two KV advance rules),
-train (the bundled model), train-mtp (an MTP drafter for any model)."""
+model's shape), memory (bytes per device before a run), compile (compiled for a TPU slice from
+any machine: fits or not), simulate (the two KV advance rules), train (the bundled model),
+train-mtp (an MTP drafter for any model)."""
 
 from __future__ import annotations
 
@@ -339,6 +340,55 @@ def _drafter(args: argparse.Namespace, run: _TextRunner) -> str | None:
     if args.drafter == "none":
         return None
     return default_drafter(args.drafter or AUTO, run.model, run.draft)
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    """``specjax compile``: the prefill and the decode step compiled for a TPU slice (libtpu's
+    compile-only client): fits or not, temporaries, cache-sized copies, Mosaic kernels."""
+    from specjax.tpu_compile import GIB, INSTALL, compile_generation, has_libtpu
+
+    if not has_libtpu():
+        print(f"specjax compile: {INSTALL}", file=sys.stderr)
+        return 2
+    from specjax.generation_config import _tree as tree_arg
+    from specjax.memory import resolve_config
+
+    status = None
+    try:
+        cfg = resolve_config(args.model or args.shape)
+        tree = tree_arg(args.tree)
+        status = _Status(f"compiling for TPU {args.chip}:{args.topology} (a minute or more for an 8B shape) ...",
+                         quiet=args.json)
+        r = compile_generation(cfg, chip=args.chip, topology=args.topology, mesh=args.mesh, batch=args.batch,
+                               context=args.context, prompt=args.prompt,
+                               drafter=None if args.drafter == "none" else args.drafter, depth=args.depth, tree=tree,
+                               cache=args.cache, dtype=args.dtype, layer_loop=args.layer_loop,
+                               attention=args.attention, dump=args.dump)
+    except (ValueError, RuntimeError) as e:
+        if status is not None:
+            status.done()
+        print(f"specjax compile: error: {e}", file=sys.stderr)
+        return 2
+    status.done()
+    r = {"shape": args.model or args.shape, **r}
+    if args.json:
+        print(json.dumps(r))
+        return 0 if r["fits"] else 1
+    print(f"{r['shape']} on TPU {args.chip} ({r['device_kind']}), mesh {r['mesh']} of {args.chip}:{args.topology}, "
+          f"batch {r['batch']}, context {r['context']}, {r['dtype']}, drafter {r['drafter']}, "
+          f"attention {r['attention']}")
+    for name in r["programs"]:
+        p = r[name]
+        if not p["compiled"]:
+            print(f"  {name:<12} does not compile ({p['seconds']} s): {p['error'][:200]}")
+            continue
+        copies = f", cache-sized copies {len(p['cache_sized_copies'])}" if name == "decode_step" else ""
+        print(f"  {name:<12} compiled in {p['seconds']} s: arguments {p['argument_bytes'] / GIB:.2f} GiB, "
+              f"temporaries {p['temp_bytes'] / GIB:.3f} GiB, Mosaic kernels {p['mosaic_calls']}{copies}")
+        for t in p["largest_temporaries"][:3]:
+            print(f"      {t['array']:<44}{t['bytes'] / 2**20:10.1f} MiB")
+    print(r["verdict"])
+    return 0 if r["fits"] else 1
 
 
 def _read_batch_file(path: str) -> list[str]:
@@ -875,6 +925,30 @@ def build_parser() -> argparse.ArgumentParser:
     mem.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
     mem.add_argument("--json", action="store_true")
     mem.set_defaults(func=cmd_memory)
+
+    c = sub.add_parser("compile", help="compile a generation for a TPU slice from any machine (libtpu, no TPU): "
+                                       "fits or not, temporaries, cache-sized copies")
+    c.add_argument("--chip", choices=["v5e", "v5p", "v6e", "v4"], default="v5e")
+    c.add_argument("--topology", default="2x2", metavar="AxB", help="the slice's chips (libtpu's smallest: 2x2)")
+    c.add_argument("--shape", default="llama3.2-1b",
+                   help="a named shape (specjax.model.shapes: qwen3-0.6b, llama3.2-1b, gemma3-1b, llama3.1-8b, ...)")
+    c.add_argument("--model", default=None, metavar="DIR",
+                   help="a checkpoint's config instead (a specjax bundle or a Hugging Face directory; no weights read)")
+    c.add_argument("--mesh", type=_mesh_arg, default=(1, 1), metavar="DATAxMODEL",
+                   help="the chips of the slice the generation is sharded over (1x1: one chip)")
+    c.add_argument("--batch", type=int, default=1)
+    c.add_argument("--context", type=int, default=2048, help="tokens per row: prompt plus new tokens")
+    c.add_argument("--prompt", type=int, default=None, help="prompt tokens per row (default: half the context)")
+    c.add_argument("--drafter", choices=["mtp", "ngram", "none"], default="none")
+    c.add_argument("--depth", type=int, default=3)
+    c.add_argument("--tree", default=None, metavar="K1xK2x...", help="a token tree (the mtp drafter's preset)")
+    c.add_argument("--cache", choices=["dense", "paged"], default="dense")
+    c.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    c.add_argument("--layer-loop", choices=["unrolled", "scan"], default=None)
+    c.add_argument("--attention", choices=["pallas", "xla"], default="pallas")
+    c.add_argument("--dump", default=None, metavar="DIR", help="write each program's optimized HLO here")
+    c.add_argument("--json", action="store_true", help="one JSON object; exit 1 when it does not fit")
+    c.set_defaults(func=cmd_compile)
 
     j = sub.add_parser("batch", help="a JSONL job file through continuous batching (resumable)")
     j.add_argument("input", metavar="IN.jsonl",

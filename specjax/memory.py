@@ -98,19 +98,30 @@ def resolve_config(name: str) -> ModelConfig:
 
 
 def _abstract_state(cfg: ModelConfig, data: int, model: int, batch: int, prompt: int, new: int, depth: int,
-                    drafter: str | None, cache: str, dtype):
-    """``(engine, params, state)`` as shapes: the laid-out params and the state right after prefill."""
+                    drafter: str | None, cache: str, dtype, *, tree=None, attention_impl: str = "xla",
+                    layer_loop: str | None = None):
+    """``(engine, params, state)`` as shapes: the laid-out params and the state right after prefill
+    (``layer_loop``: the layers unrolled or as one scan; ``None``: the model's own layout)."""
     from specjax.advance import KvAdvance
     from specjax.engine import fresh_prefill, make_engine, request_capacity
     from specjax.sampling import RowSampling
 
     if drafter != "mtp" and cfg.mtp_depth:  # an MTP module only weighs where it drafts
         cfg = dataclasses.replace(cfg, mtp_depth=0)
-    laid = jax.eval_shape(lambda: sharded_layout(init_model(cfg, dtype=dtype).params, cfg, model)[0])
+    def laid_out():
+        m = init_model(cfg, dtype=dtype)
+        if layer_loop is not None:
+            from specjax.model import with_layer_loop
+
+            m = with_layer_loop(m, layer_loop)
+        return sharded_layout(m.params, cfg, model)[0]
+
+    laid = jax.eval_shape(laid_out)
     cfg2 = sharded_config(cfg, model)
     capacity = request_capacity(prompt, new, depth)
     eng = make_engine(Model(laid, cfg2), drafter=drafter, draft_model=None, depth=depth,
-                      kv_advance_rule=KvAdvance.PER_SEQUENCE, cache=cache, capacity=capacity, pool_groups=data)
+                      kv_advance_rule=KvAdvance.PER_SEQUENCE, cache=cache, capacity=capacity, pool_groups=data,
+                      tree=tree, attention_impl=attention_impl)
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
     f32 = jax.ShapeDtypeStruct((batch,), jnp.float32)
     args = (i32(batch, prompt), i32(batch), i32(batch), i32(batch, 4), jax.ShapeDtypeStruct((batch,), jnp.uint32),

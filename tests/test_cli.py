@@ -132,7 +132,7 @@ def test_help_lists_every_command(capsys):
     described = out.split("positional arguments")[0]  # the description, not argparse's own list
     import re
 
-    for name in ("generate", "batch", "bench", "memory", "simulate", "train", "train-mtp"):
+    for name in ("generate", "batch", "bench", "memory", "compile", "simulate", "train", "train-mtp"):
         assert re.search(rf"\b{name}\b(?!-)", described), name
 
 

@@ -20,6 +20,7 @@ from specjax._pytree import pytree_dataclass
 from specjax.attention import live_attention
 from specjax.cache.base import (
     CAPACITY_EXCEEDED,
+    KERNEL_MAX_QUERIES,
     ROLLBACK_INVALID,
     Layers,
     as_rows,
@@ -156,7 +157,8 @@ class DenseKVCache:
         just written) over this layer's cache; ``[B, t_q, Hq, D]``. Reads only key blocks
         up to the batch's longest live row (XLA) or each row's own live blocks (Pallas)."""
         t_q = q.shape[1]
-        if impl == "pallas" and (tree is None or window is None or window >= t_q):  # (narrower: XLA)
+        # (a tree under a narrower window, or more queries than the kernel holds: XLA)
+        if impl == "pallas" and t_q <= KERNEL_MAX_QUERIES and (tree is None or window is None or window >= t_q):
             k, v, at = kernel_operands(self.k, self.v, layer)
             return pallas_ragged_attention(q, k, v, self.start, self.lengths, window=window, scale=scale,
                                            block_k=kernel_block(self.capacity), layer=at, tree=tree)

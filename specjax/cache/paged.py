@@ -40,6 +40,7 @@ from specjax._pytree import pytree_dataclass
 from specjax.attention import gather_pages, live_attention
 from specjax.cache.base import (
     CAPACITY_EXCEEDED,
+    KERNEL_MAX_QUERIES,
     OUT_OF_PAGES,
     POOL_GROUP_MISMATCH,
     ROLLBACK_INVALID,
@@ -425,7 +426,8 @@ class PagedKVCache:
         t_q = q.shape[1]
         zeros = jnp.zeros((self.batch,), jnp.int32)
         table = self._pool_table()
-        if impl == "pallas" and (tree is None or window is None or window >= t_q):  # (narrower: XLA)
+        # (a tree under a narrower window, or more queries than the kernel holds: XLA)
+        if impl == "pallas" and t_q <= KERNEL_MAX_QUERIES and (tree is None or window is None or window >= t_q):
             k, v, at = kernel_operands(self.k, self.v, layer)
             return paged_attention(q, k, v, table, zeros, self.lengths, window=window, scale=scale,
                                    layer=at, tree=tree)

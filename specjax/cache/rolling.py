@@ -24,6 +24,7 @@ from pallas_kernels.reference import TreeMask, tree_mask_visible
 from specjax._pytree import pytree_dataclass, static_field
 from specjax.attention import attend_visible, attention_with_positions, ring_positions
 from specjax.cache.base import (
+    KERNEL_MAX_QUERIES,
     ROLLBACK_INVALID,
     UNBOUNDED,
     Layers,
@@ -184,7 +185,7 @@ class RollingKVCache:
         if window is not None and window != self.window:
             raise ValueError(f"window={window} differs from this cache's window={self.window}")
         t_q = q.shape[1]
-        if impl == "pallas" and (tree is None or self.window >= t_q):
+        if impl == "pallas" and t_q <= KERNEL_MAX_QUERIES and (tree is None or self.window >= t_q):
             k, v, at = kernel_operands(self.k, self.v, layer)
             return ring_attention(q, k, v, self.start, self.lengths, window=self.window, scale=scale, layer=at,
                                   block_k=kernel_block(self.size), tree=tree)
