@@ -16,7 +16,7 @@ every request; ``specjax.latency``), and for the job: tokens, seconds, tok/s; on
 ``--prefill-chunks`` value and ``--chunk-modes`` mode, in one run (``none``: each long prompt
 prefilled whole in its admit; N: in chunks of N tokens, one per decode step; ``mixed``, the
 default: each chunk in the step's own forward, ``_chunk_step``; ``separate``: each chunk its
-own call before the step, ``specjax.batch.MIXED_STEP = False``).
+own call before the step, ``specjax.batch.scheduler.MIXED_STEP = False``).
 
 The figure to watch is the short rows' p99 inter-token latency against their median: an
 admit of a long prompt runs its whole prefill between two decode steps, and every live row
@@ -84,8 +84,10 @@ def main() -> None:
         sys.exit(f"--chunk-modes {args.chunk_modes!r} is invalid: comma-separated 'mixed' and 'separate'")
     runs = [(c, m) for c in chunks for m in (modes if c is not None else ["whole"])]
 
+    import specjax.batch.scheduler as scheduler
+
     def run(chunk, mode):
-        specjax.batch.MIXED_STEP = mode == "mixed"
+        scheduler.MIXED_STEP = mode == "mixed"
         return list(specjax.batch_generate(model, reqs, slots=args.slots, refill_rows=4, drafter="ngram", depth=3,
                                            max_new_tokens=args.new, prefill_chunk=chunk))
 

@@ -53,7 +53,7 @@ def main() -> None:
             sys.exit(f"--{name} {getattr(args, name)} is invalid: must be >= 1")
 
     import specjax
-    import specjax.batch as batch_mod
+    import specjax.batch.scheduler as batch_mod
     from specjax.bench import machine
     from specjax.model import ModelConfig
     from specjax.scale import random_models
@@ -67,13 +67,13 @@ def main() -> None:
     warm = workload(min(args.requests, 2 * args.slots), args.prefix, args.new, cfg.vocab_size, seed=1)
 
     computed = [0]  # prefill tokens the admits computed (rows x width)
-    real_admit = batch_mod._admit
+    real_admit = batch_mod.admit
 
     def counting_admit(eng, c, params, st, idle, rows, prompts, *rest):
         computed[0] += rows.shape[0] * (prompts.shape[1] if c is None else c)
         return real_admit(eng, c, params, st, idle, rows, prompts, *rest)
 
-    batch_mod._admit = counting_admit
+    batch_mod.admit = counting_admit
 
     def run(on, requests):
         return list(specjax.batch_generate(model, requests, slots=args.slots, refill_rows=max(1, args.slots // 4),

@@ -71,10 +71,12 @@ def _check_pages(block_table, lead_pad, q_start, t_q: int, window: int | None, p
     """Every page a row reads must be owned (``0 <= id < num_pages``); host-side, concrete only."""
     if any(isinstance(x, jax.core.Tracer) for x in (block_table, lead_pad, q_start)):
         return
-    bt = np.asarray(block_table)
-    for b in range(bt.shape[0]):  # on the host, in NumPy: no device op (a compile-only client has no CPU default)
+    # on the host, in NumPy: no device op, none staged into a caller's trace (indexing a concrete
+    # jax array inside a jit would be), none on a compile-only client's device
+    bt, lead, start = np.asarray(block_table), np.asarray(lead_pad), np.asarray(q_start)
+    for b in range(bt.shape[0]):
         first, last = (int(x) for x in live_block_range(
-            int(lead_pad[b]), int(q_start[b]), t_q, window, page, bt.shape[1] * page, xp=np))
+            int(lead[b]), int(start[b]), t_q, window, page, bt.shape[1] * page, xp=np))
         ids = bt[b, first : last + 1]
         if ((ids < 0) | (ids >= num_pages)).any():
             raise ValueError(

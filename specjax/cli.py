@@ -350,13 +350,13 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if not has_libtpu():
         print(f"specjax compile: {INSTALL}", file=sys.stderr)
         return 2
-    from specjax.generation_config import _tree as tree_arg
+    from specjax.generation_config import tree_setting
     from specjax.memory import resolve_config
 
     status = None
     try:
         cfg = resolve_config(args.model or args.shape)
-        tree = tree_arg(args.tree)
+        tree = tree_setting(args.tree)
         status = _Status(f"compiling for TPU {args.chip}:{args.topology} (a minute or more for an 8B shape) ...",
                          quiet=args.json)
         r = compile_generation(cfg, chip=args.chip, topology=args.topology, mesh=args.mesh, batch=args.batch,
@@ -854,9 +854,8 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="specjax", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _simulate_command(sub) -> None:
+    """``specjax simulate``'s flags."""
     s = sub.add_parser("simulate", help="tok/step of the cohort vs per-sequence KV advance rules")
     s.add_argument("--batch", type=int, default=128)
     s.add_argument("--depth", type=int, default=3, help="drafts per step (window = depth + 1)")
@@ -898,6 +897,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "is done (--steps bounds it); default: rows never finish (slots refilled)")
     s.set_defaults(func=cmd_simulate)
 
+
+def _generate_command(sub) -> None:
+    """``specjax generate``'s flags."""
     g = sub.add_parser("generate", help="generate text with speculative decoding (default: the bundled model)")
     g.add_argument("prompt", nargs="*", help="prompt text (several: one batch; \\n for a newline)")
     _add_decoding_args(g)
@@ -911,6 +913,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true")
     g.set_defaults(func=cmd_generate)
 
+
+def _memory_command(sub) -> None:
+    """``specjax memory``'s flags."""
     mem = sub.add_parser("memory", help="per-device bytes of a generation on a device mesh, before running it")
     mem.add_argument("--config", default="llama3-8b",
                      help="a named shape (specjax.model.shapes: qwen3-0.6b, llama3.2-1b, gemma3-1b, llama3.1-8b, "
@@ -926,6 +931,9 @@ def build_parser() -> argparse.ArgumentParser:
     mem.add_argument("--json", action="store_true")
     mem.set_defaults(func=cmd_memory)
 
+
+def _compile_command(sub) -> None:
+    """``specjax compile``'s flags."""
     c = sub.add_parser("compile", help="compile a generation for a TPU slice from any machine (libtpu, no TPU): "
                                        "fits or not, temporaries, cache-sized copies")
     c.add_argument("--chip", choices=["v5e", "v5p", "v6e", "v4"], default="v5e")
@@ -950,6 +958,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="one JSON object; exit 1 when it does not fit")
     c.set_defaults(func=cmd_compile)
 
+
+def _batch_command(sub) -> None:
+    """``specjax batch``'s flags."""
     j = sub.add_parser("batch", help="a JSONL job file through continuous batching (resumable)")
     j.add_argument("input", metavar="IN.jsonl",
                    help='one request per line: {"id", "prompt", "max_new_tokens", "temperature", "top_p", "top_k", '
@@ -978,6 +989,9 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--json", action="store_true", help="no progress bar; print the summary as JSON")
     j.set_defaults(func=cmd_batch)
 
+
+def _bench_command(sub) -> None:
+    """``specjax bench``'s flags."""
     b = sub.add_parser("bench", help="plain vs cohort vs per_sequence on the bundled model, all drafters; "
                                      "--shape NAME --random: at a real model's shape")
     b.add_argument("--model", default=None, help="specjax bundle (default: checkpoints/default)")
@@ -1022,6 +1036,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="PNG of tok/step and tok/s vs batch size (and FILE_depth.png: fixed depths vs auto)")
     b.set_defaults(func=cmd_bench)
 
+
+def _train_command(sub) -> None:
+    """``specjax train``'s flags."""
     t = sub.add_parser("train", help="train the target, its MTP module and a draft model on the stdlib corpus")
     t.add_argument("--preset", choices=["default", "smoke"], default="default")
     t.add_argument("--run-dir", default="runs/default", help="orbax training checkpoints and log.jsonl")
@@ -1039,6 +1056,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--json", action="store_true", help="no progress bar; print the summary as JSON")
     t.set_defaults(func=cmd_train)
 
+
+def _train_mtp_command(sub) -> None:
+    """``specjax train-mtp``'s flags."""
     m = sub.add_parser("train-mtp", help="train an MTP drafting module for any model (target frozen) on your text")
     m.add_argument("--model", required=True, help="a local Hugging Face checkpoint directory or a specjax bundle")
     m.add_argument("--data", nargs="+", required=True, metavar="FILE", help="UTF-8 text files to train on")
@@ -1060,6 +1080,25 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--resume", action="store_true", help="continue from the last checkpoint under DIR/train")
     m.add_argument("--json", action="store_true", help="no progress bar; print the summary as JSON")
     m.set_defaults(func=cmd_train_mtp)
+
+
+COMMANDS = (  # in --help's order
+    _simulate_command,
+    _generate_command,
+    _memory_command,
+    _compile_command,
+    _batch_command,
+    _bench_command,
+    _train_command,
+    _train_mtp_command,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="specjax", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in COMMANDS:
+        add(sub)
     return parser
 
 

@@ -107,7 +107,7 @@ class GenerationConfig:
     def __post_init__(self) -> None:
         for name in ("max_new_tokens", "seed", "eos_id"):
             object.__setattr__(self, name, _ints(getattr(self, name)))
-        object.__setattr__(self, "tree", _tree(self.tree))
+        object.__setattr__(self, "tree", tree_setting(self.tree))
         if self.tree is not None and not (is_int(self.depth) or self.depth in (None, "auto")):
             fail("tree", tree_label(self.tree), f"does not combine with depth={self.depth!r}: give an int depth "
                  "(a preset tree sets its own) or 'auto'")
@@ -174,7 +174,7 @@ class GenerationConfig:
         return base.replace(**settings) if settings else base
 
 
-def _tree(value: object) -> tuple[int, ...] | DynamicTree | None:
+def tree_setting(value: object) -> tuple[int, ...] | DynamicTree | None:
     """``tree`` as a tuple (``"2x2x1"`` and lists too) or a ``DynamicTree`` (``"dynamic:N,K"``),
     checked: a preset has 1 .. ``MAX_DEPTH`` levels of ints >= 1, and a tree at most
     ``MAX_TREE_NODES`` draft nodes."""

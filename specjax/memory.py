@@ -97,7 +97,7 @@ def resolve_config(name: str) -> ModelConfig:
     return read_config(path)[0]
 
 
-def _abstract_state(cfg: ModelConfig, data: int, model: int, batch: int, prompt: int, new: int, depth: int,
+def abstract_state(cfg: ModelConfig, data: int, model: int, batch: int, prompt: int, new: int, depth: int,
                     drafter: str | None, cache: str, dtype, *, tree=None, attention_impl: str = "xla",
                     layer_loop: str | None = None):
     """``(engine, params, state)`` as shapes: the laid-out params and the state right after prefill
@@ -151,7 +151,7 @@ def memory_plan(config: ModelConfig, *, data: int = 1, model: int = 1, batch: in
         raise ValueError(f"prompt={prompt} is invalid: must lie in [1, context={context})")
     dtype = jnp.dtype(dtype)
     mesh = _mesh_like(data, model)
-    eng, params, st = _abstract_state(config, data, model, batch, prompt, context - prompt, depth, drafter, cache,
+    eng, params, st = abstract_state(config, data, model, batch, prompt, context - prompt, depth, drafter, cache,
                                       dtype)
     specs = state_specs(st, mesh)
     cfg2 = eng.target.config
@@ -183,7 +183,7 @@ def check_compiled(config: ModelConfig, mesh, *, batch: int, context: int, depth
     data, model = mesh.shape[DATA], mesh.shape[MODEL]
     plan = memory_plan(config, data=data, model=model, batch=batch, context=context, depth=depth, drafter=drafter,
                        cache=cache, dtype=dtype)
-    eng, params, st = _abstract_state(config, data, model, batch, context // 2, context - context // 2, depth,
+    eng, params, st = abstract_state(config, data, model, batch, context // 2, context - context // 2, depth,
                                       drafter, cache, jnp.dtype(dtype))
     eng = dataclasses.replace(eng, mesh=mesh)
     p_abs = placed_shapes(params, param_specs(params, mesh), mesh)

@@ -173,7 +173,7 @@ def compile_generation(config, *, chip: str = "v5e", topology: str = "2x2", mesh
     ``data x model`` mesh of the slice's chips. Returns the report (``specjax compile --json``);
     ``dump``: a folder to write each program's optimized HLO to; ``programs``: which to compile."""
     from specjax.engine import decode_step, fresh_prefill
-    from specjax.memory import _abstract_state
+    from specjax.memory import abstract_state
     from specjax.sampling import RowSampling
     from specjax.sharding import DATA, MODEL, param_specs, placed_shapes, state_specs
 
@@ -194,7 +194,7 @@ def compile_generation(config, *, chip: str = "v5e", topology: str = "2x2", mesh
     jax.config.update("jax_default_device", devices[0])  # Mosaic and the engine read the target platform here
     jax.config.update("jax_enable_compilation_cache", False)  # a compile-only client cannot load cached programs
     try:
-        eng, params, st = _abstract_state(config, data, model, batch, prompt, context - prompt, depth, drafter,
+        eng, params, st = abstract_state(config, data, model, batch, prompt, context - prompt, depth, drafter,
                                           cache, jnp.dtype(dtype), tree=tree, attention_impl=attention,
                                           layer_loop=layer_loop)
         if data * model > 1:

@@ -8,7 +8,9 @@ paged caches (a paged pool smaller than slots x max pages included).
 import numpy as np
 import pytest
 
-import specjax.batch as batch_mod
+import specjax.batch.job as job_mod
+import specjax.batch.scheduler as batch_mod
+import specjax.batch.slots as slots_mod
 from specjax import Request, batch_generate, generate
 from specjax.model import ModelConfig
 
@@ -82,7 +84,7 @@ def test_admits_fill_each_slot_group_from_its_own_pool():
     worst case, and keeps FIFO order when no group can take it."""
     import collections
 
-    row = lambda i, pages: batch_mod._Row(i, [1], 4, 0.0, None, None, 0, (), pages)  # noqa: E731
+    row = lambda i, pages: batch_mod.Row(i, [1], 4, 0.0, None, None, 0, (), pages)  # noqa: E731
     held = [None] * 4  # groups: slots 0-1 and 2-3, each with a pool of 6 / 2 = 3 pages
     queue = collections.deque([row("a", 3), row("b", 1), row("c", 1)])
     got = batch_mod._pick(held, queue, refill=2, pool=6, groups=2)[0]
@@ -93,9 +95,9 @@ def test_admits_fill_each_slot_group_from_its_own_pool():
     assert [[(s, r.id) for s, r in g] for g in got] == [[], [(3, "c")]] and [r.id for r in queue] == ["d"]
     held[3] = got[1][0][1]
     assert batch_mod._pick(held, queue, refill=2, pool=6, groups=2)[0] == [[], []]  # "d" waits: no pool has 3 free
-    rows = np.asarray(batch_mod._admit_inputs([[(1, row("x", 1)), (0, row("y", 1))], []], 4, 4)[0])
+    rows = np.asarray(batch_mod.admit_inputs([[(1, row("x", 1)), (0, row("y", 1))], []], 4, 4)[0])
     np.testing.assert_array_equal(rows, [1, 0, 4, 4])  # group-major, each group padded to the fullest's 2 rows
-    rows = np.asarray(batch_mod._admit_inputs([[(1, row("x", 1))], []], 4, 4)[0])
+    rows = np.asarray(batch_mod.admit_inputs([[(1, row("x", 1))], []], 4, 4)[0])
     np.testing.assert_array_equal(rows, [1, 4])  # one request per group: one row each
 
 
@@ -104,7 +106,7 @@ def test_slot_groups_with_their_own_pools_give_every_request_its_alone_tokens(mo
     pool of 4 pages, where long requests need 3; every request still equals its alone run."""
     import functools
 
-    monkeypatch.setattr(batch_mod, "make_engine", functools.partial(batch_mod.make_engine, pool_groups=2))
+    monkeypatch.setattr(job_mod, "make_engine", functools.partial(job_mod.make_engine, pool_groups=2))
     reqs = [Request(prompt=[1, 2, 3], id=i, max_new_tokens=n) for i, n in enumerate([30, 30, 30, 30, 4, 8, 20])]
     out = {c.id: c.tokens for c in batch_generate(MODEL, reqs, slots=4, cache="paged", pages=8, drafter="mtp")}
     for r in reqs:
@@ -116,14 +118,14 @@ def test_an_admit_prefills_one_prompt_bucket_with_rows_that_follow_its_requests(
     otherwise), and an admit of n requests prefills the next power of two >= n rows, not
     ``refill_rows``: the prefill's work follows the requests admitted."""
     seen = []
-    real_admit = batch_mod._admit
+    real_admit = batch_mod.admit
 
     def spy(eng, c, params, st, idle, rows, prompts, prompt_len, *rest):
         live = np.asarray(rows) < st.seq.shape[0]
         seen.append((prompts.shape[1], np.asarray(prompt_len)[live].tolist(), len(rows)))
         return real_admit(eng, c, params, st, idle, rows, prompts, prompt_len, *rest)
 
-    monkeypatch.setattr(batch_mod, "_admit", spy)
+    monkeypatch.setattr(batch_mod, "admit", spy)
     lens = [3, 20, 4, 5, 6, 30, 2, 7, 9]
     reqs = [Request(list(range(1, n + 1)), id=i, max_new_tokens=4 + i) for i, n in enumerate(lens)]
     out = {c.id: c.tokens for c in batch_generate(MODEL, reqs, slots=4, refill_rows=4, drafter="ngram", ngram_n=2)}
@@ -144,12 +146,12 @@ def test_admit_returns_the_pages_of_every_idle_slot():
     eng = make_engine(MODEL, drafter=None, draft_model=None, depth=3, kv_advance_rule=KvAdvance.PER_SEQUENCE,
                       cache="paged", capacity=128, num_pages=40)
     params = {"target": MODEL.params}
-    st = batch_mod._empty_state(eng, 4, 8)
-    first = [(s, batch_mod._Row(s, [1, 2, 3, 4, 5], 20, 0.0, None, None, 0, (), 2)) for s in range(4)]
-    st = batch_mod._admit(eng, None, params, st, np.ones(4, bool), *batch_mod._admit_inputs([first], 4, 4))
+    st = batch_mod.empty_state(eng, 4, 8)
+    first = [(s, batch_mod.Row(s, [1, 2, 3, 4, 5], 20, 0.0, None, None, 0, (), 2)) for s in range(4)]
+    st = batch_mod.admit(eng, None, params, st, np.ones(4, bool), *batch_mod.admit_inputs([first], 4, 4))
     assert int(st.cache.global_kv.num_free) == 40 - 4  # one 16-token page per 8-token prefill
-    one = [(0, batch_mod._Row("new", [1, 2], 20, 0.0, None, None, 0, (), 2))]
-    st = batch_mod._admit(eng, None, params, st, np.ones(4, bool), *batch_mod._admit_inputs([one], 4, 4))
+    one = [(0, batch_mod.Row("new", [1, 2], 20, 0.0, None, None, 0, (), 2))]
+    st = batch_mod.admit(eng, None, params, st, np.ones(4, bool), *batch_mod.admit_inputs([one], 4, 4))
     assert int(st.cache.global_kv.num_free) == 40 - 1
     np.testing.assert_array_equal(np.asarray(st.live), [True, False, False, False])
 
@@ -163,14 +165,14 @@ def test_a_refilled_slot_holds_exactly_a_fresh_prefill_of_its_request():
     eng = make_engine(MODEL, drafter="mtp", draft_model=None, depth=3, kv_advance_rule=KvAdvance.PER_SEQUENCE,
                       cache="dense", capacity=128)
     params = {"target": MODEL.params}
-    row = lambda rid, prompt, n: batch_mod._Row(rid, prompt, n, 0.0, None, None, 0, (), 1)  # noqa: E731
-    st = batch_mod._empty_state(eng, 2, 8)
+    row = lambda rid, prompt, n: batch_mod.Row(rid, prompt, n, 0.0, None, None, 0, (), 1)  # noqa: E731
+    st = batch_mod.empty_state(eng, 2, 8)
     old = [(0, row("a", [3, 1, 4, 1, 5, 9, 2], 30)), (1, row("b", [2, 7, 1, 8], 30))]
-    st = batch_mod._admit(eng, None, params, st, np.ones(2, bool), *batch_mod._admit_inputs([old], 2, 2))
-    st = batch_mod._decode(eng, params, st, np.int32(2), st.i + 3)  # both rows move on
+    st = batch_mod.admit(eng, None, params, st, np.ones(2, bool), *batch_mod.admit_inputs([old], 2, 2))
+    st = batch_mod.decode(eng, params, st, np.int32(2), st.i + 3)  # both rows move on
     before = np.asarray(st.dstate.h[0]).copy(), int(st.known[0])
     new = [(1, row("c", [6, 6], 12))]
-    st = batch_mod._admit(eng, None, params, st, np.array([False, True]), *batch_mod._admit_inputs([new], 2, 2))
+    st = batch_mod.admit(eng, None, params, st, np.array([False, True]), *batch_mod.admit_inputs([new], 2, 2))
     ref = prefill(eng, params, np.array([[6, 6, 0, 0, 0, 0, 0, 0]], np.int32), np.array([2], np.int32),
                   np.array([14], np.int32), np.array([-1], np.int32), np.array([0], np.uint32))
     assert int(st.cache.lengths[1]) == 2 and int(st.known[1]) == 3 and int(st.max_len[1]) == 14
@@ -194,10 +196,10 @@ def test_a_refilled_row_starts_at_the_tables_acceptance():
                       cache="dense", capacity=128, controller=AutoDepth(policy))
     params = {"target": MODEL.params}
     table = CostTable.create((1, 2, 3, 4), [2], [[1.0, 2.0, 3.0, 4.0]], acceptance=(0.8, 0.9, 0.6))
-    st = batch_mod._empty_state(eng, 2, 8)
+    st = batch_mod.empty_state(eng, 2, 8)
     st = st.replace(auto=auto_state(eng, table, 2), est=st.est.at[0].set(0.1))
-    row = batch_mod._Row("a", [3, 1, 4], 12, 0.0, None, None, 0, (), 1)
-    st = batch_mod._admit(eng, None, params, st, np.array([False, True]), *batch_mod._admit_inputs([[(1, row)]], 2, 2))
+    row = batch_mod.Row("a", [3, 1, 4], 12, 0.0, None, None, 0, (), 1)
+    st = batch_mod.admit(eng, None, params, st, np.array([False, True]), *batch_mod.admit_inputs([[(1, row)]], 2, 2))
     np.testing.assert_allclose(np.asarray(st.est), [[0.1] * 3, [0.8, 0.9, 0.6]], rtol=1e-6)
 
 
@@ -244,11 +246,11 @@ def test_greedy_rows_in_a_sampling_job_stay_exactly_greedy():
 def test_changing_sampling_settings_seeds_or_lengths_never_recompiles():
     reqs = _requests(6, seed=31)
     list(batch_generate(MODEL, iter(reqs), slots=2, max_new_tokens=30, drafter="mtp"))
-    before = dict(batch_mod._TRACES)
+    before = dict(slots_mod._TRACES)
     again = [Request(r.prompt, id=r.id, max_new_tokens=max(1, r.max_new_tokens - 2), temperature=0.5 + 0.1 * i,
                      top_p=0.9, top_k=3 + i, seed=i) for i, r in enumerate(reqs)]
     list(batch_generate(MODEL, iter(again), slots=2, max_new_tokens=30, drafter="mtp", temperature=0.3))
-    assert batch_mod._TRACES == before
+    assert slots_mod._TRACES == before
 
 
 @pytest.mark.parametrize("requests,kw,match", [
@@ -264,10 +266,10 @@ def test_changing_sampling_settings_seeds_or_lengths_never_recompiles():
     ([[1]], {"refill_rows": 5, "slots": 4}, r"refill_rows=5 is invalid"),
 ])
 def test_bad_requests_are_refused_before_compile(requests, kw, match):
-    before = dict(batch_mod._TRACES)
+    before = dict(slots_mod._TRACES)
     with pytest.raises(ValueError, match=match):
         batch_generate(MODEL, requests, drafter="mtp", **{"max_new_tokens": 10, **kw})
-    assert batch_mod._TRACES == before
+    assert slots_mod._TRACES == before
 
 
 def test_stop_ends_the_job_between_rounds():

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import specjax
-import specjax.batch as batch_mod
+import specjax.batch.scheduler as batch_mod
+import specjax.batch.slots as slots_mod
 import specjax.latency as latency
 from specjax import Request, batch_generate
 from specjax.engine import make_engine, pending_rows, prefill_chunk, prefill_rows, request_capacity
@@ -108,11 +109,11 @@ def test_chunked_jobs_give_every_request_its_alone_tokens(monkeypatch, drafter, 
             assert out[r.id].tokens == alone.tokens[0], (rule, r.id)
             if rule == "per_sequence":  # the drafter state came out of the chunks whole
                 assert out[r.id].metrics["accepted_trace"] == alone.metrics["row_accepted_trace"][0], r.id
-    assert batch_mod._TRACES["chunk_step" if mixed else "chunk"] > 0
-    before = dict(batch_mod._TRACES)  # lengths and budgets are data: the same job again compiles nothing
+    assert slots_mod._TRACES["chunk_step" if mixed else "chunk"] > 0
+    before = dict(slots_mod._TRACES)  # lengths and budgets are data: the same job again compiles nothing
     again = [Request(r.prompt, id=r.id, max_new_tokens=max(1, r.max_new_tokens - 1)) for r in reqs]
     list(batch_generate(MODEL, again, slots=3, refill_rows=2, prefill_chunk=c, kv_advance="cohort", **kw))
-    assert batch_mod._TRACES == before
+    assert slots_mod._TRACES == before
 
 
 def test_chunked_paged_jobs_share_a_tight_pool_with_the_running_rows():
@@ -144,7 +145,7 @@ def test_a_long_prompt_stalls_the_running_rows_one_chunk_at_a_time(monkeypatch, 
     other decode call between two chunks); else between two chunks runs exactly one decode
     call of one step."""
     clock, events = [0.0], []
-    admit, chunk_fn, chunk_step, decode = batch_mod._admit, batch_mod._chunk, batch_mod._chunk_step, batch_mod._decode
+    admit, chunk_fn, chunk_step, decode = batch_mod.admit, batch_mod.chunk_alone, batch_mod.chunk_step, batch_mod.decode
 
     def timed_admit(eng, c, params, st, idle, rows, prompts, *rest):
         clock[0] += prompts.shape[1]
@@ -169,10 +170,10 @@ def test_a_long_prompt_stalls_the_running_rows_one_chunk_at_a_time(monkeypatch, 
 
     monkeypatch.setattr(batch_mod, "MIXED_STEP", mixed)
     monkeypatch.setattr(latency, "now", lambda: clock[0])
-    monkeypatch.setattr(batch_mod, "_admit", timed_admit)
-    monkeypatch.setattr(batch_mod, "_chunk", timed_chunk)
-    monkeypatch.setattr(batch_mod, "_chunk_step", timed_chunk_step)
-    monkeypatch.setattr(batch_mod, "_decode", counted_decode)
+    monkeypatch.setattr(batch_mod, "admit", timed_admit)
+    monkeypatch.setattr(batch_mod, "chunk_alone", timed_chunk)
+    monkeypatch.setattr(batch_mod, "chunk_step", timed_chunk_step)
+    monkeypatch.setattr(batch_mod, "decode", counted_decode)
     reqs = [Request([1, 2, 3], id="s0", max_new_tokens=30), Request([i % 29 + 1 for i in range(40)], id="long",
                                                                        max_new_tokens=8)]
     reqs += [Request([4, 5, 6], id=f"s{i}", max_new_tokens=12) for i in range(1, 4)]
@@ -198,7 +199,7 @@ def test_auto_depth_times_its_table_on_running_rows_not_pending_ones(monkeypatch
     with nothing running would measure nothing, and the table is kept on disk). Each chunk
     rides in the step the controller chose (``step_and_chunk``), never its own call."""
     seen, calls = [], {"chunk": 0, "chunk_step": 0}
-    real, chunk, chunk_step = batch_mod._set_cost, batch_mod._chunk, batch_mod._chunk_step
+    real, chunk, chunk_step = batch_mod._set_cost, batch_mod.chunk_alone, batch_mod.chunk_step
 
     def spy(eng, params, st, *rest):
         seen.append(bool(np.any(~np.asarray(st.done))))
@@ -211,8 +212,8 @@ def test_auto_depth_times_its_table_on_running_rows_not_pending_ones(monkeypatch
         return call
 
     monkeypatch.setattr(batch_mod, "_set_cost", spy)
-    monkeypatch.setattr(batch_mod, "_chunk", counted("chunk", chunk))
-    monkeypatch.setattr(batch_mod, "_chunk_step", counted("chunk_step", chunk_step))
+    monkeypatch.setattr(batch_mod, "chunk_alone", counted("chunk", chunk))
+    monkeypatch.setattr(batch_mod, "chunk_step", counted("chunk_step", chunk_step))
     rng = np.random.default_rng(3)
     reqs = [Request(prompt=rng.integers(0, 31, int(rng.integers(10, 30))).tolist(), id=i,
                     max_new_tokens=int(rng.integers(3, 30))) for i in range(4)]
@@ -229,10 +230,10 @@ def test_auto_depth_times_its_table_on_running_rows_not_pending_ones(monkeypatch
     ({"prefill_chunk": 0}, r"prefill_chunk=0 is invalid: must be an int >= 1"),
 ])
 def test_bad_chunk_settings_are_refused_before_compile(kw, match):
-    before = dict(batch_mod._TRACES)
+    before = dict(slots_mod._TRACES)
     with pytest.raises(ValueError, match=match):
         batch_generate(MODEL, [[1, 2]], max_new_tokens=4, **kw)
-    assert batch_mod._TRACES == before
+    assert slots_mod._TRACES == before
 
 
 def _cache_after(model, kind, lens, seed):

@@ -308,3 +308,31 @@ def test_ctrl_c_leaves_while_the_main_thread_is_stuck_in_c():
     took = time.perf_counter() - sent
     assert proc.returncode == 130 and "finished" not in out, (proc.returncode, out, err)
     assert err.strip() == "specjax test: interrupted" and took < 3.0, (err, took)
+
+
+def test_decoding_flags_agree_with_the_library():
+    """The CLI keeps its flags' choices and defaults in cli.py (``specjax`` starts without
+    importing jax); they are the library's: the same names, and GenerationConfig's defaults
+    except the text CLI's documented sampling ones (temperature 0.8, top-p 0.95, 128 tokens)."""
+    from specjax.advance import KvAdvance
+    from specjax.cache import CACHE_KINDS
+    from specjax.cache.base import ATTENTION_IMPLS
+    from specjax.drafters import DRAFTERS
+    from specjax.generation_config import GenerationConfig
+    from specjax.model.llama import LAYER_LOOPS
+
+    subs = next(a for a in cli.build_parser()._actions if a.dest == "command").choices
+    cfg = GenerationConfig()
+    for command in ("generate", "batch"):
+        flags = {a.dest: a for a in subs[command]._actions}
+        assert set(flags["drafter"].choices) == set(DRAFTERS) | {"none"}, command
+        assert set(flags["kv_advance"].choices) == {k.value for k in KvAdvance}, command
+        assert set(flags["cache"].choices) == set(CACHE_KINDS), command
+        assert set(flags["attention"].choices) == set(ATTENTION_IMPLS), command
+        assert set(flags["layer_loop"].choices) == set(LAYER_LOOPS), command
+        for dest, field in (("max_depth", "max_depth"), ("attention", "attention_impl"), ("top_k", "top_k"),
+                            ("seed", "seed"), ("depth", "depth"), ("cache", "cache"), ("kv_advance", "kv_advance"),
+                            ("cost", "cost")):
+            assert flags[dest].default == getattr(cfg, field), (command, dest)
+        assert (flags["temperature"].default, flags["top_p"].default, flags["max_new_tokens"].default) == (
+            0.8, 0.95, 128), command

@@ -5,7 +5,7 @@ were live across it."""
 import numpy as np
 import pytest
 
-import specjax.batch as batch_mod
+import specjax.batch.scheduler as batch_mod
 import specjax.latency as latency
 from specjax import Request, batch_generate
 
@@ -62,7 +62,7 @@ def test_an_admit_stalls_exactly_the_rows_live_across_it(monkeypatch):
     between two of its steps (C's), B and C never; queues and first tokens count every
     admit before a request's own."""
     clock = [0.0]
-    real_admit = batch_mod._admit
+    real_admit = batch_mod.admit
 
     def slow_admit(*args):
         out = real_admit(*args)
@@ -70,7 +70,7 @@ def test_an_admit_stalls_exactly_the_rows_live_across_it(monkeypatch):
         return out
 
     monkeypatch.setattr(latency, "now", lambda: clock[0])
-    monkeypatch.setattr(batch_mod, "_admit", slow_admit)
+    monkeypatch.setattr(batch_mod, "admit", slow_admit)
     reqs = [Request([1, 2, 3], id="A", max_new_tokens=40), Request([4, 5], id="B", max_new_tokens=4),
             Request([6, 7, 8], id="C", max_new_tokens=4)]
     got = {c.id: c for c in batch_generate(MODEL, reqs, slots=2, refill_rows=1, drafter="ngram", depth=3, ngram_n=2)}

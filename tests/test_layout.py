@@ -90,3 +90,12 @@ def test_the_engine_knows_no_depth_policy():
         assert not [m for m in _imports(p) if m.startswith("specjax.auto")], p
     step = (ROOT / "specjax" / "engine" / "step.py").read_text()
     assert not re.findall(r"\b(policy|policies|auto|est|estimates?|prior|cost|choose|DepthPolicy)\b", step)
+
+
+def test_the_slow_lane_names_existing_test_modules():
+    """``tests/conftest.py`` marks whole modules slow by name: a renamed module would slip into
+    the quick lane unnoticed."""
+    from conftest import SLOW
+
+    missing = sorted(name for name in SLOW if not (ROOT / "tests" / f"{name}.py").is_file())
+    assert not missing, missing

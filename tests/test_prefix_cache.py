@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import specjax.batch as batch_mod
+import specjax.batch.scheduler as batch_mod
 from specjax import Request, batch_generate
 from specjax.cache import PagedKVCache
 from specjax.prefix_cache import PrefixCache, page_keys
@@ -150,19 +150,19 @@ def test_a_draft_models_view_starts_on_its_own_pools_pages():
     eng = make_engine(MODEL, drafter="draft_model", draft_model=DRAFT, depth=2, kv_advance_rule=KvAdvance.PER_SEQUENCE,
                       cache="paged", capacity=64)
     params = {"target": MODEL.params, "draft": DRAFT.params}
-    row = lambda rid, prompt: batch_mod._Row(rid, prompt, 6, 0.0, None, None, 0, (), 8)  # noqa: E731
-    st = batch_mod._empty_state(eng, 2, 32)
+    row = lambda rid, prompt: batch_mod.Row(rid, prompt, 6, 0.0, None, None, 0, (), 8)  # noqa: E731
+    st = batch_mod.empty_state(eng, 2, 32)
     st = st.replace(dstate=st.dstate.reserve(16, jnp.array([False, True])))  # the draft pool's first page taken
     a, b = row("a", list(range(1, 21))), row("b", list(range(1, 18)))
     shared = lambda pages, count: (jnp.asarray(pages), jnp.array([count], jnp.int32), jnp.array([1], jnp.int32))  # noqa: E731
     none = np.full((2, 1, eng.capacity // 16), -1, np.int32)
-    st = batch_mod._admit(eng, None, params, st, np.array([True, False]), *batch_mod._admit_inputs([[(0, a)]], 1, 2),
+    st = batch_mod.admit(eng, None, params, st, np.array([True, False]), *batch_mod.admit_inputs([[(0, a)]], 1, 2),
                           shared(none, 0))
     t_page, d_page = int(st.cache.global_kv.block_table[0, 0]), int(st.dstate.global_kv.block_table[0, 0])
     assert t_page != d_page
     pages = none.copy()
     pages[:, 0, 0] = t_page, d_page
-    st = batch_mod._admit(eng, 16, params, st, np.array([False, True]), *batch_mod._admit_inputs([[(1, b)]], 1, 2),
+    st = batch_mod.admit(eng, 16, params, st, np.array([False, True]), *batch_mod.admit_inputs([[(1, b)]], 1, 2),
                           shared(pages, 1))
     assert int(st.dstate.global_kv.block_table[1, 0]) == d_page and int(st.cache.global_kv.block_table[1, 0]) == t_page
     assert int(st.dstate.global_kv.refs[d_page]) == 2 and int(st.cache.global_kv.refs[t_page]) == 2
