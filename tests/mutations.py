@@ -2250,18 +2250,4 @@ Mutation(
         "    return jax.default_backend()\n",
         ("tests/test_tpu_compile.py::test_every_kernel_compiles_for_tpu",),
     ),
-    Mutation(
-        "drafters: the draft model's own caches do not compact a tree's accepted path",
-        "DraftModelDrafter",
-        "    compacts: ClassVar[bool] = True\n",
-        "    compacts: ClassVar[bool] = False\n",
-        ("tests/test_tree_engine.py",),
-    ),
-    Mutation(
-        "drafters: the MTP drafter never settles deferred window-1 commits",
-        "MtpDrafter",
-        "    defers: ClassVar[bool] = True\n",
-        "    defers: ClassVar[bool] = False\n",
-        ("tests/test_depth_auto.py",),
-    ),
 ]
