@@ -45,13 +45,11 @@ if _XLA_CACHE != "off":
     if "PYTEST_XDIST_WORKER" not in os.environ:  # the controlling process, before any worker compiles
         _prune(os.environ["JAX_COMPILATION_CACHE_DIR"], _XLA_CACHE_BYTES)
 
-# The suite compiles thousands of small programs whose run time is negligible: LLVM at
-# optimization level 0 takes about a third off XLA:CPU's compile time (one chunked-prefill
-# test: 100 s -> 64 s of backend compile). XLA's HLO passes are unchanged, so every program
-# (and every HLO a test inspects) is the same; only the machine code is less optimized. A
-# caller's own XLA_FLAGS level wins.
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+# Cheaper XLA:CPU compiles for the whole suite (tests/compile_flags.py says which and why);
+# a caller's own setting of a flag wins.
+from compile_flags import with_cheap_compiles  # noqa: E402
+
+os.environ["XLA_FLAGS"] = with_cheap_compiles(os.environ.get("XLA_FLAGS", ""))
 
 from hypothesis import settings  # noqa: E402
 

@@ -9,8 +9,10 @@ import json
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 sys.path.insert(0, os.path.dirname(__file__))
+from compile_flags import with_cheap_compiles  # noqa: E402
+
+os.environ["XLA_FLAGS"] = with_cheap_compiles("--xla_force_host_platform_device_count=8")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

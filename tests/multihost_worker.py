@@ -6,8 +6,12 @@ rows must come back equal to a single-process run of the same prompts."""
 
 import json
 import os
+import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+sys.path.insert(0, os.path.dirname(__file__))
+from compile_flags import with_cheap_compiles  # noqa: E402
+
+os.environ["XLA_FLAGS"] = with_cheap_compiles("--xla_force_host_platform_device_count=2")
 
 import jax  # noqa: E402
 
