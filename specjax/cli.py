@@ -14,6 +14,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from specjax.cli_drafter import train_drafter_command
+
 if TYPE_CHECKING:
     from specjax.generation_config import GenerationConfig
 
@@ -808,7 +810,7 @@ def _add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="a specjax bundle or a local Hugging Face checkpoint directory (default: checkpoints/default)")
     p.add_argument("--draft-model", default=None, help="checkpoint of a smaller model with the same tokenizer")
-    p.add_argument("--drafter", choices=["mtp", "draft_model", "ngram", "none"], default=None,
+    p.add_argument("--drafter", choices=["mtp", "draft_model", "ngram", "block", "none"], default=None,
                    help="default: mtp if the model has it, else draft_model if given, else ngram")
     p.add_argument("--depth", type=_depth_arg, default=None,
                    help="drafts per step (default: 3, or a preset tree's own), or 'auto': each step picks its window "
@@ -1091,6 +1093,7 @@ COMMANDS = (  # in --help's order
     _bench_command,
     _train_command,
     _train_mtp_command,
+    train_drafter_command,
 )
 
 

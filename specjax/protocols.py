@@ -45,7 +45,7 @@ import jax.numpy as jnp
 from specjax._pytree import pytree_dataclass, static_field
 from specjax.sampling import RowSampling, draft_token
 
-__all__ = ["Decoder", "DecoderModel", "DraftContext", "Drafter", "MixedForward", "MtpHead", "MtpOneSlot",
+__all__ = ["BlockHead", "Decoder", "DecoderModel", "DraftContext", "Drafter", "MixedForward", "MtpHead", "MtpOneSlot",
            "check_drafter", "check_model", "reachable_positions"]
 
 
@@ -105,6 +105,29 @@ class MtpOneSlot(Protocol):
 
     def mtp_hidden_at(self, params: Any, hidden: jax.Array, next_tokens: jax.Array, positions: jax.Array,
                       cache: Any, at: jax.Array, *, attention_impl: str) -> tuple[jax.Array, Any]: ...
+
+
+@runtime_checkable
+class BlockHead(Protocol):
+    """Optional: a block drafter the model carries (``drafter="block"``; ``specjax.model.block``).
+    ``block_size`` (``k``; 0: none); ``with_taps()``: the decoder whose forward also returns the
+    tapped layers' hidden states (``hidden_size`` wide); ``init_block_cache(batch, capacity)``:
+    the per-row context cache; ``block_context(params, hidden, positions, cache, count)``: the
+    context K/V of a tapped ``hidden [B, t, hidden_size]``, each row's first ``count [B]`` written
+    at its cache length; ``block_draft(params, first [B], positions [B, k], cache)``: one pass,
+    ``(logits [B, k - 1, V], cache)`` over the context before ``cache.lengths``."""
+
+    block_size: int
+
+    def with_taps(self) -> Any: ...
+
+    def init_block_cache(self, batch: int, capacity: int) -> Any: ...
+
+    def block_context(self, params: Any, hidden: jax.Array, positions: jax.Array, cache: Any,
+                      count: jax.Array) -> Any: ...
+
+    def block_draft(self, params: Any, first: jax.Array, positions: jax.Array, cache: Any, *,
+                    attention_impl: str) -> tuple[jax.Array, Any]: ...
 
 
 class DecoderModel(Protocol):

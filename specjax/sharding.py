@@ -66,6 +66,7 @@ PARAM_RULES: tuple[tuple[str, P], ...] = (
     (r"w_gate_up", P(None, MODEL)),  # [d, G * (gate_g + up_g)]: column-parallel
     (r"w_down", P(MODEL, None)),  # [d_ff, d]: row-parallel (all-reduce after the MLP)
     (r"proj", P()),  # MTP [2d, d]: small, replicated
+    (r"fc", P()),  # a block drafter's [n_taps * d, d]: small, replicated
     (r"draft_ids|draft_head", P()),  # an MTP draft vocabulary: ids [N], head [d, N] (a fraction of the head)
     (r".*norm.*", P()),  # every norm weight
 )
@@ -290,6 +291,8 @@ def sharded_layout(params: dict, cfg: ModelConfig, model: int) -> tuple[dict, Mo
         params["layers"])
     if "mtp" in params:
         out["mtp"] = dict(params["mtp"], block=block(params["mtp"]["block"]))
+    if "block" in params:  # a block drafter's layers, split as the target's
+        out["block"] = dict(params["block"], layers=[block(b) for b in params["block"]["layers"]])
     return out, cfg2
 
 

@@ -26,6 +26,7 @@ import optax
 from specjax.attention import attend_visible
 from specjax.corpus import Corpus
 from specjax.model import Model, ModelConfig, init_model, logits
+from specjax.model.block import block_logits, train_block_hidden
 from specjax.model.llama import block_finish, block_qkv, hidden_states, mtp_input, mtp_logits
 
 __all__ = [
@@ -37,7 +38,7 @@ __all__ = [
     "run_stage",
 ]
 
-STAGES = ("target", "mtp", "draft")
+STAGES = ("target", "mtp", "draft", "block")  # block: a block drafter (specjax.train_block)
 FROZEN_IDS = "mtp_draft_ids"  # where split_params keeps a draft vocabulary's ids among the frozen params
 LN2 = math.log(2.0)
 
@@ -170,8 +171,54 @@ def _draft_labels(params: dict, config: ModelConfig, labels: jax.Array) -> jax.A
     return jnp.where(labels >= 0, index[jnp.clip(labels, 0, config.vocab_size - 1)], -1)
 
 
-def make_loss(stage: str, config: ModelConfig, mtp_depth: int, bytes_only: bool = True) -> Callable:
-    """``loss(trainable, frozen, windows [B, T + 1]) -> (loss, (nll_sum, hits, count))``."""
+ANCHOR_STRIDE = 16  # the block stage: one block per 16 positions of a window (its offset shifts them)
+
+
+def anchors_for(windows: jax.Array, k: int, first: int) -> jax.Array:
+    """int32 ``[B, A]``: the blocks' anchors of each window, every ``ANCHOR_STRIDE`` positions from
+    ``first`` (the prompt's last token: every label is the target's), shifted by an offset
+    the window's own first token picks (each step sees other anchors; the loss stays a pure
+    function of the window)."""
+    t = windows.shape[1] - 1
+    n = max(1, (t - k - first) // ANCHOR_STRIDE)
+    offset = windows[:, :1] % ANCHOR_STRIDE
+    return jnp.minimum(first + offset + ANCHOR_STRIDE * jnp.arange(n, dtype=jnp.int32)[None], t - 2)
+
+
+def block_loss(config: ModelConfig, first: int, bytes_only: bool):
+    """``loss(params, windows [B, T + 1]) -> (mean CE over block positions, (nll [k-1], hits [k-1],
+    count [k-1]))`` (sums per block position). The target's params are frozen by the caller
+    (``run_stage``'s split); its hidden states are held constant here too."""
+    k = config.block_size
+
+    def loss(params, windows):
+        tokens = windows[:, :-1]
+        _, hidden = hidden_states(Model(params, config), tokens, taps=config.block_taps)
+        taps = jax.lax.stop_gradient(hidden[..., config.d_model:])
+        anchors = anchors_for(windows, k, first)
+        x = train_block_hidden(params, config, taps, tokens, anchors)  # [B, A, k, d]
+        logits = block_logits(params, config, x[:, :, 1:])  # [B, A, k - 1, V]
+        at = anchors[:, :, None] + 1 + jnp.arange(k - 1)  # the label positions
+        labels = jnp.take_along_axis(tokens, jnp.clip(at, 0, tokens.shape[1] - 1).reshape(at.shape[0], -1),
+                                     axis=1).reshape(at.shape)
+        ok = (at < tokens.shape[1]) & ((labels < 256) if bytes_only else (labels >= 0))
+        lp = jax.nn.log_softmax(logits, axis=-1)
+        nll = -jnp.take_along_axis(lp, labels[..., None], axis=-1)[..., 0]
+        hit = jnp.argmax(logits, axis=-1) == labels
+        axes = (0, 1)
+        nll_j, hit_j, cnt_j = (jnp.sum(jnp.where(ok, a, 0), axis=axes) for a in (nll, hit, ok))
+        return jnp.mean(nll_j / jnp.maximum(cnt_j, 1)), (nll_j, hit_j, cnt_j)
+
+    return loss
+
+
+def make_loss(stage: str, config: ModelConfig, mtp_depth: int, bytes_only: bool = True, block_first: int = 0
+              ) -> Callable:
+    """``loss(trainable, frozen, windows [B, T + 1]) -> (loss, (nll_sum, hits, count))``
+    (``block_first``: the block stage's first anchor, ``specjax.train_block.block_loss``)."""
+    if stage == "block":
+        inner = block_loss(config, block_first, bytes_only)
+        return lambda trainable, frozen, windows: inner(_merge(stage, trainable, frozen), windows)
     if stage in ("target", "draft"):
 
         def loss(trainable, frozen, windows):
@@ -217,7 +264,10 @@ def make_optimizer(sc: StageConfig) -> optax.GradientTransformation:
 
 
 def split_params(stage: str, params: dict) -> tuple[dict, dict]:
-    """(trainable, frozen) of a stage: the MTP stage trains only ``params['mtp']``."""
+    """(trainable, frozen) of a stage: the MTP stage trains only ``params['mtp']``, the block
+    stage only ``params['block']``."""
+    if stage == "block":
+        return params["block"], {k: v for k, v in params.items() if k != "block"}
     if stage == "mtp":  # a draft vocabulary's ids are data, not weights: they stay frozen
         mtp = params["mtp"]
         frozen = {k: v for k, v in params.items() if k != "mtp"}
@@ -229,12 +279,12 @@ def split_params(stage: str, params: dict) -> tuple[dict, dict]:
 
 def evaluate(
     stage: str, params: dict, config: ModelConfig, windows: np.ndarray, mtp_depth: int = 3, chunk: int = 16,
-    bytes_only: bool = True,
+    bytes_only: bool = True, block_first: int = 0,
 ) -> dict:
     """Held-out bits per byte and next-byte accuracy (per chained position for MTP); with
     ``bytes_only=False`` (token models) bits per token over every label."""
     trainable, frozen = split_params(stage, params)
-    fn = _eval_fn(stage, config, mtp_depth, bytes_only)
+    fn = _eval_fn(stage, config, mtp_depth, bytes_only, block_first)
     tot = None
     for i in range(0, windows.shape[0], chunk):
         part = jnp.asarray(windows[i : i + chunk])
@@ -244,7 +294,7 @@ def evaluate(
     bpb = nll / np.maximum(cnt, 1) / LN2
     acc = hit / np.maximum(cnt, 1)
     unit, count = ("byte", "bytes") if bytes_only else ("token", "eval_tokens")  # not "tokens": trained ones
-    if stage == "mtp":
+    if stage in ("mtp", "block"):  # per chained draft / block position
         return {f"bits_per_{unit}": [float(x) for x in bpb], "accuracy": [float(x) for x in acc], count: int(cnt[0])}
     return {f"bits_per_{unit}": float(bpb), "accuracy": float(acc), count: int(cnt)}
 
@@ -252,10 +302,10 @@ def evaluate(
 _EVAL_CACHE: dict = {}
 
 
-def _eval_fn(stage: str, config: ModelConfig, mtp_depth: int, bytes_only: bool):
-    key = (stage, config, mtp_depth, bytes_only)
+def _eval_fn(stage: str, config: ModelConfig, mtp_depth: int, bytes_only: bool, block_first: int = 0):
+    key = (stage, config, mtp_depth, bytes_only, block_first)
     if key not in _EVAL_CACHE:
-        loss = make_loss(stage, config, mtp_depth, bytes_only)
+        loss = make_loss(stage, config, mtp_depth, bytes_only, block_first)
         _EVAL_CACHE[key] = jax.jit(lambda tr, fr, w: loss(tr, fr, w)[1])
     return _EVAL_CACHE[key]
 
@@ -301,6 +351,7 @@ def run_stage(
     log: Callable[[dict], None] | None = None,
     stop_at: int | None = None,
     bytes_only: bool = True,
+    block_first: int = 0,
 ) -> tuple[Model, dict]:
     """Train one stage; returns the updated model and a summary (steps, tokens, wall
     time, final held-out metrics). Checkpoints go to ``run_dir/<stage>``. ``stop_at``
@@ -313,6 +364,8 @@ def run_stage(
         raise ValueError(f"stage must be one of {list(STAGES)}, got {stage!r}")
     if stage == "mtp" and "mtp" not in model.params:
         raise ValueError("stage 'mtp' needs a target with an MTP module (ModelConfig.mtp_depth >= 1)")
+    if stage == "block" and "block" not in model.params:
+        raise ValueError("stage 'block' needs a target with a block drafter (specjax.train_block.attach_block)")
     config = model.config
     if sc.seq_len + 1 > config.max_seq_len + 1 or (stage == "mtp" and sc.seq_len <= mtp_depth):
         raise ValueError(f"seq_len {sc.seq_len} does not fit max_seq_len {config.max_seq_len} / mtp depth")
@@ -332,7 +385,7 @@ def run_stage(
             )
     meta["stage_config"] = dataclasses.asdict(sc)
     start = int(state["step"])
-    loss_fn = make_loss(stage, config, mtp_depth, bytes_only)
+    loss_fn = make_loss(stage, config, mtp_depth, bytes_only, block_first)
 
     @jax.jit
     def update(state, frozen, windows):
@@ -364,7 +417,7 @@ def run_stage(
                 raise FloatingPointError(f"{stage}: loss became {loss_v} at step {done}")
         if done % sc.eval_every == 0 or done == sc.steps:
             last_eval = evaluate(stage, _merge(stage, state["params"], frozen), config, held, mtp_depth,
-                                 bytes_only=bytes_only)
+                                 bytes_only=bytes_only, block_first=block_first)
             rec = {"stage": stage, "step": done, "tokens": done * tokens_per_step, "loss": float(loss),
                    "grad_norm": float(gnorm), "wall_s": wall0 + time.perf_counter() - t_start, **last_eval}
             meta["history"].append(rec)
@@ -391,6 +444,8 @@ def _bpb(ev: dict) -> str:
 
 
 def _merge(stage: str, trainable: dict, frozen: dict) -> dict:
+    if stage == "block":
+        return dict(frozen, block=trainable)
     if stage != "mtp":
         return dict(trainable, **frozen)
     rest = {k: v for k, v in frozen.items() if k != FROZEN_IDS}

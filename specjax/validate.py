@@ -8,7 +8,7 @@ import numpy as np
 from specjax.auto.policy import DepthPolicy
 from specjax.drafters import drafter_kind
 from specjax.generation_config import DEFAULT_DEPTH, MAX_DEPTH, GenerationConfig, fail, shown
-from specjax.protocols import check_model
+from specjax.protocols import BlockHead, check_model
 from specjax.sampling import derive_seed
 from specjax.tree import Tree, tree_window
 
@@ -108,6 +108,9 @@ def check_drafter_models(drafter, model, draft_model, need_context: bool = False
     cfg = check_model("model", model)
     if kind == "mtp" and cfg.mtp_depth < 1:
         fail("drafter", drafter, "the model has no MTP module (mtp_depth=0)")
+    if kind == "block" and not (isinstance(cfg, BlockHead) and cfg.block_size):
+        fail("drafter", drafter, "the model has no block drafter (block_size=0): train one with "
+             "`specjax train-drafter --kind block`")
     if kind == "draft_model":
         if draft_model is None:
             fail("draft_model", draft_model, "drafter='draft_model' needs a draft model (a specjax Model, "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from specjax.drafters.block import BlockDrafter
 from specjax.drafters.draft_model import DraftModelDrafter
 from specjax.drafters.mtp import MtpDrafter
 from specjax.drafters.ngram import NgramDrafter
@@ -13,7 +14,7 @@ from specjax.drafters.none import NoDrafter
 from specjax.drafters.plugged import PluggedDrafter
 from specjax.protocols import check_drafter
 
-DRAFTERS = ("mtp", "draft_model", "ngram")
+DRAFTERS = ("mtp", "draft_model", "ngram", "block")
 AUTO = "auto"  # every entry point's default drafter: ``default_drafter``
 
 
@@ -28,7 +29,7 @@ def default_drafter(drafter: object, model: object, draft_model: object) -> obje
     return "draft_model" if draft_model is not None else "ngram"
 
 
-BUILTIN = {"mtp": MtpDrafter, "draft_model": DraftModelDrafter, "ngram": NgramDrafter}
+BUILTIN = {"mtp": MtpDrafter, "draft_model": DraftModelDrafter, "ngram": NgramDrafter, "block": BlockDrafter}
 
 
 def resolve_drafter(drafter: object, ngram_n: int = 3) -> Any:
@@ -38,7 +39,7 @@ def resolve_drafter(drafter: object, ngram_n: int = 3) -> Any:
         return NoDrafter()
     if isinstance(drafter, str):
         return NgramDrafter(ngram_n) if drafter == "ngram" else BUILTIN[drafter]()
-    if isinstance(drafter, NoDrafter | NgramDrafter | DraftModelDrafter | MtpDrafter | PluggedDrafter):
+    if isinstance(drafter, NoDrafter | NgramDrafter | DraftModelDrafter | MtpDrafter | BlockDrafter | PluggedDrafter):
         return drafter
     if _wraps(drafter):  # a wrapper of a drafter (specjax.controlled.Controlled): resolve what it wraps
         return dataclasses.replace(drafter, inner=resolve_drafter(drafter.inner, ngram_n))
@@ -54,7 +55,7 @@ def _wraps(drafter: object) -> bool:
 
 def drafter_kind(drafter: object) -> str | None:
     """What a ``drafter`` argument needs from the models: ``None`` (plain decoding), ``"mtp"``,
-    ``"draft_model"``, ``"ngram"`` or ``"custom"`` (a user's drafter: nothing)."""
+    ``"draft_model"``, ``"ngram"``, ``"block"`` or ``"custom"`` (a user's drafter: nothing)."""
     if drafter is None or isinstance(drafter, NoDrafter):
         return None
     if isinstance(drafter, str):

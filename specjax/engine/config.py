@@ -10,7 +10,7 @@ from specjax.advance import KvAdvance
 from specjax.cache.base import CAPACITY_BLOCK, resolve_attention_impl
 from specjax.drafters import drafter_kind, resolve_drafter
 from specjax.engine.controller import StepController
-from specjax.protocols import Decoder, DecoderModel, check_model
+from specjax.protocols import BlockHead, Decoder, DecoderModel, check_model
 from specjax.sharding import data_shards
 from specjax.tree import DynamicTree, Tree, max_children, preset_parents, tree_label, tree_scratch, tree_window
 
@@ -147,6 +147,8 @@ def make_engine(model: DecoderModel, *, drafter, draft_model, depth, kv_advance_
             end = "" if tree is None else f", then the tree's window {tree_window(tree, d)}"
             raise ValueError(f"controller windows {controller.windows} must end at depth + 1 = {d + 1}{end}")
     target = check_model("model", model)
+    if kind == "block":
+        target = block_target(target, d, controller, mesh)
     if capacity is None:
         capacity = request_capacity(0, target.max_seq_len, d)
     if kind == "ngram" and ngram_n >= capacity:
@@ -171,6 +173,23 @@ def make_engine(model: DecoderModel, *, drafter, draft_model, depth, kv_advance_
         pool_groups=data_shards(mesh) if pool_groups is None else pool_groups,
         tree=tree,
     )
+
+
+def block_target(target, depth: int, controller, mesh):
+    """The target a block drafter reads (its forward ``with_taps``), once the model has one and
+    ``depth`` fits its block."""
+    k = target.block_size if isinstance(target, BlockHead) else 0
+    if not k:
+        raise ValueError("drafter='block' needs a model with a block drafter (block_size=0): train one with "
+                         "`specjax train-drafter --kind block`")
+    if depth > k - 1:
+        raise ValueError(f"depth={depth} is invalid with drafter='block': one pass drafts block_size - 1 = {k - 1} "
+                         f"tokens; give depth 1 .. {k - 1}")
+    if controller is not None:
+        raise ValueError(f"depth='auto' is not offered with drafter='block' yet: give depth=1 .. {k - 1}")
+    if mesh is not None:
+        raise ValueError("drafter='block' runs on one device for now: pass mesh=None")
+    return target.with_taps()
 
 
 def check_tree_memory(tree: Tree, depth: int, arg: str, config) -> None:

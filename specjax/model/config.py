@@ -37,6 +37,11 @@ class ModelConfig:
     ``embed_scale`` (embeddings multiplied by it, in their dtype); ``query_pre_attn_scalar``
     (attention scale ``s ** -0.5`` instead of ``head_dim ** -0.5``).
 
+    ``block_size = k > 0``: the model carries a block drafter (``specjax.model.block``, DFlash
+    style): ``block_layers`` decoder layers shaped like the model's that draft ``k - 1`` tokens in
+    one pass over a block of the row's last token and ``k - 1`` copies of ``block_mask_id``,
+    conditioned on the model's hidden states after the layers ``block_taps``. 0: none.
+
     ``shard_groups = G``: the fused ``wqkv`` holds ``G`` column groups ``[q_g | k_g | v_g]`` (each
     group ``1/G`` of the heads) and ``w_gate_up`` ``G`` groups ``[gate_g | up_g]``, so a column
     split over ``G`` devices keeps each device's q, k, v (gate, up) together. ``1``: the plain
@@ -71,6 +76,10 @@ class ModelConfig:
     mlp_act: str = "silu"
     embed_scale: float = 1.0
     query_pre_attn_scalar: float | None = None
+    block_size: int = 0
+    block_layers: int = 0
+    block_taps: tuple[int, ...] = ()
+    block_mask_id: int = 0
     shard_groups: int = 1  # column groups of the fused wqkv / w_gate_up (tensor parallelism: specjax.sharding)
 
     def __post_init__(self) -> None:
@@ -116,12 +125,30 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.mlp_act must be one of {list(MLP_ACTS)}, got {self.mlp_act!r}")
         if self.query_pre_attn_scalar is not None and not self.query_pre_attn_scalar > 0:
             raise ValueError(f"query_pre_attn_scalar must be > 0 or None, got {self.query_pre_attn_scalar!r}")
+        self._check_block()
         g = self.shard_groups
         if not isinstance(g, int) or g < 1 or self.n_heads % g or self.n_kv_heads % g or self.d_ff % g:
             raise ValueError(f"shard_groups={g!r} must be an int >= 1 dividing n_heads={self.n_heads}, "
                              f"n_kv_heads={self.n_kv_heads} and d_ff={self.d_ff}")
         if self.head_dim is None:  # one field, always concrete: no second name for the head size
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
+
+    def _check_block(self) -> None:
+        taps = tuple(int(i) for i in self.block_taps)  # a JSON list becomes a (hashable) tuple
+        object.__setattr__(self, "block_taps", taps)
+        if not self.block_size:
+            if self.block_layers or taps:
+                raise ValueError("block_layers/block_taps are set but block_size is 0 (no block drafter)")
+            return
+        if not isinstance(self.block_size, int) or self.block_size < 2:
+            raise ValueError(f"block_size={self.block_size!r} is invalid: an int >= 2 (the block's last token and "
+                             "at least one draft), or 0 for no block drafter")
+        if not isinstance(self.block_layers, int) or self.block_layers < 1:
+            raise ValueError(f"block_layers={self.block_layers!r} is invalid: an int >= 1 with block_size")
+        if not taps or len(set(taps)) != len(taps) or not all(0 <= i < self.n_layers for i in taps):
+            raise ValueError(f"block_taps={taps} is invalid: distinct target layer indices in [0, {self.n_layers})")
+        if not 0 <= self.block_mask_id < self.vocab_size:
+            raise ValueError(f"block_mask_id={self.block_mask_id} is invalid: a token id in [0, {self.vocab_size})")
 
     def is_compressed(self, layer: int) -> bool:
         """Does ``layer`` use compressed memory (and the compressed cache)?"""

@@ -1,15 +1,16 @@
-"""A Llama-family decoder with an optional DeepSeek-V3-style MTP module, in plain JAX.
+"""A Llama-family decoder with an optional DeepSeek-V3-style MTP module and an optional block
+drafter (``specjax.model.block``), in plain JAX.
 
-Read top to bottom: params -> RMSNorm, RoPE -> one block -> the forward over a
-per-row KV cache -> the plain full-prefix forward -> MTP.
+Read top to bottom: params -> the forward over a per-row KV cache -> the plain full-prefix
+forward -> MTP -> the engine's view. One block's pieces (RMSNorm, q/k/v and RoPE, attention
+output and MLP, the head) are ``specjax.model.layers``.
 
 Params are a plain pytree (dicts of arrays); ``Model`` pairs them with a static
 ``ModelConfig``. Shapes: tokens/positions ``[B, t]``, hidden ``[B, t, d_model]``,
 q ``[B, t, n_heads, head_dim]``, k/v ``[B, t, n_kv_heads, head_dim]``.
 
-Each block runs two input matmuls, not five: ``wqkv [d, (Hq + 2 Hkv) * hd]`` (q, k, v
-side by side) and ``w_gate_up [d, 2 * d_ff]``. ``fuse_params``/``unfuse_params`` convert
-to and from the separate tensors that bundles and Hugging Face checkpoints store.
+``fuse_params``/``unfuse_params`` convert every block to and from the separate tensors that
+bundles and Hugging Face checkpoints store.
 
 Attention goes through the caches (``cache.attend(..., impl=attention_impl)``): the
 XLA live-range path or the Pallas kernels; the uncached forward uses the same core
@@ -32,8 +33,19 @@ from specjax.cache.base import is_stacked
 from specjax.cache.compressed import compressed_attention
 from specjax.cache.model_cache import ModelCache, global_cache
 from specjax.masks import visible
+from specjax.model import block
 from specjax.model.config import ModelConfig
-from specjax.model.rope import rope, rope_frequencies
+from specjax.model.layers import (
+    block_finish,
+    block_params,
+    block_qkv,
+    embed,
+    fuse_block,
+    head,
+    norm,
+    rms_norm,
+    unfuse_block,
+)
 from specjax.sharding import per_shard
 
 __all__ = [
@@ -75,58 +87,6 @@ class Model:
         return LlamaDecoder(self.config, layer_loop(self.params), jnp.dtype(self.params["embed"].dtype))
 
 
-def _block_params(key: jax.Array, cfg: ModelConfig, dtype) -> dict:
-    d, hd, f = cfg.d_model, cfg.head_dim, cfg.d_ff
-    ks = jax.random.split(key, 7)
-    std = 0.02
-    unit = lambda n: jnp.full((n,), 1.0 - cfg.norm_offset, dtype)  # noqa: E731  a norm weight acting as 1
-    p = {
-        "attn_norm": unit(d),
-        "wq": (jax.random.normal(ks[0], (d, cfg.n_heads * hd)) * std).astype(dtype),
-        "wk": (jax.random.normal(ks[1], (d, cfg.n_kv_heads * hd)) * std).astype(dtype),
-        "wv": (jax.random.normal(ks[2], (d, cfg.n_kv_heads * hd)) * std).astype(dtype),
-        "wo": (jax.random.normal(ks[3], (cfg.n_heads * hd, d)) * std / np.sqrt(2 * cfg.n_layers)).astype(dtype),
-        "mlp_norm": unit(d),
-        "w_gate": (jax.random.normal(ks[4], (d, f)) * std).astype(dtype),
-        "w_up": (jax.random.normal(ks[5], (d, f)) * std).astype(dtype),
-        "w_down": (jax.random.normal(ks[6], (f, d)) * std / np.sqrt(2 * cfg.n_layers)).astype(dtype),
-    }
-    if cfg.qkv_bias:
-        p["bq"] = jnp.zeros((cfg.n_heads * hd,), dtype)
-        p["bk"] = jnp.zeros((cfg.n_kv_heads * hd,), dtype)
-        p["bv"] = jnp.zeros((cfg.n_kv_heads * hd,), dtype)
-    if cfg.qk_norm:
-        p["q_norm"], p["k_norm"] = unit(hd), unit(hd)
-    if cfg.sandwich_norm:
-        p["post_attn_norm"], p["post_mlp_norm"] = unit(d), unit(d)
-    return _fuse_block(p)
-
-
-_FUSED = {"wqkv": ("wq", "wk", "wv"), "bqkv": ("bq", "bk", "bv"), "w_gate_up": ("w_gate", "w_up")}
-
-
-def _fuse_block(p: dict) -> dict:
-    out = {k: v for k, v in p.items() if not any(k in parts for parts in _FUSED.values())}
-    for fused, parts in _FUSED.items():
-        if parts[0] in p:
-            xp = np if isinstance(p[parts[0]], np.ndarray) else jnp  # host arrays stay on the host
-            out[fused] = xp.concatenate([p[n] for n in parts], axis=-1)
-    return out
-
-
-def _unfuse_block(p: dict, cfg: ModelConfig) -> dict:
-    hd = cfg.head_dim
-    sizes = {"wqkv": (cfg.n_heads * hd, cfg.n_kv_heads * hd), "bqkv": (cfg.n_heads * hd, cfg.n_kv_heads * hd),
-             "w_gate_up": (cfg.d_ff,)}
-    out = {k: v for k, v in p.items() if k not in _FUSED}
-    for fused, parts in _FUSED.items():
-        if fused in p:
-            cuts = np.cumsum(sizes[fused]).tolist()
-            for name, piece in zip(parts, jnp.split(p[fused], cuts, axis=-1), strict=True):
-                out[name] = piece
-    return out
-
-
 def layer_loop(params: dict) -> str:
     """``"scan"`` when ``params["layers"]`` is stacked, ``"unrolled"`` when it is a list."""
     return "unrolled" if isinstance(params["layers"], list | tuple) else "scan"
@@ -166,18 +126,20 @@ def _map_blocks(params: dict, fn) -> dict:
     out["layers"] = [fn(layer_params(params, i)) for i in range(_num_layers(params))]
     if "mtp" in params:
         out["mtp"] = dict(params["mtp"], block=fn(params["mtp"]["block"]))
+    if "block" in params:  # a block drafter's layers
+        out["block"] = dict(params["block"], layers=[fn(p) for p in params["block"]["layers"]])
     return out
 
 
 def fuse_params(params: dict) -> dict:
     """Separate ``wq, wk, wv (bq, bk, bv), w_gate, w_up`` -> the fused ``wqkv (bqkv), w_gate_up``
     (a list of layers: the unrolled layout)."""
-    return _map_blocks(params, _fuse_block)
+    return _map_blocks(params, fuse_block)
 
 
 def unfuse_params(params: dict, config: ModelConfig) -> dict:
     """The inverse of ``fuse_params`` (what bundles and HF checkpoints store), from either layout."""
-    return _map_blocks(params, lambda p: _unfuse_block(p, config))
+    return _map_blocks(params, lambda p: unfuse_block(p, config))
 
 
 def init_model(config: ModelConfig, seed: int = 0, dtype=jnp.float32) -> Model:
@@ -186,13 +148,15 @@ def init_model(config: ModelConfig, seed: int = 0, dtype=jnp.float32) -> Model:
     k_emb, k_head, k_layers, k_mtp = jax.random.split(key, 4)
     params: dict = {
         "embed": (jax.random.normal(k_emb, (config.vocab_size, config.d_model)) * 0.02).astype(dtype),
-        "layers": [_block_params(k, config, dtype) for k in jax.random.split(k_layers, config.n_layers)],
+        "layers": [block_params(k, config, dtype) for k in jax.random.split(k_layers, config.n_layers)],
         "final_norm": jnp.full((config.d_model,), 1.0 - config.norm_offset, dtype),
     }
     if not config.tie_embeddings:
         params["lm_head"] = (jax.random.normal(k_head, (config.d_model, config.vocab_size)) * 0.02).astype(dtype)
     if config.mtp_depth > 0:
         params["mtp"] = init_mtp_params(k_mtp, config, dtype)
+    if config.block_size:
+        params["block"] = block.init_block_params(jax.random.fold_in(key, 1), config, dtype)
     return Model(params, config)
 
 
@@ -205,7 +169,7 @@ def init_mtp_params(key: jax.Array, config: ModelConfig, dtype=jnp.float32) -> d
         "norm_h": jnp.full((d,), 1.0 - config.norm_offset, dtype),
         "norm_e": jnp.full((d,), 1.0 - config.norm_offset, dtype),
         "proj": (jax.random.normal(k_proj, (2 * d, d)) * 0.02).astype(dtype),
-        "block": _block_params(k_block, config, dtype),
+        "block": block_params(k_block, config, dtype),
     }
     if config.mtp_draft_vocab:  # a draft vocabulary: the first N ids until ``with_draft_vocab`` picks them
         n = config.mtp_draft_vocab
@@ -238,74 +202,8 @@ def mtp_logits(params: dict, cfg: ModelConfig, x: jax.Array) -> jax.Array:
     over its draft vocabulary (``mtp_draft_vocab``), else the target's head ``[..., V]``."""
     if not cfg.mtp_draft_vocab:
         return head(params, cfg, x)
-    h = _norm(x, params["final_norm"], cfg)
+    h = norm(x, params["final_norm"], cfg)
     return (h @ params["mtp"]["draft_head"]).astype(jnp.float32)
-
-
-# ----------------------------------------------------------------------------- pieces
-
-
-def rms_norm(x: jax.Array, w: jax.Array, eps: float, offset: float = 0.0) -> jax.Array:
-    """RMSNorm in float32, weight applied as ``offset + w`` (Gemma stores ``w`` around 0)."""
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    w32 = w.astype(jnp.float32)
-    return (y * (w32 + offset if offset else w32)).astype(x.dtype)
-
-
-def _norm(x: jax.Array, w: jax.Array, cfg: ModelConfig) -> jax.Array:
-    return rms_norm(x, w, cfg.norm_eps, cfg.norm_offset)
-
-
-def embed(params: dict, cfg: ModelConfig, tokens: jax.Array) -> jax.Array:
-    """Token embeddings ``[..., d]``, times ``embed_scale`` (rounded to their dtype, as Gemma does)."""
-    x = params["embed"][tokens]
-    return x if cfg.embed_scale == 1.0 else x * jnp.asarray(cfg.embed_scale, x.dtype)
-
-
-def block_qkv(p: dict, x: jax.Array, positions: jax.Array, cfg: ModelConfig, layer: int | None):
-    """q ``[B, t, Hq, hd]``, k, v ``[B, t, Hkv, hd]`` of block ``p`` (``layer`` picks the RoPE;
-    ``None``: the MTP block). The attention scale's departure from ``hd ** -0.5`` rides on q."""
-    b, t, _ = x.shape
-    h = _norm(x, p["attn_norm"], cfg)
-    qkv = h @ p["wqkv"]  # one matmul for q, k and v
-    if cfg.qkv_bias:
-        qkv = qkv + p["bqkv"]
-    hd, g = cfg.head_dim, cfg.shard_groups
-    nq, nkv = cfg.n_heads * hd // g, cfg.n_kv_heads * hd // g  # per column group (one device's under sharding)
-    qkv = qkv.reshape(b, t, g, -1)
-    q = qkv[..., :nq].reshape(b, t, cfg.n_heads, hd)
-    k = qkv[..., nq : nq + nkv].reshape(b, t, cfg.n_kv_heads, hd)
-    if cfg.qk_norm:
-        q, k = _norm(q, p["q_norm"], cfg), _norm(k, p["k_norm"], cfg)
-    inv_freq, factor = rope_frequencies(hd, *cfg.rope_for(layer))
-    q_scale = 1.0 if cfg.query_pre_attn_scalar is None else (hd / cfg.query_pre_attn_scalar) ** 0.5
-    q = rope(q, positions, inv_freq, factor * q_scale)
-    k = rope(k, positions, inv_freq, factor)
-    return q, k, qkv[..., nq + nkv :].reshape(b, t, cfg.n_kv_heads, hd)
-
-
-def block_finish(p: dict, x: jax.Array, attn: jax.Array, cfg: ModelConfig) -> jax.Array:
-    """Residual after attention, then the gated MLP (SwiGLU or GeGLU) residual; with
-    ``sandwich_norm`` each branch is normed again before its residual add."""
-    b, t = x.shape[:2]
-    a = attn.reshape(b, t, -1) @ p["wo"]
-    x = x + (_norm(a, p["post_attn_norm"], cfg) if cfg.sandwich_norm else a)
-    h = _norm(x, p["mlp_norm"], cfg)
-    gate_up = (h @ p["w_gate_up"]).reshape(b, t, cfg.shard_groups, -1)  # one matmul for gate and up
-    f = cfg.d_ff // cfg.shard_groups
-    gate, up = gate_up[..., :f].reshape(b, t, -1), gate_up[..., f:].reshape(b, t, -1)
-    act = jax.nn.silu(gate) if cfg.mlp_act == "silu" else jax.nn.gelu(gate, approximate=True)
-    m = (act * up) @ p["w_down"]
-    return x + (_norm(m, p["post_mlp_norm"], cfg) if cfg.sandwich_norm else m)
-
-
-def head(params: dict, cfg: ModelConfig, x: jax.Array) -> jax.Array:
-    """Final norm + output head: pre-norm hidden ``[..., d]`` -> float32 logits ``[..., V]``.
-    Callers apply it only to the positions whose logits they use."""
-    h = _norm(x, params["final_norm"], cfg)
-    w = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
-    return (h @ w).astype(jnp.float32)
 
 
 # ----------------------------------------------------------------------------- cache
@@ -372,14 +270,19 @@ def _layer_period(kinds: list[str]) -> int:
     return next(p for p in range(1, len(kinds) + 1) if all(k == kinds[i % p] for i, k in enumerate(kinds)))
 
 
-def _run_layers(config: ModelConfig, x: jax.Array, carry, layer_fn, loop: str):
+def _run_layers(config: ModelConfig, x: jax.Array, carry, layer_fn, loop: str, taps: tuple[int, ...] = ()):
     """Run every layer: ``layer_fn(x, carry, kind_layer, layer, kind_index) -> (x, carry)``.
 
     ``kind_layer`` is a static layer index of the same kind (it picks the kind and the RoPE);
     ``layer`` (the params' index) and ``kind_index`` (the layer's index among its kind's cache
     layers) are traced inside the scan. With ``loop="scan"`` whole periods run as one
     ``lax.scan`` (compile time does not grow with depth); the remainder, models with fewer
-    than two periods and ``loop="unrolled"`` run a Python loop with static indices."""
+    than two periods and ``loop="unrolled"`` run a Python loop with static indices.
+    ``taps`` (``layer_fn`` from ``_tapping``): the returned ``x`` is the last layer's output and
+    then each tapped layer's, on the last axis."""
+    if taps:
+        x, (carry, kept) = _run_layers(config, x, (carry, tuple(jnp.zeros_like(x) for _ in taps)), layer_fn, loop)
+        return jnp.concatenate([x, *kept], axis=-1), carry
     kinds = [config.layer_kind(i) for i in range(config.n_layers)]
     period = _layer_period(kinds)
     per = {k: kinds[:period].count(k) for k in set(kinds)}  # layers of each kind in one period
@@ -408,6 +311,7 @@ def forward_hidden(
     *,
     attention_impl: str = "xla",
     tree: TreeMask | None = None,
+    taps: tuple[int, ...] = (),
 ) -> tuple[jax.Array, ModelCache]:
     """Run ``tokens [B, t]`` at RoPE ``positions [B, t]``, writing their K/V at each row's
     own ``cache.lengths`` (the lengths do not move: commit with ``cache.apply_plan``).
@@ -421,8 +325,11 @@ def forward_hidden(
     Stacked params (``with_layer_loop(model, "scan")``) run as a ``lax.scan`` carrying the
     caches, which must then be stacked too (``init_cache(..., stacked=True)``) and are written
     in place; listed params run a Python loop over per-layer cache buffers.
+    ``taps``: the outputs of these layers come back too, after the last block's hidden state on
+    the last axis: ``[B, t, d * (1 + len(taps))]`` (what a block drafter reads: ``with_taps``).
     """
-    return forward_mixed(params, config, [(tokens, positions, cache, tree)], attention_impl=attention_impl)[0]
+    return forward_mixed(params, config, [(tokens, positions, cache, tree)], attention_impl=attention_impl,
+                         taps=taps)[0]
 
 
 def forward_mixed(
@@ -431,6 +338,7 @@ def forward_mixed(
     groups: list[tuple[jax.Array, jax.Array, ModelCache, TreeMask | None]],
     *,
     attention_impl: str = "xla",
+    taps: tuple[int, ...] = (),
 ) -> list[tuple[jax.Array, ModelCache]]:
     """``forward_hidden`` of several groups of rows ``(tokens [B_g, t_g], positions [B_g, t_g],
     cache, tree)`` of different widths in one forward (a mixed batch: a step's decode windows
@@ -444,7 +352,7 @@ def forward_mixed(
     final pool (reads after the last write: XLA updates the pool in place, where a read
     between two writes would make it copy the layer's pool). A group's rows read only their
     own pages, so they see what they would alone. Every group's cache comes back on the final
-    pool. Returns ``[(hidden [B_g, t_g, d], cache)]`` per group."""
+    pool. Returns ``[(hidden [B_g, t_g, d], cache)]`` per group (``taps``: as ``forward_hidden``'s)."""
     loop = layer_loop(params)
     for _, _, cache, _ in groups:
         if any(is_stacked(c.k) != (loop == "scan") for c in cache.parts):
@@ -475,8 +383,26 @@ def forward_mixed(
 
     caches = tuple((cache.global_kv, cache.local_kv, cache.memory_kv) for _, _, cache, _ in groups)
     x = _join([embed(params, config, tokens) for tokens, *_ in groups])
-    x, caches = _run_layers(config, x, caches, layer_fn, loop)
+    x, caches = _run_layers(config, x, caches, _tapping(layer_fn, taps), loop, taps)
     return [(h, ModelCache(*c)) for h, c in zip(_split(x, shapes), caches, strict=True)]
+
+
+def _tapping(layer_fn, taps: tuple[int, ...]):
+    """``layer_fn`` that also keeps the outputs of layers ``taps`` (``_run_layers`` carries them
+    as ``(carry, kept)``; inside a scan the layer index is traced: a select per tap)."""
+    if not taps:
+        return layer_fn
+
+    def fn(x, carry, kind_layer, layer, idx):
+        inner, kept = carry
+        x, inner = layer_fn(x, inner, kind_layer, layer, idx)
+        if isinstance(layer, int):
+            kept = tuple(x if layer == t else k for t, k in zip(taps, kept, strict=True))
+        else:
+            kept = tuple(jnp.where(layer == t, x, k) for t, k in zip(taps, kept, strict=True))
+        return x, (inner, kept)
+
+    return fn
 
 
 def _layer_write(config: ModelConfig, caches: tuple, q, k, v, kind_layer: int, idx,
@@ -552,9 +478,10 @@ def _causal_attention(q, k, v, window):
     return attend_visible(q, hm(k), hm(v), visible(pos, pos, jnp.zeros((1,), jnp.int32), window))
 
 
-def hidden_states(model: Model, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
+def hidden_states(model: Model, tokens: jax.Array, taps: tuple[int, ...] = ()) -> tuple[jax.Array, jax.Array]:
     """Plain full-prefix forward without a cache: ``tokens [B, T]`` -> float32 logits
-    ``[B, T, V]`` and the pre-norm hidden ``[B, T, d]`` (what MTP consumes)."""
+    ``[B, T, V]`` and the pre-norm hidden ``[B, T, d]`` (what MTP consumes; ``taps``: then the
+    outputs of those layers, ``[B, T, d * (1 + len(taps))]``, as ``forward_hidden``'s)."""
     cfg, params = model.config, model.params
     tokens = jnp.asarray(tokens, jnp.int32)
     b, t = tokens.shape
@@ -569,8 +496,8 @@ def hidden_states(model: Model, tokens: jax.Array) -> tuple[jax.Array, jax.Array
             attn = _causal_attention(q, k, v, cfg.sliding_window if cfg.is_local(kind_layer) else None)
         return block_finish(p, x, attn, cfg), carry
 
-    x, _ = _run_layers(cfg, embed(params, cfg, tokens), (), layer_fn, layer_loop(params))
-    return head(params, cfg, x), x
+    x, _ = _run_layers(cfg, embed(params, cfg, tokens), (), _tapping(layer_fn, taps), layer_loop(params), taps)
+    return head(params, cfg, x[..., : cfg.d_model]), x
 
 
 def logits(model: Model, tokens: jax.Array) -> jax.Array:
@@ -585,7 +512,7 @@ def mtp_input(params: dict, config: ModelConfig, hidden: jax.Array, next_tokens:
     """The MTP block's input ``[B, t, d]``: ``concat(RMSNorm(h_i), RMSNorm(emb(t_{i+1}))) @ proj``."""
     m = params["mtp"]
     e = embed(params, config, next_tokens)
-    return jnp.concatenate([_norm(hidden, m["norm_h"], config), _norm(e, m["norm_e"], config)], axis=-1) @ m["proj"]
+    return jnp.concatenate([norm(hidden, m["norm_h"], config), norm(e, m["norm_e"], config)], axis=-1) @ m["proj"]
 
 
 def mtp_hidden(
@@ -658,6 +585,8 @@ class LlamaDecoder:
     config: ModelConfig
     layer_loop: str = "unrolled"
     dtype: Any = jnp.float32
+    # layers whose outputs the forward returns after the last one's (``with_taps``: the block drafter's input)
+    taps: tuple[int, ...] = ()
 
     @property
     def vocab_size(self) -> int:
@@ -673,7 +602,8 @@ class LlamaDecoder:
 
     @property
     def hidden_size(self) -> int:
-        return self.config.d_model
+        """The width of ``forward_hidden``'s hidden: ``d_model``, times ``1 + len(taps)``."""
+        return self.config.d_model * (1 + len(self.taps))
 
     def init_cache(self, batch: int, capacity: int, *, kind: str, slack: int, page_size: int,
                    num_pages: int | None) -> ModelCache:
@@ -681,14 +611,38 @@ class LlamaDecoder:
                           num_pages=num_pages, dtype=self.dtype, stacked=self.layer_loop == "scan")
 
     def forward_hidden(self, params, tokens, positions, cache, *, attention_impl="xla", tree=None):
-        return forward_hidden(params, self.config, tokens, positions, cache, attention_impl=attention_impl, tree=tree)
+        return forward_hidden(params, self.config, tokens, positions, cache, attention_impl=attention_impl, tree=tree,
+                              taps=self.taps)
 
     def forward_mixed(self, params, groups, *, attention_impl="xla"):
         """Groups of rows of different widths in one forward (``forward_mixed``)."""
-        return forward_mixed(params, self.config, groups, attention_impl=attention_impl)
+        return forward_mixed(params, self.config, groups, attention_impl=attention_impl, taps=self.taps)
 
     def head(self, params, hidden):
-        return head(params, self.config, hidden)
+        return head(params, self.config, hidden[..., : self.config.d_model])
+
+    # the block drafter (``specjax.protocols.BlockHead``)
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    def with_taps(self) -> LlamaDecoder:
+        """This decoder with its forward returning the block drafter's tapped layers too."""
+        return dataclasses.replace(self, taps=self.config.block_taps)
+
+    def init_block_cache(self, batch: int, capacity: int) -> DenseKVCache:
+        """The block drafter's per-row context cache (one layer per drafter layer)."""
+        c = self.config
+        return DenseKVCache.create(c.block_layers, batch, capacity, c.n_kv_heads, c.head_dim, self.dtype)
+
+    def block_context(self, params, hidden, positions, cache, count):
+        """``block.write_context``: the context K/V of a tapped forward's ``hidden``."""
+        return block.write_context(params, self.config, hidden, positions, cache, count)
+
+    def block_draft(self, params, first, positions, cache, *, attention_impl="xla"):
+        """``block.block_draft_logits``: one drafter pass, ``(logits [B, k - 1, V], cache)``."""
+        return block.block_draft_logits(params, self.config, first, positions, cache, attention_impl=attention_impl)
 
     def mtp_head(self, params, hidden):
         """The MTP module's draft logits ``[..., N]`` and the int32 ``[N]`` target ids they cover,

@@ -1,0 +1,86 @@
+"""``specjax train-drafter``: train a drafter for a frozen target (``--kind block``: the block
+drafter, ``specjax.train_block``) and write the bundle that carries it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+KINDS = ("block",)
+
+
+def cmd_train_drafter(args: argparse.Namespace) -> int:
+    from specjax.checkpoint import CheckpointError, load_model, save_bundle
+    from specjax.corpus import build_corpus
+    from specjax.mtp_head import text_corpus
+    from specjax.train import StageConfig
+    from specjax.train_block import train_block
+
+    try:
+        if args.block < 2:
+            raise ValueError(f"--block={args.block} is invalid: a block of at least 2 positions (one draft)")
+        cfg = pathlib.Path(args.model) / "config.json"
+        if not (cfg.is_file() and json.loads(cfg.read_text()).get("format") == "specjax-bundle"):
+            raise ValueError(f"--model {args.model}: not a specjax bundle (train-drafter --kind block takes bundles "
+                             "for now; Hugging Face checkpoints are not supported yet)")
+        bundle = load_model(args.model)
+        model, tok = bundle.model, bundle.tokenizer
+        seq_len = min(args.seq_len, model.config.max_seq_len)
+        if args.prompt + args.block >= seq_len:
+            raise ValueError(f"--prompt={args.prompt} + --block={args.block} must be below --seq-len={seq_len}")
+        sc = StageConfig(steps=args.steps, batch=args.batch, seq_len=seq_len, lr=args.lr,
+                         warmup=args.warmup if args.warmup is not None else args.steps // 16,
+                         eval_every=min(args.eval_every, args.steps), ckpt_every=args.ckpt_every, seed=args.seed)
+        corpus = (build_corpus() if not args.data else
+                  text_corpus(args.data, lambda t: tok.encode(t, bos=True), eos_id=tok.eos_id, min_tokens=seq_len + 1))
+        run = pathlib.Path(args.run_dir or f"{args.out}.run")
+        trained, summary = train_block(model, corpus, run, sc, block_size=args.block, layers=args.layers,
+                                       sequences=args.sequences, prompt=args.prompt, resume=args.resume,
+                                       progress=not args.json)
+    except (ValueError, FileNotFoundError, CheckpointError) as e:
+        print(f"specjax train-drafter: error: {e}", file=sys.stderr)
+        return 2
+    if summary["step"] >= sc.steps:
+        training = dict(bundle.meta.get("training", {}))
+        training.setdefault("stages", {})["block"] = summary
+        save_bundle(args.out, trained, bundle.draft_model, dtype=bundle.meta.get("dtype", "bfloat16"),
+                    training=training)
+        summary["out"] = str(args.out)
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    ev = summary.get("final_eval", {})
+    print(f"block step {summary['step']}  wall {summary['wall_s']:.1f} s  held-out accuracy per block position "
+          f"{[round(a, 3) for a in ev.get('accuracy', [])]}")
+    if "out" in summary:
+        print(f"wrote {args.out} (drafter='block')")
+    return 0
+
+
+def train_drafter_command(sub) -> None:
+    """``specjax train-drafter``'s flags."""
+    m = sub.add_parser("train-drafter", help="train a drafter for a bundle's frozen target (--kind block: one pass "
+                                             "drafts a whole block)")
+    m.add_argument("--kind", choices=KINDS, required=True)
+    m.add_argument("--model", required=True, help="a specjax bundle directory (the target, frozen)")
+    m.add_argument("--out", required=True, metavar="DIR", help="the bundle with the trained drafter (overwritten)")
+    m.add_argument("--run-dir", default=None, metavar="DIR", help="the orbax run (default: OUT.run)")
+    m.add_argument("--data", nargs="*", metavar="FILE",
+                   help="UTF-8 text files whose prompts the target continues (default: the bundle's corpus)")
+    m.add_argument("--block", type=int, default=8, help="block positions k: k - 1 drafts per pass")
+    m.add_argument("--layers", type=int, default=2, help="the drafter's decoder layers")
+    m.add_argument("--sequences", type=int, default=2048, help="greedy continuations of the target to train on")
+    m.add_argument("--prompt", type=int, default=32, help="corpus tokens before each continuation")
+    m.add_argument("--steps", type=int, default=800)
+    m.add_argument("--batch", type=int, default=16)
+    m.add_argument("--seq-len", type=int, default=256)
+    m.add_argument("--lr", type=float, default=2e-3)
+    m.add_argument("--warmup", type=int, default=None, help="default: steps // 16")
+    m.add_argument("--eval-every", type=int, default=200)
+    m.add_argument("--ckpt-every", type=int, default=200)
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--resume", action="store_true", help="continue from the last checkpoint of the run")
+    m.add_argument("--json", action="store_true", help="no progress bar; print the summary as JSON")
+    m.set_defaults(func=cmd_train_drafter)
