@@ -38,7 +38,8 @@ __all__ = [
     "run_stage",
 ]
 
-STAGES = ("target", "mtp", "draft", "block")  # block: a block drafter (specjax.train_block)
+STAGES = ("target", "mtp", "draft")  # the recipe's (``specjax train``)
+RUN_STAGES = (*STAGES, "block")  # run_stage's: a block drafter too (``specjax.train_block``)
 FROZEN_IDS = "mtp_draft_ids"  # where split_params keeps a draft vocabulary's ids among the frozen params
 LN2 = math.log(2.0)
 
@@ -360,8 +361,8 @@ def run_stage(
     token models."""
     from tqdm import tqdm
 
-    if stage not in STAGES:
-        raise ValueError(f"stage must be one of {list(STAGES)}, got {stage!r}")
+    if stage not in RUN_STAGES:
+        raise ValueError(f"stage must be one of {list(RUN_STAGES)}, got {stage!r}")
     if stage == "mtp" and "mtp" not in model.params:
         raise ValueError("stage 'mtp' needs a target with an MTP module (ModelConfig.mtp_depth >= 1)")
     if stage == "block" and "block" not in model.params:

@@ -39,7 +39,7 @@ SETTINGS = [(rule, cache) for rule in ("per_sequence", "cohort") for cache in ("
 
 # what every parameter's spec must be (a stacked layer's [L] axis aside)
 WANT_PARAM = {"embed": P("model", None), "lm_head": P(None, "model"), "wqkv": P(None, "model"), "wo": P("model", None),
-              "w_gate_up": P(None, "model"), "w_down": P("model", None), "proj": P(), "bqkv": P("model")}
+              "w_gate_up": P(None, "model"), "w_down": P("model", None), "proj": P(), "bqkv": P("model"), "fc": P()}
 
 
 def param_problems(params) -> list[str]:

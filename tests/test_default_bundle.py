@@ -3,6 +3,7 @@ speculative greedy decoding reproduces plain greedy decoding on it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -24,7 +25,10 @@ def bundle():
 def test_bundle_is_the_default_recipe_and_within_size_budget(bundle):
     recipe = preset("default")
     assert bundle.path == DEFAULT_BUNDLE
-    assert bundle.model.config == recipe.target and bundle.draft_model.config == recipe.draft
+    # the recipe's target, then the block drafter `specjax train-drafter --kind block` added
+    no_block = dataclasses.replace(bundle.model.config, block_size=0, block_layers=0, block_taps=(), block_mask_id=0)
+    assert no_block == recipe.target and bundle.draft_model.config == recipe.draft
+    assert bundle.model.config.block_size == 8 and bundle.meta["training"]["stages"]["block"]["step"] == 800
     size = sum(p.stat().st_size for p in DEFAULT_BUNDLE.parent.rglob("*") if p.is_file())
     assert size <= 25 * 2**20, size
 
