@@ -26,7 +26,7 @@ def main(argv: list[str]) -> int:
         sc = info["stage_config"]
         ev = full.get(stage, info.get("final_eval", {}))
         bpb, acc = ev.get("bits_per_byte"), ev.get("accuracy")
-        if isinstance(bpb, list):  # MTP: chained draft positions 1..k (predicting t+2, t+3, ...)
+        if isinstance(bpb, list):  # MTP: chained draft positions 1..k (predicting t+2, t+3, ...); block: its positions
             bpb = " / ".join(f"{x:.3f}" for x in bpb)
             acc = " / ".join(f"{x:.3f}" for x in acc)
         else:
@@ -45,8 +45,9 @@ def _params(path: pathlib.Path) -> dict:
 
     b = load_model(path)
     n = lambda t: sum(x.size for x in jax.tree.leaves(t))  # noqa: E731
-    mtp = n(b.model.params["mtp"])
-    return {"target": n(b.model.params) - mtp, "mtp": mtp, "draft": n(b.draft_model.params) if b.draft_model else 0}
+    mtp, block = n(b.model.params["mtp"]), n(b.model.params.get("block", {}))
+    return {"target": n(b.model.params) - mtp - block, "mtp": mtp, "block": block,
+            "draft": n(b.draft_model.params) if b.draft_model else 0}
 
 
 if __name__ == "__main__":
