@@ -813,8 +813,9 @@ def _add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", choices=["mtp", "draft_model", "ngram", "block", "none"], default=None,
                    help="default: mtp if the model has it, else draft_model if given, else ngram")
     p.add_argument("--depth", type=_depth_arg, default=None,
-                   help="drafts per step (default: 3, or a preset tree's own), or 'auto': each step picks its window "
-                        "(1 .. --max-depth + 1) and each row its drafts by expected tokens per second")
+                   help="drafts per step (default: 3, a preset tree's own, or the block drafter's whole block), or "
+                        "'auto': each step picks its window (1 .. --max-depth + 1) and each row its drafts by "
+                        "expected tokens per second")
     p.add_argument("--max-depth", type=int, default=3, help="the most drafts --depth auto may propose")
     p.add_argument("--tree", default=None, metavar="K1xK2x...",
                    help="verify a token tree each step instead of a chain: children per node at each draft depth, "

@@ -112,7 +112,7 @@ def setup(model: DecoderModel, prompts: list[list[int]], cfg: GenerationConfig, 
     Returns ``(engine, params, (prompts, prompt_len, max_len, eos, seeds, sampling))``."""
     default_on()  # the persistent compilation cache, before the first compile
     drafter = default_drafter(cfg.drafter, model, draft_model)
-    depth, policy = resolve_depth(cfg.depth, cfg.max_depth, drafter, static_batch=True, tree=cfg.tree)
+    depth, policy = resolve_depth(cfg.depth, cfg.max_depth, drafter, static_batch=True, tree=cfg.tree, model=model)
     check_cost(cfg.cost, policy)
     total = len(prompts) * jax.process_count()
     check_mesh(mesh, total, "prompts", f"{total} rows", ": pad the batch", policy is not None and cfg.cost is None)

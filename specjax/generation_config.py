@@ -63,9 +63,10 @@ class GenerationConfig:
     * ``drafter``: ``"auto"`` (``"mtp"`` if the model has an MTP module, else ``"draft_model"``
       if a draft model is given, else ``"ngram"``), one of those names, ``None`` (plain
       decoding on the same step: the baseline) or a drafter object (``specjax.protocols.Drafter``).
-    * ``depth``: drafts per step (``1 .. MAX_DEPTH``; ``None``, the default: ``DEFAULT_DEPTH``, or a
-      preset tree's own depth), ``"auto"`` (each step picks its window
-      from 1 .. ``max_depth + 1`` and each row its draft count: ``specjax.auto``), or a
+    * ``depth``: drafts per step (``1 .. MAX_DEPTH``; ``None``, the default: ``DEFAULT_DEPTH``, a
+      preset tree's own depth, or with ``drafter="block"`` the whole block, ``block_size - 1``),
+      ``"auto"`` (each step picks its window from 1 .. ``max_depth + 1`` and each row its draft
+      count: ``specjax.auto``), or a
       ``DepthPolicy``. ``cost``: ``depth="auto"``'s step-cost table (a ``CostTable`` or a JSON
       file; default: measured at warm-up and cached on disk). ``ngram_n``: the n-gram drafter's n.
     * ``kv_advance``: ``"per_sequence"`` | ``"cohort"`` | ``None`` (the latched rule).

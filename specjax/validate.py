@@ -12,26 +12,36 @@ from specjax.protocols import BlockHead, check_model
 from specjax.sampling import derive_seed
 from specjax.tree import Tree, tree_window
 
-__all__ = ["EOS_WIDTH", "MAX_DEPTH", "check_drafter_models", "check_eos", "eos_table", "fail", "resolve_depth",
-           "validate"]
+__all__ = ["EOS_WIDTH", "MAX_DEPTH", "check_drafter_models", "check_eos", "default_depth", "eos_table", "fail",
+           "resolve_depth", "validate"]
 
 EOS_WIDTH = 4  # stop ids a row holds on device (a longer list widens every row: one more compile)
 
 
-def resolve_depth(depth: object, max_depth: int, drafter: object,
-                  static_batch: bool = False, tree: Tree | None = None) -> tuple[int, DepthPolicy | None]:
+def default_depth(drafter: object, model: object) -> int:
+    """Drafts per step when neither ``depth=`` nor a preset tree says: a block drafter's whole
+    block (its one pass drafts ``block_size - 1`` tokens whatever the depth), else ``DEFAULT_DEPTH``."""
+    decoder = getattr(model, "decoder", None)
+    if drafter_kind(drafter) == "block" and isinstance(decoder, BlockHead) and decoder.block_size:
+        return decoder.block_size - 1
+    return DEFAULT_DEPTH
+
+
+def resolve_depth(depth: object, max_depth: int, drafter: object, static_batch: bool = False,
+                  tree: Tree | None = None, model: object = None) -> tuple[int, DepthPolicy | None]:
     """``depth`` (an int, ``None`` for the default, ``"auto"`` with ``max_depth``, or a ``DepthPolicy``, as a
     ``GenerationConfig`` checked them) -> (the engine's depth, its policy). Plain decoding
     (``drafter=None``) has neither. ``"auto"`` chooses by ``"makespan"`` for a ``static_batch``
     (``generate``, ``stream``: the batch lasts as long as its slowest row) and by ``"goodput"``
     otherwise (``batch_generate``: a finished row's slot takes new work, so tokens per second
     summed over rows is what counts). With a ``tree`` it is the widest choice, drafted to
-    ``max_depth``, beside every chain. A preset ``tree`` sets its own depth, whatever ``depth``."""
+    ``max_depth``, beside every chain. A preset ``tree`` sets its own depth, whatever ``depth``;
+    ``None`` is ``default_depth`` for ``model``."""
     if isinstance(tree, tuple):
         max_depth = len(tree)
         depth = depth if depth == "auto" else len(tree)
     elif depth is None:
-        depth = DEFAULT_DEPTH
+        depth = default_depth(drafter, model)
     if drafter_kind(drafter) is None:
         return 0, None
     if isinstance(depth, DepthPolicy):

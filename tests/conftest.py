@@ -5,20 +5,17 @@ import tempfile
 
 import pytest
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # depth="auto" keeps measured step costs on disk: never in the user's ~/.cache from tests
 os.environ["SPECJAX_CACHE_DIR"] = tempfile.mkdtemp(prefix="specjax-test-cache-")
 # removed when the process ends (each xdist worker and each mutation-check run made one: thousands piled up in /tmp)
 atexit.register(shutil.rmtree, os.environ["SPECJAX_CACHE_DIR"], ignore_errors=True)
 
-# XLA's persistent compilation cache, shared by the test workers, their subprocesses and the
-# mutation check's runs (whose unchanged programs are then not compiled again): keyed by the
-# program and the jax/XLA versions, so a changed program always compiles. SPECJAX_XLA_CACHE
-# picks the folder; "off" disables it.
-# No size limit inside jax: its LRU eviction stats and reads every entry on every write (O(entries)
-# per compile; at 12k entries the eager ops of one test took minutes). The folder is pruned
-# here instead, once per session, oldest first.
-_XLA_CACHE = os.environ.get("SPECJAX_XLA_CACHE") or os.path.join(tempfile.gettempdir(), "specjax-xla-cache")
+# The persistent compilation cache, CPU only and cheaper compiles (tests/xla_env.py says which
+# and why), set before anything imports jax. The cache folder is pruned here, once per session,
+# oldest first, to this size.
+import xla_env  # noqa: E402
+
+xla_env.configure()
 _XLA_CACHE_BYTES = 3 << 30
 
 
@@ -38,18 +35,8 @@ def _prune(folder: str, limit: int) -> None:
                 pass
 
 
-if _XLA_CACHE != "off":
-    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _XLA_CACHE)
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-    if "PYTEST_XDIST_WORKER" not in os.environ:  # the controlling process, before any worker compiles
-        _prune(os.environ["JAX_COMPILATION_CACHE_DIR"], _XLA_CACHE_BYTES)
-
-# Cheaper XLA:CPU compiles for the whole suite (tests/compile_flags.py says which and why);
-# a caller's own setting of a flag wins.
-from compile_flags import with_cheap_compiles  # noqa: E402
-
-os.environ["XLA_FLAGS"] = with_cheap_compiles(os.environ.get("XLA_FLAGS", ""))
+if xla_env.cache_folder() != "off" and "PYTEST_XDIST_WORKER" not in os.environ:
+    _prune(os.environ["JAX_COMPILATION_CACHE_DIR"], _XLA_CACHE_BYTES)  # before any worker compiles
 
 from hypothesis import settings  # noqa: E402
 

@@ -30,8 +30,10 @@ def noisy(model, scale, seed=5):
     return model.replace(params=jax.tree.unflatten(tree, out))
 
 
-def filtered(lg, temperature, top_p):
+def filtered(lg, temperature, top_p, top_k=0):
     p = np.exp((lg - lg.max()) / temperature)
+    if top_k:  # reference top-k: the k most probable (ties at the k-th kept)
+        p = np.where(p >= np.sort(p)[::-1][top_k - 1], p, 0.0)
     p /= p.sum()
     order = np.argsort(-p)
     keep = np.zeros_like(p, bool)
@@ -45,8 +47,9 @@ def filtered(lg, temperature, top_p):
     return p / p.sum()
 
 
-def exact_continuations(model, prompt, n, temperature, top_p):
-    """Exact distribution over all ``n``-token continuations, by enumeration."""
+def exact_continuations(model, prompt, n, temperature, top_p, top_k=0):
+    """Exact distribution over all ``n``-token continuations, by enumeration (temperature, then
+    top-k, then top-p: ``specjax.sampling.probs``' order)."""
     v = model.config.vocab_size
     out = {}
 
@@ -55,7 +58,7 @@ def exact_continuations(model, prompt, n, temperature, top_p):
             out[tuple(prefix)] = prob
             return
         lg = np.asarray(logits(model, np.array([prompt + prefix])), np.float64)[0, -1]
-        p = filtered(lg, temperature, top_p)
+        p = filtered(lg, temperature, top_p, top_k)
         for t in range(v):
             if p[t] > 0:
                 rec(prefix + [t], prob * p[t])

@@ -2281,7 +2281,7 @@ Mutation(
     ),
     Mutation(
         "block drafter: the block starts at the last known token's slot, not past the context",
-        "BlockDrafter.propose",
+        "BlockDrafter._pass",
         "cache.replace(lengths=last)",
         "cache.replace(lengths=last + 1)",
         ("tests/test_block_drafter.py::test_the_engines_draft_distributions_are_the_uncached_drafters",),
@@ -2292,5 +2292,26 @@ Mutation(
         "jnp.where(layer == t, x, k)",
         "jnp.where(layer == t + 1, x, k)",
         ("tests/test_block_drafter.py::test_the_target_taps_are_the_layer_outputs",),
+    ),
+    Mutation(
+        "block tree: every beam node takes the first position's candidates (not its own depth's)",
+        "BlockDrafter.propose_tree",
+        "at = slice(lvl * k, (lvl + 1) * k)",
+        "at = slice(0, k)",
+        ("tests/test_block_drafter.py::test_block_trees_take_each_positions_top_candidates",),
+    ),
+    Mutation(
+        "block tree: a preset level's children repeated per candidate, not per parent (wrong parents)",
+        "BlockDrafter.propose_tree",
+        "tokens.append(jnp.tile(top, (1, nodes)))",
+        "tokens.append(jnp.repeat(top, nodes, axis=1))",
+        ("tests/test_block_drafter.py::test_block_trees_take_each_positions_top_candidates",),
+    ),
+    Mutation(
+        "block drafter: no depth given verifies the default 3, not the whole block",
+        "default_depth",
+        "        return decoder.block_size - 1\n",
+        "        return DEFAULT_DEPTH\n",
+        ("tests/test_block_drafter.py::test_a_trained_block_drafter_is_accepted",),
     ),
 ]

@@ -16,6 +16,8 @@ from specjax.model import ModelConfig
 from specjax.model.block import block_draft_logits, block_logits, train_block_hidden, write_context
 from specjax.model.llama import hidden_states, init_model, unfuse_params
 
+from engine_models import chi2_pvalue, exact_continuations, sharp
+
 CFG = ModelConfig(vocab_size=48, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=96,
                   mtp_depth=0, block_size=4, block_layers=2, block_taps=(0, 2), block_mask_id=47)
 
@@ -146,12 +148,14 @@ def test_greedy_block_drafting_is_plain_decoding(rule, cache):
 
 def test_a_trained_block_drafter_is_accepted():
     """The bundled block drafter drafts the bundled target's own continuations: on Python code
-    it accepts far more than nothing (a broken context or block would not)."""
+    it accepts far more than nothing (a broken context or block would not). With no depth
+    given it verifies the whole block (block_size - 1 drafts)."""
     bundle = specjax.load_model()
     prompts = bundle.encode_prompts(["def fibonacci(n):\n    ", "import os\nimport sys\n\n", "class Stack:\n"])
     plain = specjax.generate(bundle.model, prompts, max_new_tokens=40, drafter=None).tokens
-    got = specjax.generate(bundle.model, prompts, max_new_tokens=40, drafter="block", depth=7)
+    got = specjax.generate(bundle.model, prompts, max_new_tokens=40, drafter="block")
     assert got.tokens == plain
+    assert got.metrics["depth"] == bundle.model.decoder.block_size - 1 == 7
     assert got.metrics["tok_per_step"] > 2.0, got.metrics["tok_per_step"]
 
 
@@ -232,9 +236,115 @@ def test_batch_jobs_refill_slots_with_block_drafting(chunk):
     assert [got[i] for i in range(len(prompts))] == plain
 
 
+# ----------------------------------------------------------------------------- trees over the block
+
+
+@pytest.mark.parametrize(("tree", "rule", "cache"), [
+    ("2x2x1", "per_sequence", "dense"),
+    ("dynamic:6,2", "cohort", "paged"),
+    ("dynamic:4,3", "per_sequence", "paged"),
+])
+def test_greedy_block_trees_are_plain_decoding(tree, rule, cache):
+    m = _model()
+    plain = specjax.generate(m, PROMPTS, max_new_tokens=24, drafter=None).tokens
+    got = specjax.generate(m, PROMPTS, max_new_tokens=24, drafter="block", depth=3, tree=tree, kv_advance=rule,
+                           cache=cache)
+    assert got.tokens == plain
+
+
+def _np_beam_tree(logp, nodes, k):
+    """EAGLE-2's expansion over one row's per-position log-probabilities ``logp [depth, V]``
+    (a block drafter's: a child's distribution is its position's, whatever its branch): each
+    depth's ``k`` best candidates by cumulative log-probability grow ``k`` children each; the
+    ``nodes`` best candidates are kept, in candidate order. Returns (tokens, parents)."""
+    top = lambda x, n: list(np.argsort(-x, kind="stable")[:n])  # noqa: E731  (ties: the lower index)
+    kids = top(logp[0], k)
+    cands = [(logp[0][t], t, -1) for t in kids]  # (cumulative, token, parent candidate)
+    beam = list(range(k))
+    for lvl in range(1, logp.shape[0]):
+        first, kids = len(cands), top(logp[lvl], k)
+        cands += [(np.float32(cands[b][0] + logp[lvl][t]), t, b) for b in beam for t in kids]
+        beam = [first + i for i in top(np.array([c[0] for c in cands[first:]]), k)]
+    keep = sorted(top(np.array([c[0] for c in cands]), nodes))
+    return [cands[i][1] for i in keep], [-1] + [keep.index(cands[i][2]) + 1 if cands[i][2] >= 0 else 0 for i in keep]
+
+
+@pytest.mark.parametrize("tree", ["2x2x1", "3x1", "dynamic:7,3", "dynamic:5,2"])
+def test_block_trees_take_each_positions_top_candidates(tree):
+    """The tree of one pass: a preset node at depth j has its position's top ``tree[j]``
+    tokens as children whatever its branch; a dynamic tree is EAGLE-2's best-first expansion
+    over the positions' distributions (a NumPy reference)."""
+    depth = 2 if tree == "3x1" else 3
+    eng, params, st = _run_steps(_model(), PROMPTS, 2, depth=depth, tree=tree)
+    logits, _ = jax.jit(eng.drafter._pass, static_argnums=0)(eng, params, st)
+    tokens, parents, _ = jax.jit(eng.drafter.propose_tree, static_argnums=0)(eng, params, st)
+    logp = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1))
+    for row in range(len(PROMPTS)):
+        if tree.startswith("dynamic"):
+            n, k = (int(x) for x in tree[len("dynamic:"):].split(","))
+            want_tok, want_par = _np_beam_tree(logp[row, :depth], n, k)
+        else:
+            want_tok, want_par, level = [], [-1], [0]
+            for j, kids in enumerate(int(x) for x in tree.split("x")):
+                top = list(np.argsort(-logp[row, j], kind="stable")[:kids])
+                nxt = []
+                for parent in level:
+                    for t in top:
+                        want_tok.append(t)
+                        want_par.append(parent)
+                        nxt.append(len(want_par) - 1)
+                level = nxt
+        assert list(np.asarray(tokens[row])) == want_tok, row
+        assert list(np.asarray(parents[row])) == want_par, row
+
+
+def test_a_tree_over_the_trained_block_accepts_more_than_its_chain():
+    bundle = specjax.load_model()
+    prompts = bundle.encode_prompts(["def fibonacci(n):\n    ", "import os\nimport sys\n\n", "class Stack:\n"])
+    plain = specjax.generate(bundle.model, prompts, max_new_tokens=32, drafter=None).tokens
+    chain = specjax.generate(bundle.model, prompts, max_new_tokens=32, drafter="block", depth=4)
+    tree = specjax.generate(bundle.model, prompts, max_new_tokens=32, drafter="block", depth=4, tree="dynamic:12,3")
+    assert chain.tokens == tree.tokens == plain
+    assert tree.metrics["tok_per_step"] > chain.metrics["tok_per_step"], (tree.metrics, chain.metrics)
+
+
+# ----------------------------------------------------------------------------- lossless sampling
+
+TINY_BLOCK = ModelConfig(vocab_size=5, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=32, max_seq_len=16,
+                         tie_embeddings=False, mtp_depth=0, block_size=4, block_layers=1, block_taps=(0, 1),
+                         block_mask_id=4)
+
+
+@pytest.fixture(scope="module")
+def tiny_block():
+    return sharp(TINY_BLOCK, seed=3, s_emb=2.0, s_head=6.0)
+
+
+@pytest.mark.parametrize(("tree", "rule", "temperature", "top_k", "top_p"), [
+    (None, "per_sequence", 1.0, None, None),
+    (None, "cohort", 0.7, 3, None),
+    ("2x2x1", "per_sequence", 1.0, None, 0.9),
+    ("dynamic:5,2", "cohort", 1.3, 4, 0.95),
+])
+def test_block_sampling_matches_the_target_distribution(tiny_block, tree, rule, temperature, top_k, top_p):
+    """Chi-square over 6,000 3-token continuations vs the exact enumerated distribution under
+    the same temperature, top-k and top-p (alpha = 1e-3, fixed seeds: deterministic): chains
+    (rejection sampling against the block's draft distributions) and trees."""
+    prompt = [1, 2, 0]
+    exact = exact_continuations(tiny_block, prompt, 3, temperature, top_p or 1.0, top_k or 0)
+    rows, samples = 2000, []
+    for c in range(3):
+        r = specjax.generate(tiny_block, [prompt] * rows, max_new_tokens=3, drafter="block", depth=3, tree=tree,
+                             kv_advance=rule, temperature=temperature, top_k=top_k, top_p=top_p,
+                             seed=list(range(c * rows, (c + 1) * rows)))
+        samples += r.tokens
+    assert r.metrics["accepted_drafts"] > 0  # drafts were accepted, not only bonus tokens
+    assert chi2_pvalue(samples, exact) > 1e-3
+
+
 @pytest.mark.parametrize(("kw", "says"), [
     (dict(depth=4), "depth=4 is invalid with drafter='block'"),
-    (dict(depth=2, tree="2x1"), "drafts chains only"),
+    (dict(tree="2x2x1x1"), "depth=4 is invalid with drafter='block'"),
     (dict(depth="auto"), "depth='auto' is not offered with drafter='block'"),
 ])
 def test_block_drafting_refuses_what_it_cannot_do(kw, says):

@@ -91,9 +91,9 @@ def test_a_renamed_test_makes_its_mutation_stale_not_caught(tmp_path):
         "import sys\nsys.path.insert(0, str(__import__('pathlib').Path(__file__).parents[1]))\n"
         "from specjax.a import f\n\n\ndef test_f():\n    assert f(1) == 2\n")
     m = Mutation("m", "f", "x + 1", "x + 2", ("tests/test_a.py::test_gone",))
-    got = mutation_check.run_one(m, sys.executable, tmp_path, catcher="tests/test_a.py::test_gone_too")
+    got = mutation_check.run_one(m, tmp_path, catcher="tests/test_a.py::test_gone_too")
     assert got["status"] == "stale", got
     m = Mutation("m", "f", "x + 1", "x + 2", ("tests/test_a.py::test_f",))
-    got = mutation_check.run_one(m, sys.executable, tmp_path, catcher="tests/test_a.py::test_gone_too")
+    got = mutation_check.run_one(m, tmp_path, catcher="tests/test_a.py::test_gone_too")
     assert got["status"] == "caught" and got["caught_by"] == "tests/test_a.py::test_f", got
     assert (tmp_path / "specjax" / "a.py").read_text() == "def f(x):\n    return x + 1\n"

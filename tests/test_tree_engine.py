@@ -56,15 +56,22 @@ def test_tree_forward_equals_each_branch_alone(seed, kind, sliding):
     hidden, _ = forward_hidden(model.params, cfg, jnp.asarray(tokens), tpos, cache, tree=mask)
     got = np.asarray(head(model.params, cfg, hidden))
 
+    # the oracle: one plain causal forward over every (row, node)'s prefix + branch, each padded
+    # to one width (a causal forward's logits at a position ignore what follows it: one compile)
+    seqs, ends = [], []
     for r in range(b):
         for i in range(n):
             branch, p = [], i
             while p >= 0:
                 branch.append(int(tokens[r, p]))
                 p = parents[r, p]
-            seq = np.array([list(prompt[r, : lengths[r]]) + branch[::-1]], np.int32)
-            want = np.asarray(logits(model, seq))[0, -1]
-            np.testing.assert_allclose(got[r, i], want, rtol=2e-4, atol=2e-4, err_msg=f"row {r} node {i}")
+            seq = list(prompt[r, : lengths[r]]) + branch[::-1]
+            ends.append(len(seq) - 1)
+            seqs.append(seq + [0] * (width + 8 - len(seq)))
+    want = np.asarray(logits(model, np.array(seqs, np.int32)))[np.arange(len(seqs)), ends]
+    for r in range(b):
+        for i in range(n):
+            np.testing.assert_allclose(got[r, i], want[r * n + i], rtol=2e-4, atol=2e-4, err_msg=f"row {r} node {i}")
 
 
 def _compact_ref(buf, lengths, src, capacity):

@@ -100,7 +100,7 @@ def batch_generate(
         fail("seed", seed, "must be one int in [0, 2**32) (each request's seed is derived from it and its id)")
     drafter = default_drafter(cfg.drafter, model, draft_model)
     check_drafter_models(drafter, model, draft_model)
-    d, policy = resolve_depth(cfg.depth, cfg.max_depth, drafter, tree=cfg.tree)
+    d, policy = resolve_depth(cfg.depth, cfg.max_depth, drafter, tree=cfg.tree, model=model)
     reach = tree_reach(cfg.tree, d)
     check_cost(cfg.cost, policy)
     if pages is not None and (cache != "paged" or not is_int(pages) or pages < 1):

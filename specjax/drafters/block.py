@@ -12,7 +12,9 @@ from specjax._pytree import pytree_dataclass
 from specjax.cache import DenseKVCache
 from specjax.cache.base import CAPACITY_BLOCK
 from specjax.drafters.base import EngineDrafter, gather_tokens, pick, stack_probs
+from specjax.drafters.tree import beam_tree, top_logits
 from specjax.protocols import reachable_positions
+from specjax.tree import DynamicTree, preset_parents
 
 
 @pytree_dataclass
@@ -33,6 +35,7 @@ class BlockDrafter(EngineDrafter):
 
     name: str = "block"
     reports_status: ClassVar[bool] = True
+    trees: ClassVar[bool] = True
 
     def empty(self, eng, batch, width, capacity=None):
         if capacity is None:  # a pass writes its block past the context: room for it
@@ -56,7 +59,9 @@ class BlockDrafter(EngineDrafter):
         cache = eng.target.block_context(params["target"], hidden, positions, cache, count)
         return BlockState(cache.advance(count))
 
-    def propose(self, eng, params, st):
+    def _pass(self, eng, params, st):
+        """One drafter pass over each row's last known token and ``k - 1`` masks: ``(logits
+        [B, k - 1, V], dstate)``; row ``j`` of the logits drafts position ``known + j``."""
         dec, k = eng.target, eng.target.block_size
         cache = st.dstate.cache
         last = st.known - 1  # the block starts at the last known token; the context is every position before it
@@ -64,13 +69,44 @@ class BlockDrafter(EngineDrafter):
         first = gather_tokens(st.seq, last[:, None])[:, 0]
         logits, cache = dec.block_draft(params["target"], first, pos, cache.replace(lengths=last),
                                         attention_impl=eng.attention_impl)
+        return logits, BlockState(cache.replace(lengths=st.dstate.cache.lengths))  # the block's K/V was scratch
+
+    def propose(self, eng, params, st):
+        logits, dstate = self._pass(eng, params, st)
         drafts, probs_all = [], []
-        for j in range(k - 1):  # block row j + 1 drafts position known + j
+        for j in range(min(max(eng.depth, 1), logits.shape[1])):  # the drafts the step verifies
             tok, p = pick(logits[:, j], eng, st, st.known + j)
             drafts.append(tok)
             probs_all.append(p)
-        cache = cache.replace(lengths=st.dstate.cache.lengths)  # the block's K/V was scratch
-        return jnp.stack(drafts, axis=1), stack_probs(probs_all, eng.greedy), BlockState(cache)
+        return jnp.stack(drafts, axis=1), stack_probs(probs_all, eng.greedy), dstate
+
+    def propose_tree(self, eng, params, st):
+        """The tree ``eng.tree`` below each row's last known token from one pass: ``(tokens
+        [B, T], parents [B, T + 1], dstate)`` (``DrafterTrees``). The block's positions do not
+        depend on one another's tokens, so a node at draft depth ``j`` takes its children from
+        position ``j``'s distribution whatever its branch: a preset gives each node the top
+        ``tree[j]`` tokens there; a ``DynamicTree`` grows the ``K`` best branches by cumulative
+        log-probability and keeps the ``N`` best nodes (``beam_tree``). Drafts are deterministic
+        (top tokens), so sampled verification stays lossless."""
+        logits, dstate = self._pass(eng, params, st)
+        if isinstance(eng.tree, DynamicTree):
+            k = eng.tree.topk
+            tok, logp = top_logits(logits[:, :eng.depth], k)  # [B, depth * k]: position j's top k at j * k
+
+            def level(lvl, beam_tok, beam_par, rows, carry):  # every beam node: position lvl's top k
+                at = slice(lvl * k, (lvl + 1) * k)
+                return jnp.tile(tok[:, at], (1, k)), jnp.tile(logp[:, at], (1, k)), carry
+
+            tokens, parents, _ = beam_tree(eng.tree, eng.depth, (tok[:, :k], logp[:, :k]), level, None)
+            return tokens, parents, dstate
+        b = logits.shape[0]
+        preset = preset_parents(eng.tree)
+        tokens, nodes = [], 1  # nodes at the level above (the root)
+        for j, kids in enumerate(eng.tree):  # each node of depth j + 1: position j's top ``kids``, parent-major
+            top = top_logits(logits[:, j:j + 1], kids)[0]
+            tokens.append(jnp.tile(top, (1, nodes)))
+            nodes *= kids
+        return jnp.concatenate(tokens, axis=1), jnp.broadcast_to(jnp.asarray(preset), (b, len(preset))), dstate
 
     def commit(self, eng, params, st, dstate, hidden, old_lengths, u, a, advance):
         # every verified position's context entry (u known tokens, a accepted drafts): the next
