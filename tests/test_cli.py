@@ -76,7 +76,8 @@ def test_help_shows_every_default(capsys):
     out = " ".join(capsys.readouterr().out.split())
     for shown in ("--max-new-tokens MAX_NEW_TOKENS default: 128", "--temperature TEMPERATURE 0 = greedy (default: 0.8)",
                   "--cache {dense,paged} KV cache layout (default: dense for generate;", "--seed SEED default: 0",
-                  "--depth DEPTH drafts per step (default: 3, or a preset tree's own)"):
+                  "--depth DEPTH drafts per step (default: 3, a preset tree's own, or the block drafter's whole "
+                  "block)"):
         assert shown in out, shown
 
 
