@@ -88,12 +88,6 @@ SLOW = {
 
 
 def pytest_collection_modifyitems(config, items):
-    """``slow`` on the SLOW modules' tests, and one xdist group per SLOW module: under ``-n 2
-    --dist loadgroup`` (the README's command) a module's tests run in one worker, so the
-    engines its tests share compile once in that process (under ``--dist load`` both workers
-    compiled most of them). xdist sends the largest groups first and the quick modules' tests
-    one by one after them, which keeps both workers busy to the end."""
     for item in items:
         if item.path.stem in SLOW:
             item.add_marker(pytest.mark.slow)
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
