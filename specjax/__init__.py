@@ -25,6 +25,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "specjax.checkpoint": ("Bundle", "CheckpointError", "load_model"),
     "specjax.compile_cache": ("enable_compilation_cache",),
+    "specjax.drafter_checkpoints": ("load_drafter", "save_drafter"),
     "specjax.generation": ("generate",),
     "specjax.generation_config": ("GenerationConfig",),
     "specjax.hf": ("generate_text", "load_hf_checkpoint", "load_tokenizer", "save_hf_checkpoint"),

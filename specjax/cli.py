@@ -326,6 +326,12 @@ class _TextRunner:
             self.encode = (lambda p: tok.encode_chat([{"role": "user", "content": p}])) if args.chat else tok.encode
             self.decode = tok.decode
             self.eos = tok.eos_id
+        if args.draft_checkpoint:
+            from specjax.drafter_checkpoints import load_drafter
+
+            if self.mesh is not None:
+                raise ValueError("--draft-checkpoint does not run on a --mesh yet (a loaded drafter is not sharded)")
+            self.model = load_drafter(args.draft_checkpoint, self.model, dtype=args.dtype)
         from specjax.model import with_layer_loop
 
         self.model = with_layer_loop(self.model, args.layer_loop)
@@ -810,8 +816,12 @@ def _add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="a specjax bundle or a local Hugging Face checkpoint directory (default: checkpoints/default)")
     p.add_argument("--draft-model", default=None, help="checkpoint of a smaller model with the same tokenizer")
+    p.add_argument("--draft-checkpoint", default=None, metavar="DIR",
+                   help="a drafter's public checkpoint folder for the model (format read from its config.json: "
+                        "DFlash -> the block drafter)")
     p.add_argument("--drafter", choices=["mtp", "draft_model", "ngram", "block", "none"], default=None,
-                   help="default: mtp if the model has it, else draft_model if given, else ngram")
+                   help="default: mtp if the model has it, else block if it has a block drafter (a bundle's, or "
+                        "--draft-checkpoint's), else draft_model if given, else ngram")
     p.add_argument("--depth", type=_depth_arg, default=None,
                    help="drafts per step (default: 3, a preset tree's own, or the block drafter's whole block), or "
                         "'auto': each step picks its window (1 .. --max-depth + 1) and each row its drafts by "

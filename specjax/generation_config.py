@@ -60,8 +60,9 @@ class GenerationConfig:
 
     * ``max_new_tokens``: per prompt (one int, or one per prompt for ``generate`` / ``stream``;
       a batch job's default for requests that give none, and their bound for a stream).
-    * ``drafter``: ``"auto"`` (``"mtp"`` if the model has an MTP module, else ``"draft_model"``
-      if a draft model is given, else ``"ngram"``), one of those names, ``None`` (plain
+    * ``drafter``: ``"auto"`` (``"mtp"`` if the model has an MTP module, else ``"block"`` if it
+      has a block drafter, else ``"draft_model"`` if a draft model is given, else ``"ngram"``),
+      one of those names, ``None`` (plain
       decoding on the same step: the baseline) or a drafter object (``specjax.protocols.Drafter``).
     * ``depth``: drafts per step (``1 .. MAX_DEPTH``; ``None``, the default: ``DEFAULT_DEPTH``, a
       preset tree's own depth, or with ``drafter="block"`` the whole block, ``block_size - 1``),

@@ -302,6 +302,16 @@ def load_hf_checkpoint(path: str | Path, dtype=None, mtp: str | Path | None = No
     return model if mesh is None else shard_model(model, mesh)
 
 
+def rope_scaling_dict(s: RopeScaling) -> dict:
+    """``RopeScaling`` as a config's ``rope_scaling`` dict (the inverse of ``_scaling``)."""
+    keys = {"factor": s.factor, "low_freq_factor": s.low_freq_factor, "high_freq_factor": s.high_freq_factor,
+            "original_max_position_embeddings": s.original_max_position, "attention_factor": s.attention_factor,
+            "mscale": s.mscale, "mscale_all_dim": s.mscale_all_dim}
+    if s.kind == "yarn":
+        keys.update(beta_fast=s.beta_fast, beta_slow=s.beta_slow, truncate=s.truncate)
+    return {"rope_type": s.kind, **{k: v for k, v in keys.items() if v is not None}}
+
+
 def save_hf_checkpoint(model: Model, path: str | Path, tokenizer: ByteTokenizer | HFTokenizer | None = None) -> None:
     """Write ``config.json`` + ``model.safetensors`` that transformers loads as Llama
     (Qwen2 with q/k/v bias, Mistral with a sliding window on every layer). MTP weights,
@@ -369,13 +379,7 @@ def save_hf_checkpoint(model: Model, path: str | Path, tokenizer: ByteTokenizer 
     if cfg.head_dim is not None:
         config["head_dim"] = cfg.head_dim
     if cfg.rope_scaling is not None:  # the legacy key: transformers 4 and 5 both read it
-        s = cfg.rope_scaling
-        keys = {"factor": s.factor, "low_freq_factor": s.low_freq_factor, "high_freq_factor": s.high_freq_factor,
-                "original_max_position_embeddings": s.original_max_position, "attention_factor": s.attention_factor,
-                "mscale": s.mscale, "mscale_all_dim": s.mscale_all_dim}
-        if s.kind == "yarn":
-            keys.update(beta_fast=s.beta_fast, beta_slow=s.beta_slow, truncate=s.truncate)
-        config["rope_scaling"] = {"rope_type": s.kind, **{k: v for k, v in keys.items() if v is not None}}
+        config["rope_scaling"] = rope_scaling_dict(cfg.rope_scaling)
     if arch == "MistralForCausalLM":
         config["sliding_window"] = cfg.sliding_window
     if tokenizer is not None:

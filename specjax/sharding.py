@@ -263,6 +263,9 @@ def sharded_layout(params: dict, cfg: ModelConfig, model: int) -> tuple[dict, Mo
     cfg2 = sharded_config(cfg, model)
     if model == 1:
         return params, cfg
+    if cfg.block_overrides and "block" in params:
+        raise ValueError("a block drafter whose layers are shaped apart from the target's (block_overrides: a loaded "
+                         "DFlash drafter) cannot be split over a mesh yet; load it without a mesh")
     hd, hq, hkv, hkv2 = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg2.n_kv_heads
     rep = np.arange(hkv2) * hkv // hkv2  # new KV head j copies head rep[j]: query head h still reads its own
     xp = jnp if any(isinstance(x, jax.Array) for x in jax.tree.leaves(params)) else np

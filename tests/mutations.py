@@ -2268,8 +2268,8 @@ Mutation(
     Mutation(
         "block drafter: the context read through the input norm (as a block row would be)",
         "_context_kv",
-        "project_qkv(p, ctx, positions, cfg, None)",
-        "project_qkv(p, norm(ctx, p['attn_norm'], cfg), positions, cfg, None)",
+        "project_qkv(p, ctx, positions, cfg.block_config, None)",
+        "project_qkv(p, norm(ctx, p['attn_norm'], cfg.block_config), positions, cfg.block_config, None)",
         ("tests/test_block_drafter.py::test_the_block_pass_matches_a_numpy_reference",),
     ),
     Mutation(
@@ -2313,5 +2313,55 @@ Mutation(
         "        return decoder.block_size - 1\n",
         "        return DEFAULT_DEPTH\n",
         ("tests/test_block_drafter.py::test_a_trained_block_drafter_is_accepted",),
+    ),
+    # --- drafters from their public checkpoints (specjax.drafter_checkpoints) ---
+    Mutation(
+        "DFlash: the mask tokens attend causally (against the public reference forward)",
+        "block_draft_logits",
+        "jnp.ones((b, k, k), bool)",
+        "jnp.tril(jnp.ones((b, k, k), bool))",
+        ("tests/test_drafter_checkpoints.py::test_dflash_draft_logits_match_the_reference_forward",),
+    ),
+    Mutation(
+        "DFlash: the target layers concatenated in sorted order, not target_layer_ids' order",
+        "specjax/drafter_checkpoints/dflash.py::load",
+        "block_taps=tuple(taps)",
+        "block_taps=tuple(sorted(taps))",
+        ("tests/test_drafter_checkpoints.py::test_dflash_draft_logits_match_the_reference_forward",),
+    ),
+    Mutation(
+        "DFlash: target layer ids off by one (id read as Hugging Face's hidden_states index)",
+        "specjax/drafter_checkpoints/dflash.py::load",
+        "block_taps=tuple(taps)",
+        "block_taps=tuple(i + 1 for i in taps)",
+        ("tests/test_drafter_checkpoints.py::test_dflash_draft_logits_match_the_reference_forward",),
+    ),
+    Mutation(
+        "DFlash: the drafter's layers run with the target's shapes and RoPE (block_overrides ignored)",
+        "block_draft_logits",
+        "    bc = cfg.block_config\n",
+        "    bc = cfg\n",
+        ("tests/test_drafter_checkpoints.py::test_dflash_draft_logits_match_the_reference_forward",),
+    ),
+    Mutation(
+        "DFlash: the mask token taken as the target's last id, not mask_token_id",
+        "specjax/drafter_checkpoints/dflash.py::load",
+        "block_mask_id=mask,",
+        "block_mask_id=tc.vocab_size - 1,",
+        ("tests/test_drafter_checkpoints.py::test_dflash_draft_logits_match_the_reference_forward",),
+    ),
+    Mutation(
+        "DFlash: hidden_norm and the final norm swapped",
+        "specjax/drafter_checkpoints/dflash.py::load",
+        '"hidden_norm": r.get("hidden_norm.weight", (d,))',
+        '"hidden_norm": r.get("norm.weight", (d,))',
+        ("tests/test_drafter_checkpoints.py::test_dflash_draft_logits_match_the_reference_forward",),
+    ),
+    Mutation(
+        "drafter auto: a model with only a block drafter drafts by n-gram",
+        "default_drafter",
+        '        return "block"\n',
+        '        return "ngram"\n',
+        ("tests/test_drafter_checkpoints.py::test_greedy_decoding_with_a_loaded_dflash_drafter_is_plain_decoding",),
     ),
 ]

@@ -21,11 +21,15 @@ AUTO = "auto"  # every entry point's default drafter: ``default_drafter``
 def default_drafter(drafter: object, model: object, draft_model: object) -> object:
     """``drafter``, with ``"auto"`` (the default of ``generate``, ``stream``, ``batch_generate``,
     the bundles and the CLI) resolved by one rule: ``"mtp"`` when the model carries an MTP
-    module, else ``"draft_model"`` when a draft model is given, else ``"ngram"``."""
+    module, else ``"block"`` when it carries a block drafter (a loaded DFlash drafter), else
+    ``"draft_model"`` when a draft model is given, else ``"ngram"``."""
     if not (isinstance(drafter, str) and drafter == AUTO):
         return drafter
-    if getattr(getattr(model, "decoder", None), "mtp_depth", 0):
+    decoder = getattr(model, "decoder", None)
+    if getattr(decoder, "mtp_depth", 0):
         return "mtp"
+    if getattr(decoder, "block_size", 0):
+        return "block"
     return "draft_model" if draft_model is not None else "ngram"
 
 

@@ -14,6 +14,9 @@ Params (``params["block"]``, inside the target's, as the MTP module's): ``fc [n_
 position, ``v = c Wv``; no input norm) and never runs as a query. This is the layout a DFlash
 checkpoint's weights map onto (``layers.N.*``, ``fc``, ``hidden_norm``, ``norm``;
 ``dflash_config``: ``target_layer_ids`` = ``block_taps``, ``mask_token_id``, ``block_size``).
+The drafter's layers, norms and RoPE run with ``cfg.block_config`` (the model's config with
+``block_overrides``: a DFlash drafter's own heads, widths and RoPE); the embedding and the LM
+head with the model's.
 
 Shapes: taps ``[B, t, n_taps * d]`` (``forward_hidden(..., taps=)`` after its first ``d``
 columns); context ``[B, t, d]``; a block ``[B, k, d]``; the context cache one layer per
@@ -37,11 +40,12 @@ __all__ = ["block_draft_logits", "block_logits", "context", "init_block_params",
 def init_block_params(key: jax.Array, config: ModelConfig, dtype=jnp.float32) -> dict:
     """A random-initialised block drafter (``params["block"]``)."""
     k_fc, k_layers = jax.random.split(key)
-    d, one = config.d_model, 1.0 - config.norm_offset
+    bc = config.block_config
+    d, one = config.d_model, 1.0 - bc.norm_offset
     return {
         "fc": (jax.random.normal(k_fc, (len(config.block_taps) * d, d)) * 0.02).astype(dtype),
         "hidden_norm": jnp.full((d,), one, dtype),
-        "layers": [block_params(k, config, dtype) for k in jax.random.split(k_layers, config.block_layers)],
+        "layers": [block_params(k, bc, dtype) for k in jax.random.split(k_layers, config.block_layers)],
         "norm": jnp.full((d,), one, dtype),
     }
 
@@ -49,12 +53,12 @@ def init_block_params(key: jax.Array, config: ModelConfig, dtype=jnp.float32) ->
 def context(params: dict, cfg: ModelConfig, taps: jax.Array) -> jax.Array:
     """Context entries ``[B, t, d]`` from the target's tapped hidden states ``[B, t, n_taps * d]``."""
     b = params["block"]
-    return norm(taps @ b["fc"].astype(taps.dtype), b["hidden_norm"], cfg)
+    return norm(taps @ b["fc"].astype(taps.dtype), b["hidden_norm"], cfg.block_config)
 
 
 def _context_kv(p: dict, ctx: jax.Array, positions: jax.Array, cfg: ModelConfig):
     """A drafter layer's key and value ``[B, t, Hkv, hd]`` of context entries ``ctx`` (no input norm)."""
-    _, k, v = project_qkv(p, ctx, positions, cfg, None)
+    _, k, v = project_qkv(p, ctx, positions, cfg.block_config, None)
     return k, v
 
 
@@ -72,7 +76,7 @@ def write_context(params: dict, cfg: ModelConfig, hidden: jax.Array, positions: 
 
 def block_logits(params: dict, cfg: ModelConfig, x: jax.Array) -> jax.Array:
     """The drafter's norm, then the target's LM head: ``x [..., d]`` -> float32 logits ``[..., V]``."""
-    h = norm(x, params["block"]["norm"], cfg)
+    h = norm(x, params["block"]["norm"], cfg.block_config)
     w = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
     return (h @ w).astype(jnp.float32)
 
@@ -94,10 +98,11 @@ def block_draft_logits(params: dict, cfg: ModelConfig, first: jax.Array, positio
     x = embed(params, cfg, block_tokens(first, cfg))
     b, k = x.shape[:2]
     mask = TreeMask(cache.lengths, jnp.ones((b, k, k), bool), positions, positions)
+    bc = cfg.block_config
     for i, p in enumerate(params["block"]["layers"]):
-        q, kk, v = block_qkv(p, x, positions, cfg, None)
+        q, kk, v = block_qkv(p, x, positions, bc, None)
         cache = cache.write(i, kk, v)
-        x = block_finish(p, x, cache.attend(q, i, impl=attention_impl, tree=mask), cfg)
+        x = block_finish(p, x, cache.attend(q, i, impl=attention_impl, tree=mask), bc)
     return block_logits(params, cfg, x[:, 1:]), cache
 
 
@@ -121,10 +126,11 @@ def train_block_hidden(params: dict, cfg: ModelConfig, taps: jax.Array, tokens: 
     sees_blk = jnp.broadcast_to(block_of[:, None] == block_of[None, :], (b, n * k, n * k))
     ok = jnp.concatenate([sees_ctx, sees_blk], axis=2)
     head_major = lambda a: a.transpose(0, 2, 1, 3)  # noqa: E731
+    bc = cfg.block_config
     for p in params["block"]["layers"]:
         kc, vc = _context_kv(p, ctx, pos_ctx, cfg)
-        q, kb, vb = block_qkv(p, x, pos_blk, cfg, None)
+        q, kb, vb = block_qkv(p, x, pos_blk, bc, None)
         kk = head_major(jnp.concatenate([kc, kb], axis=1))
         vv = head_major(jnp.concatenate([vc, vb], axis=1))
-        x = block_finish(p, x, attend_visible(q, kk, vv, ok), cfg)
+        x = block_finish(p, x, attend_visible(q, kk, vv, ok), bc)
     return x.reshape(b, n, k, -1)

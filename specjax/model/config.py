@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from specjax.model.rope import RopeScaling
 
 __all__ = ["ModelConfig", "RopeScaling"]
 
 MLP_ACTS = ("silu", "gelu_tanh")
+# the settings a block drafter's layers may hold apart from the target's (``block_overrides``)
+BLOCK_OVERRIDES = ("n_heads", "n_kv_heads", "head_dim", "d_ff", "qk_norm", "qkv_bias", "rope_theta", "rope_scaling",
+                   "norm_eps", "norm_offset", "sandwich_norm", "mlp_act", "query_pre_attn_scalar")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +45,10 @@ class ModelConfig:
     style): ``block_layers`` decoder layers shaped like the model's that draft ``k - 1`` tokens in
     one pass over a block of the row's last token and ``k - 1`` copies of ``block_mask_id``,
     conditioned on the model's hidden states after the layers ``block_taps``. 0: none.
+    ``block_overrides``: ``(name, value)`` pairs (names in ``BLOCK_OVERRIDES``) where the
+    drafter's layers differ from the model's: a loaded DFlash drafter's heads, ``head_dim``,
+    ``d_ff``, q/k norms, RoPE and norm settings (``block_config`` is the config its layers run
+    with). Its width is always ``d_model``: it reads the model's embedding and LM head.
 
     ``shard_groups = G``: the fused ``wqkv`` holds ``G`` column groups ``[q_g | k_g | v_g]`` (each
     group ``1/G`` of the heads) and ``w_gate_up`` ``G`` groups ``[gate_g | up_g]``, so a column
@@ -80,6 +88,7 @@ class ModelConfig:
     block_layers: int = 0
     block_taps: tuple[int, ...] = ()
     block_mask_id: int = 0
+    block_overrides: tuple[tuple[str, object], ...] = ()
     shard_groups: int = 1  # column groups of the fused wqkv / w_gate_up (tensor parallelism: specjax.sharding)
 
     def __post_init__(self) -> None:
@@ -132,13 +141,28 @@ class ModelConfig:
                              f"n_kv_heads={self.n_kv_heads} and d_ff={self.d_ff}")
         if self.head_dim is None:  # one field, always concrete: no second name for the head size
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
+        if self.block_overrides:
+            try:
+                _make_block_config(self)
+            except ValueError as e:
+                raise ValueError(f"block_overrides={dict(self.block_overrides)} are invalid: {e}") from None
 
     def _check_block(self) -> None:
         taps = tuple(int(i) for i in self.block_taps)  # a JSON list becomes a (hashable) tuple
         object.__setattr__(self, "block_taps", taps)
+        overrides = self.block_overrides
+        pairs = overrides.items() if isinstance(overrides, dict) else overrides  # JSON: a list of pairs
+        pairs = tuple(sorted((str(k), RopeScaling(**v) if k == "rope_scaling" and isinstance(v, dict) else v)
+                             for k, v in pairs))
+        object.__setattr__(self, "block_overrides", pairs)
+        unknown = sorted({k for k, _ in pairs} - set(BLOCK_OVERRIDES))
+        if unknown:
+            raise ValueError(f"block_overrides has {unknown[0]!r}, which a block drafter cannot override: one of "
+                             f"{list(BLOCK_OVERRIDES)}")
         if not self.block_size:
-            if self.block_layers or taps:
-                raise ValueError("block_layers/block_taps are set but block_size is 0 (no block drafter)")
+            if self.block_layers or taps or pairs:
+                raise ValueError("block_layers/block_taps/block_overrides are set but block_size is 0 (no block "
+                                 "drafter)")
             return
         if not isinstance(self.block_size, int) or self.block_size < 2:
             raise ValueError(f"block_size={self.block_size!r} is invalid: an int >= 2 (the block's last token and "
@@ -149,6 +173,12 @@ class ModelConfig:
             raise ValueError(f"block_taps={taps} is invalid: distinct target layer indices in [0, {self.n_layers})")
         if not 0 <= self.block_mask_id < self.vocab_size:
             raise ValueError(f"block_mask_id={self.block_mask_id} is invalid: a token id in [0, {self.vocab_size})")
+
+    @property
+    def block_config(self) -> ModelConfig:
+        """The config the block drafter's layers run with: this one with ``block_overrides``
+        applied, every layer global (the drafter's layers use the global RoPE)."""
+        return _block_config(self)
 
     def is_compressed(self, layer: int) -> bool:
         """Does ``layer`` use compressed memory (and the compressed cache)?"""
@@ -180,3 +210,16 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def _make_block_config(cfg: ModelConfig) -> ModelConfig:
+    over = dict(cfg.block_overrides)
+    over["head_dim"] = over.get("head_dim", cfg.head_dim)
+    return dataclasses.replace(
+        cfg, **over, block_size=0, block_layers=0, block_taps=(),
+        block_mask_id=0, block_overrides=(), mtp_depth=0, mtp_draft_vocab=0, sliding_window=None, global_every=0,
+        compressed_layers=(), compress_window=None, compress_block=None, local_rope_theta=None,
+        local_rope_scaling=None, shard_groups=1 if cfg.block_overrides else cfg.shard_groups)
+
+
+_block_config = functools.lru_cache(maxsize=64)(_make_block_config)

@@ -121,13 +121,15 @@ def with_layer_loop(model: Model, loop: str) -> Model:
                                      if loop == "scan" else layers))
 
 
-def _map_blocks(params: dict, fn) -> dict:
+def _map_blocks(params: dict, fn, drafter_fn=None) -> dict:
+    """``fn`` over every decoder block's params; the block drafter's layers get ``drafter_fn``
+    (default ``fn``: they may be shaped apart, ``ModelConfig.block_config``)."""
     out = dict(params)
     out["layers"] = [fn(layer_params(params, i)) for i in range(_num_layers(params))]
     if "mtp" in params:
         out["mtp"] = dict(params["mtp"], block=fn(params["mtp"]["block"]))
     if "block" in params:  # a block drafter's layers
-        out["block"] = dict(params["block"], layers=[fn(p) for p in params["block"]["layers"]])
+        out["block"] = dict(params["block"], layers=[(drafter_fn or fn)(p) for p in params["block"]["layers"]])
     return out
 
 
@@ -139,7 +141,7 @@ def fuse_params(params: dict) -> dict:
 
 def unfuse_params(params: dict, config: ModelConfig) -> dict:
     """The inverse of ``fuse_params`` (what bundles and HF checkpoints store), from either layout."""
-    return _map_blocks(params, lambda p: unfuse_block(p, config))
+    return _map_blocks(params, lambda p: unfuse_block(p, config), lambda p: unfuse_block(p, config.block_config))
 
 
 def init_model(config: ModelConfig, seed: int = 0, dtype=jnp.float32) -> Model:
@@ -633,8 +635,8 @@ class LlamaDecoder:
 
     def init_block_cache(self, batch: int, capacity: int) -> DenseKVCache:
         """The block drafter's per-row context cache (one layer per drafter layer)."""
-        c = self.config
-        return DenseKVCache.create(c.block_layers, batch, capacity, c.n_kv_heads, c.head_dim, self.dtype)
+        c, bc = self.config, self.config.block_config
+        return DenseKVCache.create(c.block_layers, batch, capacity, bc.n_kv_heads, bc.head_dim, self.dtype)
 
     def block_context(self, params, hidden, positions, cache, count):
         """``block.write_context``: the context K/V of a tapped forward's ``hidden``."""

@@ -1,0 +1,59 @@
+"""Drafters from their public checkpoints: ``load_drafter(path, target)`` and ``save_drafter``.
+
+A drafter checkpoint is a local folder (``config.json`` + safetensors; never a hub download).
+Its format is recognised from ``config.json``, not from a flag; a drafter that does not fit
+the target fails here, before anything compiles, with the mismatch named. Formats:
+
+* ``dflash``: z-lab's DFlash drafters (``DFlashDraftModel``) -> the block drafter
+  (``drafter="block"``; ``specjax.drafter_checkpoints.dflash``).
+
+Native MTP layers that ship inside a model's own checkpoint and EAGLE-3 heads are not read yet.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specjax.drafter_checkpoints import dflash
+from specjax.hf import _read_json
+from specjax.model import Model
+
+__all__ = ["FORMATS", "load_drafter", "save_drafter"]
+
+# format name -> (its module, what its config.json looks like, the drafter it becomes)
+FORMATS = {"dflash": (dflash, "architectures ['DFlashDraftModel'] or a 'dflash_config' field", "block")}
+
+
+def detect(raw: dict) -> str | None:
+    """The format of a drafter's ``config.json`` (a name in ``FORMATS``), or ``None``."""
+    return next((name for name, (mod, _, _) in FORMATS.items() if mod.matches(raw)), None)
+
+
+def load_drafter(path: str | Path, target: Model, dtype=None) -> Model:
+    """``target`` carrying the drafter stored in the folder ``path``: pass the result to
+    ``generate``, ``stream`` or ``batch_generate`` with ``drafter="auto"`` (or the drafter's
+    name: ``"block"`` for DFlash). ``dtype`` (``"float32"``, ``"bfloat16"``, a jnp dtype):
+    the drafter's weights' dtype; default: the target's. ``ValueError`` (one line) for a
+    folder that is no drafter checkpoint, an unknown format (the known ones are listed) or a
+    drafter that does not fit the target (the mismatch is named)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ValueError(f"draft checkpoint {str(path)!r} is not a directory")
+    if not isinstance(target, Model):
+        raise ValueError(f"target={type(target).__name__} is invalid: a specjax Model (load_model, "
+                         "load_hf_checkpoint)")
+    raw = _read_json(path / "config.json")
+    name = detect(raw)
+    if name is None:
+        known = "; ".join(f"{n}: {how}" for n, (_, how, _) in FORMATS.items())
+        raise ValueError(f"{path / 'config.json'}: not a drafter format specjax reads (architectures="
+                         f"{raw.get('architectures')!r}); known formats: {known}")
+    return FORMATS[name][0].load(path, raw, target, dtype)
+
+
+def save_drafter(model: Model, path: str | Path, format: str = "dflash") -> None:  # noqa: A002
+    """Write ``model``'s drafter in a public layout (``format`` in ``FORMATS``) that
+    ``load_drafter`` and the format's own code read back."""
+    if format not in FORMATS:
+        raise ValueError(f"format={format!r} is invalid: one of {list(FORMATS)}")
+    FORMATS[format][0].save(model, Path(path))

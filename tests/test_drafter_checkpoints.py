@@ -1,0 +1,207 @@
+"""Drafters from their public checkpoints (``specjax.load_drafter``): each format's fixture
+(``scripts/make_drafter_fixtures.py``: public tensor names, shapes and config keys, random
+weights) against draft logits from an independent PyTorch reference forward committed beside
+it; greedy output equal to plain decoding with every loaded drafter; one-line errors for
+every mismatch before anything compiles; the public layout round trip."""
+
+import json
+import shutil
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax
+from specjax import load_drafter, load_hf_checkpoint, save_drafter
+from specjax.drafter_checkpoints.dflash import default_target_layers
+from specjax.model import ModelConfig, init_model
+from specjax.model.block import block_draft_logits, block_logits, train_block_hidden, write_context
+from specjax.model.llama import hidden_states
+
+FIX = Path(__file__).parent / "fixtures"
+DRAFTERS = FIX / "drafters"
+TARGETS = {"dflash_qwen3": DRAFTERS / "qwen3_target", "dflash_llama": FIX / "hf" / "llama"}
+
+
+def _loaded(name, dtype=None):
+    return load_drafter(DRAFTERS / name, load_hf_checkpoint(TARGETS[name], dtype="float32"), dtype=dtype)
+
+
+def _expected(name):
+    return json.loads((DRAFTERS / name / "expected.json").read_text())
+
+
+def _draft_logits(m, prompt, anchor):
+    """The block at ``anchor`` two ways: the uncached forward, and the engine's cached pass
+    (context written through the drafter's cache, then one block over it)."""
+    cfg = m.config
+    tokens = jnp.array([prompt])
+    _, hidden = hidden_states(m, tokens, taps=cfg.block_taps)
+    uncached = block_logits(m.params, cfg, train_block_hidden(m.params, cfg, hidden[..., cfg.d_model:], tokens,
+                                                              jnp.array([[anchor]]))[:, 0, 1:])
+    cache = m.decoder.init_block_cache(1, 32)
+    pos = jnp.arange(len(prompt), dtype=jnp.int32)[None]
+    n = jnp.array([anchor], jnp.int32)
+    cache = write_context(m.params, cfg, hidden, pos, cache, n).advance(n)
+    cached, _ = block_draft_logits(m.params, cfg, tokens[:, anchor], anchor + jnp.arange(cfg.block_size)[None], cache)
+    return np.asarray(uncached[0]), np.asarray(cached[0])
+
+
+def test_the_dflash_fixture_target_matches_transformers():
+    t = load_hf_checkpoint(TARGETS["dflash_qwen3"], dtype="float32")
+    exp = json.loads((TARGETS["dflash_qwen3"] / "expected.json").read_text())
+    for prompt, want in zip(exp["prompts"], exp["last_logits"], strict=True):
+        got = np.asarray(specjax.logits(t, np.array([prompt])))[0, -1]
+        assert np.abs(got - np.array(want)).max() <= 1e-4
+
+
+@pytest.mark.parametrize("name", ["dflash_qwen3", "dflash_llama"])
+def test_dflash_draft_logits_match_the_reference_forward(name):
+    """float32, within 1e-3, both passes; the Qwen3 fixture's drafter is shaped apart from its
+    target (heads, head_dim, d_ff, RoPE theta) and taps layers out of order, the Llama one's
+    target has no q/k norms while the drafter has."""
+    m, exp = _loaded(name), _expected(name)
+    for prompt, anchor, want in zip(exp["prompts"], exp["anchors"], exp["draft_logits"], strict=True):
+        for got in _draft_logits(m, prompt, anchor):
+            assert np.abs(got - np.array(want)).max() <= 1e-3
+
+
+def test_dflash_loads_in_bfloat16():
+    m, exp = _loaded("dflash_qwen3", dtype="bfloat16"), _expected("dflash_qwen3")
+    assert {str(x.dtype) for x in jax.tree.leaves(m.params["block"])} == {"bfloat16"}
+    uncached, _ = _draft_logits(m, exp["prompts"][2], exp["anchors"][2])
+    want = np.array(exp["draft_logits"][2])
+    assert np.abs(uncached - want).max() <= 0.05 * np.abs(want).max()
+    assert (uncached.argmax(-1) == want.argmax(-1)).mean() >= 0.5
+
+
+def test_dflash_config_maps_onto_the_block_drafter():
+    m = _loaded("dflash_qwen3")
+    c, bc = m.config, m.config.block_config
+    assert (c.block_size, c.block_layers, c.block_taps, c.block_mask_id) == (4, 2, (1, 0), 95)
+    assert (bc.n_heads, bc.n_kv_heads, bc.head_dim, bc.d_ff, bc.qk_norm, bc.rope_theta, bc.rope_scaling) == \
+        (2, 1, 16, 48, True, 1e6, None)
+    assert (c.n_heads, c.head_dim, c.rope_scaling.kind) == (4, 8, "linear")  # the target's own are kept
+    assert default_target_layers(36, 5) == [1, 9, 17, 25, 33]  # Qwen3-8B's drafter's taps
+    assert default_target_layers(36, 1) == [18]
+
+
+PROMPTS = [[5, 17, 33, 8, 61], [1, 40, 2, 77, 12, 9, 50, 3, 19, 7, 7], [11, 22, 33], [60, 61, 62, 63, 64, 65, 66]]
+
+
+@pytest.mark.parametrize(("name", "rule", "cache"), [
+    ("dflash_qwen3", "per_sequence", "dense"), ("dflash_qwen3", "cohort", "paged"),
+    ("dflash_qwen3", "per_sequence", "paged"), ("dflash_qwen3", "cohort", "dense"),
+    ("dflash_llama", "per_sequence", "paged"), ("dflash_llama", "cohort", "dense"),
+])
+def test_greedy_decoding_with_a_loaded_dflash_drafter_is_plain_decoding(name, rule, cache):
+    m = _loaded(name)
+    for prompts in (PROMPTS[:1], PROMPTS):  # B = 1 and 4, prompts of different lengths
+        plain = specjax.generate(m, prompts, max_new_tokens=16, drafter=None).tokens
+        got = specjax.generate(m, prompts, max_new_tokens=16, kv_advance=rule, cache=cache)  # "auto": the block
+        assert got.tokens == plain
+        assert got.metrics["drafter"] == "block"
+
+
+def test_greedy_trees_over_a_loaded_dflash_drafter_are_plain_decoding():
+    m = _loaded("dflash_qwen3")
+    plain = specjax.generate(m, PROMPTS, max_new_tokens=16, drafter=None).tokens
+    got = specjax.generate(m, PROMPTS, max_new_tokens=16, drafter="block", tree="dynamic:6,2", cache="paged")
+    assert got.tokens == plain
+
+
+def test_the_public_layout_round_trips(tmp_path):
+    """A DFlash drafter saved and loaded back is the same drafter; one made here (attached to
+    a specjax model, q/k norms on) too; the bundled drafter (no q/k norms) is refused by name."""
+    m = _loaded("dflash_qwen3")
+    save_drafter(m, tmp_path / "a")
+    back = load_drafter(tmp_path / "a", load_hf_checkpoint(TARGETS["dflash_qwen3"], dtype="float32"))
+    assert back.config == m.config
+    for a, b in zip(jax.tree.leaves(m.params["block"]), jax.tree.leaves(back.params["block"]), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    ours = init_model(ModelConfig(vocab_size=64, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=64,
+                                  max_seq_len=64, mtp_depth=0, block_size=4, block_layers=1, block_taps=(2, 0),
+                                  block_mask_id=63, block_overrides={"qk_norm": True, "n_heads": 2}), seed=3)
+    save_drafter(ours, tmp_path / "b")
+    target = init_model(ModelConfig(**{**ours.config.to_dict(), "block_size": 0, "block_layers": 0, "block_taps": (),
+                                       "block_mask_id": 0, "block_overrides": ()}), seed=3)
+    again = load_drafter(tmp_path / "b", target)
+    prompts = [[3, 4, 5, 6, 7, 8], [9, 10]]
+    assert specjax.generate(again, prompts, max_new_tokens=8, drafter="block").tokens == \
+        specjax.generate(ours, prompts, max_new_tokens=8, drafter="block").tokens
+    _, d1 = _draft_logits(ours, prompts[0], 4)
+    _, d2 = _draft_logits(again, prompts[0], 4)
+    np.testing.assert_allclose(d1, d2, atol=1e-5)
+    bundle = specjax.load_model()
+    with pytest.raises(ValueError, match="cannot express this block drafter's qk_norm=False"):
+        save_drafter(bundle.model, tmp_path / "c")
+
+
+def _copy(tmp_path, name="dflash_qwen3"):
+    d = tmp_path / name
+    shutil.copytree(DRAFTERS / name, d)
+    return d
+
+
+def _edit(d, **changes):
+    cfg = json.loads((d / "config.json").read_text())
+    for k, v in changes.items():
+        if k == "dflash_config":
+            cfg[k].update(v)
+        elif v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    (d / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"hidden_size": 64}, "does not fit the target: hidden size 64 vs the target's 32"),
+    ({"vocab_size": 151936}, "vocabulary 151936 vs the target's 96"),
+    ({"dflash_config": {"target_layer_ids": [1, 3]}}, "target layer id 3 .* past the target's depth: its layers are "
+                                                      "0 .. 2"),
+    ({"num_target_layers": 36}, "num_target_layers 36 vs the target's 3 layers"),
+    ({"dflash_config": {"mask_token_id": 151669}}, "mask token id 151669 is outside the target's vocabulary"),
+    ({"dflash_config": {"mask_token_id": None}, "mask_token_id": None}, "dflash_config.mask_token_id' is missing"),
+    ({"block_size": 1}, "'block_size'=1 must be an int >= 2"),
+    ({"attention_bias": True}, "'attention_bias'=True is not supported"),
+    ({"layer_types": ["sliding_attention", "full_attention"]}, "only full-attention drafter layers"),
+    ({"num_key_value_heads": 3}, "n_heads=2 must be a multiple of n_kv_heads=3"),
+    ({"architectures": ["LlamaForCausalLMEagle3"], "dflash_config": None},
+     "not a drafter format specjax reads .* known formats: dflash"),
+])
+def test_mismatched_dflash_checkpoints_are_one_line_errors(tmp_path, change, says):
+    d = _copy(tmp_path)
+    if change.get("dflash_config", 0) is None:
+        cfg = json.loads((d / "config.json").read_text())
+        cfg.pop("dflash_config")
+        (d / "config.json").write_text(json.dumps(cfg))
+        change = {k: v for k, v in change.items() if k != "dflash_config"}
+    _edit(d, **change)
+    target = load_hf_checkpoint(TARGETS["dflash_qwen3"], dtype="float32")
+    with pytest.raises(ValueError, match=says) as e:
+        load_drafter(d, target)
+    assert "\n" not in str(e.value)
+
+
+def test_missing_extra_and_misshapen_tensors_are_named(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    target = load_hf_checkpoint(TARGETS["dflash_qwen3"], dtype="float32")
+    for i, (edit, says) in enumerate([(lambda t: t.pop("fc.weight"), "tensor 'fc.weight' is missing"),
+                       (lambda t: t.update(extra=np.zeros(2, np.float32)), "tensor 'extra' is not part of the DFlash"),
+                       (lambda t: t.update({"norm.weight": np.zeros(3, np.float32)}),
+                        "'norm.weight' has shape \\(3,\\), expected \\(32,\\)")]):
+        d = tmp_path / str(i)
+        shutil.copytree(DRAFTERS / "dflash_qwen3", d)
+        tensors = load_file(str(d / "model.safetensors"))
+        edit(tensors)
+        save_file(tensors, str(d / "model.safetensors"))
+        with pytest.raises(ValueError, match=says):
+            load_drafter(d, target)
+    with pytest.raises(ValueError, match="is not a directory"):
+        load_drafter(tmp_path / "nope", target)
+    with pytest.raises(ValueError, match="target=str is invalid"):
+        load_drafter(DRAFTERS / "dflash_qwen3", "qwen3")
