@@ -17,6 +17,10 @@ the target's hidden states. Nothing here calls specjax.
   that sorts or reverses the taps fails), block 4, mask token 95.
 * ``dflash_llama``: a DFlash drafter for ``tests/fixtures/hf/llama`` (a target without q/k
   norms): 1 layer, tapping layer 0, block 3, mask token 0.
+* ``mimo``: a MiMo checkpoint (``MiMoForCausalLM``: a Qwen2 model) with its MTP layer
+  (``model.mtp_layers.0.*``).
+* ``deepseek_mtp_qwen3``: ``qwen3_target`` with an MTP layer in the DeepSeek-V3 layout
+  (``model.layers.3.*``: ``enorm``, ``hnorm``, ``eh_proj``, ``shared_head``) on a dense target.
 """
 
 from __future__ import annotations
@@ -144,6 +148,110 @@ def make_dflash(name: str, target, *, layers: int, heads: int, kv: int, hd: int,
     (out / "expected.json").write_text(json.dumps({"prompts": PROMPTS, "anchors": anchors, "draft_logits": logits}))
 
 
+# ----------------------------------------------------------------------------- native MTP layers
+
+
+def mtp_reference(target, w: dict, pre: str, layout: str, tokens: list[int]) -> dict:
+    """The MTP layer's draft logits over a prompt, by the DeepSeek-V3 paper's MTP module (section
+    2.2) in each layout's tensor names, with the decoder layer run by transformers' own class
+    for the target's family: the pair (target hidden at ``i``, embedding of token ``i + 1``),
+    each normed, concatenated (MiMo: [hidden ‖ embedding]; DeepSeek: [embedding ‖ hidden]) and
+    projected, runs the layer causally at position ``i``; its own final norm, then the target's
+    LM head, predicts token ``i + 2``. The target's hidden is its final-normed output (what
+    serving engines hand the layer). ``chain``: one more draft from the last position, fed its
+    own normed output and the first draft's token at position ``T - 1``."""
+    cfg = target.config
+    eps = cfg.rms_norm_eps
+    hn, en, proj, fin = {"mimo": ("hidden_layernorm", "token_layernorm", "input_proj", "final_layernorm"),
+                         "deepseek": ("hnorm", "enorm", "eh_proj", "shared_head.norm")}[layout]
+    layer_cls = type(target.model.layers[0])
+    layer = layer_cls(cfg, layer_idx=0).eval()
+    layer.load_state_dict({k[len(pre):]: v for k, v in w.items() if k.startswith(pre) and k[len(pre):].split(".")[0]
+                           in ("input_layernorm", "post_attention_layernorm", "self_attn", "mlp")})
+
+    def run(h, nxt, positions):
+        e = target.get_input_embeddings()(nxt)
+        parts = [rms(h, w[pre + hn + ".weight"], eps), rms(e, w[pre + en + ".weight"], eps)]
+        x = torch.cat(parts if layout == "mimo" else parts[::-1], -1) @ w[pre + proj + ".weight"].T
+        t = x.shape[0]
+        mask = torch.full((t, t), float("-inf")).triu(1)[None, None]
+        pe = target.model.rotary_emb(x[None], positions[None])
+        out = layer(x[None], attention_mask=mask, position_embeddings=pe, position_ids=positions[None])
+        out = (out[0] if isinstance(out, tuple) else out)[0]
+        return rms(out, w[pre + fin + ".weight"], eps)
+
+    with torch.no_grad():
+        ids = torch.tensor(tokens)
+        hidden = target.model(ids[None]).last_hidden_state[0]  # final-normed
+        out = run(hidden[:-1], ids[1:], torch.arange(len(tokens) - 1))
+        logits = target.get_output_embeddings()(out)
+        first = logits[-1].argmax()
+        # the chain's second draft: the module's own (normed) output fed back with the first draft
+        h2 = torch.cat([hidden[:-1], out[-1:]])
+        nx2 = torch.cat([ids[1:], first[None]])
+        out2 = run(h2, nx2, torch.arange(len(tokens)))
+        chain = target.get_output_embeddings()(out2[-1])
+    return {"logits": logits.tolist(), "chain_first": int(first), "chain_logits": chain.tolist()}
+
+
+def _mtp_tensors(cfg, pre: str, layout: str, gen: torch.Generator, bias: bool, qk_norm: bool) -> dict:
+    d, ff = cfg.hidden_size, cfg.intermediate_size
+    hd = getattr(cfg, "head_dim", None) or d // cfg.num_attention_heads
+    nq, nkv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    rnd = lambda *s: 0.15 * torch.randn(*s, generator=gen)  # noqa: E731
+    unit = lambda n: 1.0 + 0.3 * torch.randn(n, generator=gen)  # noqa: E731
+    names = {"mimo": ("hidden_layernorm", "token_layernorm", "input_proj", "final_layernorm"),
+             "deepseek": ("hnorm", "enorm", "eh_proj", "shared_head.norm")}[layout]
+    w = {pre + names[0] + ".weight": unit(d), pre + names[1] + ".weight": unit(d),
+         pre + names[2] + ".weight": rnd(d, 2 * d), pre + names[3] + ".weight": unit(d),
+         pre + "input_layernorm.weight": unit(d), pre + "post_attention_layernorm.weight": unit(d),
+         pre + "self_attn.q_proj.weight": rnd(nq, d), pre + "self_attn.k_proj.weight": rnd(nkv, d),
+         pre + "self_attn.v_proj.weight": rnd(nkv, d), pre + "self_attn.o_proj.weight": rnd(d, nq),
+         pre + "mlp.gate_proj.weight": rnd(ff, d), pre + "mlp.up_proj.weight": rnd(ff, d),
+         pre + "mlp.down_proj.weight": rnd(d, ff)}
+    if bias:
+        w.update({pre + "self_attn.q_proj.bias": rnd(nq), pre + "self_attn.k_proj.bias": rnd(nkv),
+                  pre + "self_attn.v_proj.bias": rnd(nkv)})
+    if qk_norm:
+        w.update({pre + "self_attn.q_norm.weight": unit(hd), pre + "self_attn.k_norm.weight": unit(hd)})
+    return w
+
+
+def make_native(name: str, target, layout: str, config_edits: dict, *, bias: bool, qk_norm: bool, seed: int) -> None:
+    """A checkpoint folder: ``target`` saved by transformers plus its MTP layer in ``layout``."""
+    from safetensors.torch import load_file
+
+    cfg = target.config
+    pre = "model.mtp_layers.0." if layout == "mimo" else f"model.layers.{cfg.num_hidden_layers}."
+    w = _mtp_tensors(cfg, pre, layout, torch.Generator().manual_seed(seed), bias, qk_norm)
+    if layout == "deepseek":  # DeepSeek stores the shared head and the embedding again
+        w[pre + "shared_head.head.weight"] = target.get_output_embeddings().weight.detach().clone()
+        w[pre + "embed_tokens.weight"] = target.get_input_embeddings().weight.detach().clone()
+    out = OUT / name
+    target.save_pretrained(out, safe_serialization=True)
+    tensors = load_file(str(out / "model.safetensors"))
+    save_file({**tensors, **{k: v.contiguous() for k, v in w.items()}}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    raw = json.loads((out / "config.json").read_text())
+    raw.update(config_edits, num_nextn_predict_layers=1)
+    (out / "config.json").write_text(json.dumps(raw, indent=2))
+    shutil.copy(ROOT / "hf" / "qwen3" / "tokenizer.json", out / "tokenizer.json")
+    exp = [mtp_reference(target, w, pre, layout, p) for p in PROMPTS]
+    (out / "expected.json").write_text(json.dumps({"prompts": PROMPTS, "mtp": exp}))
+
+
+def make_qwen2_target() -> transformers.PreTrainedModel:
+    torch.manual_seed(4)
+    cfg = transformers.Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False,
+                                   initializer_range=0.15, bos_token_id=1, eos_token_id=2)
+    cfg._attn_implementation = "eager"
+    model = transformers.Qwen2ForCausalLM(cfg).eval()
+    _randomise_norms(model, torch.Generator().manual_seed(5))
+    return model
+
+
 def main() -> None:
     qwen3 = make_target()
     make_dflash("dflash_qwen3", qwen3, layers=2, heads=2, kv=1, hd=16, ff=48, theta=1e6, block=4, mask=95,
@@ -151,6 +259,10 @@ def main() -> None:
     llama = transformers.LlamaForCausalLM.from_pretrained(ROOT / "hf" / "llama", dtype=torch.float32).eval()
     make_dflash("dflash_llama", llama, layers=1, heads=4, kv=2, hd=8, ff=64, theta=10000.0, block=3, mask=0,
                 taps=[0], seed=3)
+    qwen3.config._attn_implementation = "eager"
+    make_native("deepseek_mtp_qwen3", qwen3, "deepseek", {}, bias=False, qk_norm=True, seed=6)
+    make_native("mimo", make_qwen2_target(), "mimo", {"architectures": ["MiMoForCausalLM"], "model_type": "mimo"},
+                bias=True, qk_norm=False, seed=7)
     for f in sorted(OUT.rglob("*")):
         if f.is_file():
             print(f"{f.relative_to(ROOT)}: {f.stat().st_size / 1024:.0f} KB")

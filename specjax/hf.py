@@ -22,7 +22,17 @@ from specjax.tokenizer import ByteTokenizer
 
 __all__ = ["HFTokenizer", "generate_text", "load_hf_checkpoint", "load_tokenizer", "save_hf_checkpoint"]
 
-ARCHS = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM")
+ARCHS = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM",
+         "MiMoForCausalLM")
+# families whose public checkpoints carry MTP layers but whose decoders specjax does not run
+_CANNOT_RUN = {
+    "DeepseekV3ForCausalLM": "multi-head latent attention (MLA) and mixture-of-experts layers",
+    "DeepseekV2ForCausalLM": "multi-head latent attention (MLA) and mixture-of-experts layers",
+    "Glm4MoeForCausalLM": "mixture-of-experts layers",
+    "Qwen3NextForCausalLM": "linear-attention (Gated DeltaNet) layers and mixture-of-experts layers",
+    "Qwen3MoeForCausalLM": "mixture-of-experts layers",
+    "MiMoV2FlashForCausalLM": "mixture-of-experts layers and partial RoPE",
+}
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 # transformers' class defaults where a family's config.json may leave a field out
@@ -145,6 +155,9 @@ def read_config(path: Path) -> tuple[ModelConfig, str, dict]:
     cfg_path = path / "config.json"
     raw = _read_json(cfg_path)
     archs = raw.get("architectures") or []
+    if len(archs) == 1 and archs[0] in _CANNOT_RUN:
+        raise ValueError(f"{cfg_path}: {archs[0]} needs {_CANNOT_RUN[archs[0]]}, which specjax does not implement "
+                         f"(its MTP layers load only onto a target specjax runs: {list(ARCHS)})")
     if len(archs) != 1 or archs[0] not in ARCHS:
         raise ValueError(f"{cfg_path}: field 'architectures'={archs!r} is not supported; supported: {list(ARCHS)}")
     arch = archs[0]
@@ -156,7 +169,7 @@ def read_config(path: Path) -> tuple[ModelConfig, str, dict]:
         raise ValueError(f"{cfg_path}: field {act_field!r}={act!r} is not supported (only {list(_ACTS)})")
     for flag in ("attention_bias", "mlp_bias", "use_sliding_window", "use_bidirectional_attention",
                  "final_logit_softcapping", "attn_logit_softcapping"):
-        if raw.get(flag) and not (flag == "attention_bias" and arch == "Qwen2ForCausalLM"):
+        if raw.get(flag) and not (flag == "attention_bias" and arch in ("Qwen2ForCausalLM", "MiMoForCausalLM")):
             raise ValueError(f"{cfg_path}: field {flag!r}={raw[flag]!r} is not supported")
     heads = _field(raw, "num_attention_heads", cfg_path)
     n_layers = _field(raw, "num_hidden_layers", cfg_path)
@@ -178,7 +191,7 @@ def read_config(path: Path) -> tuple[ModelConfig, str, dict]:
         mtp_depth=0,
         head_dim=raw.get("head_dim"),
         tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        qkv_bias=arch == "Qwen2ForCausalLM",
+        qkv_bias=arch in ("Qwen2ForCausalLM", "MiMoForCausalLM"),
         norm_eps=float(_field(raw, "rms_norm_eps", cfg_path, 1e-6)),
         qk_norm=arch in ("Qwen3ForCausalLM", "Gemma3ForCausalLM"),
         norm_offset=1.0 if gemma else 0.0,
@@ -252,16 +265,16 @@ def load_hf_checkpoint(path: str | Path, dtype=None, mtp: str | Path | None = No
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"{path}: not a directory")
-    cfg, _, _ = read_config(path)
+    cfg, _, raw = read_config(path)
     if isinstance(dtype, str) and dtype not in _DTYPES:
         raise ValueError(f"dtype={dtype!r} is invalid: must be one of {list(_DTYPES)}, a jnp dtype or None")
     r = _Reader(_tensor_files(path), _DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype,
                 host=mesh is not None)
     d, hd, f = cfg.d_model, cfg.head_dim, cfg.d_ff
     nq, nkv = cfg.n_heads * hd, cfg.n_kv_heads * hd
-    layers = []
-    for i in range(cfg.n_layers):
-        pre = f"model.layers.{i}."
+
+    def layer_tensors(pre: str) -> dict:
+        """One decoder layer's params (the target's, or an MTP layer's) from names under ``pre``."""
         p = {
             "attn_norm": r.get(pre + "input_layernorm.weight", (d,)),
             "wq": r.get(pre + "self_attn.q_proj.weight", (d, nq), transpose=True),
@@ -284,7 +297,9 @@ def load_hf_checkpoint(path: str | Path, dtype=None, mtp: str | Path | None = No
         if cfg.sandwich_norm:
             p["post_attn_norm"] = r.get(pre + "post_attention_layernorm.weight", (d,))
             p["post_mlp_norm"] = r.get(pre + "post_feedforward_layernorm.weight", (d,))
-        layers.append(p)
+        return p
+
+    layers = [layer_tensors(f"model.layers.{i}.") for i in range(cfg.n_layers)]
     params = {
         "embed": r.get("model.embed_tokens.weight", (cfg.vocab_size, d)),
         "layers": layers,
@@ -292,6 +307,15 @@ def load_hf_checkpoint(path: str | Path, dtype=None, mtp: str | Path | None = No
     }
     if not cfg.tie_embeddings:
         params["lm_head"] = r.get("lm_head.weight", (d, cfg.vocab_size), transpose=True)
+    from specjax.drafter_checkpoints.native_mtp import read_native_mtp  # (that package imports this module)
+
+    native = read_native_mtp(r, raw, cfg, layer_tensors, path)
+    if native is not None:  # the checkpoint's own MTP layer (MiMo, DeepSeek-V3 layout)
+        if mtp is not None:
+            raise ValueError(f"mtp={str(mtp)!r}: {path} carries its own MTP layer ({native[1]} layout); attach one "
+                             "or the other")
+        params["mtp"] = native[0]
+        cfg = dataclasses.replace(cfg, mtp_depth=1, mtp_final_norm=True)
     extra = sorted(n for n in r.files if n not in r.used and not n.endswith(_IGNORED_SUFFIXES))
     if extra:
         raise ValueError(f"checkpoint tensor {extra[0]!r} is not used by this architecture ({len(extra)} unused)")

@@ -35,7 +35,7 @@ FORMAT = "specjax-mtp-1"
 def attach_mtp(model: Model, seed: int = 0, dtype=jnp.float32, draft_ids=None) -> Model:
     """``model`` with a fresh MTP module (``mtp_depth=1``; the drafter chains it); ``draft_ids``:
     the target tokens it drafts over (a draft vocabulary, ``with_draft_vocab``), or all."""
-    cfg = dataclasses.replace(model.config, mtp_depth=1, mtp_draft_vocab=0)
+    cfg = dataclasses.replace(model.config, mtp_depth=1, mtp_draft_vocab=0, mtp_final_norm=False)
     mtp = init_mtp_params(jax.random.key(seed), cfg, dtype)
     out = Model({**model.params, "mtp": mtp}, cfg)
     return out if draft_ids is None else with_draft_vocab(out, draft_ids)
@@ -54,9 +54,15 @@ def draft_vocab_ids(stream: np.ndarray, n: int, vocab_size: int) -> np.ndarray:
 def _base(config: ModelConfig) -> dict:
     """The architecture an MTP module is trained for (not the sharded layout: ``shard_groups``)."""
     out = dataclasses.replace(config, mtp_depth=0, mtp_draft_vocab=0).to_dict()
-    out.pop("shard_groups")
-    out.pop("mtp_draft_vocab")
+    for k in _NOT_BASE:
+        out.pop(k, None)
     return out
+
+
+# what a config holds beside the architecture an MTP module is trained for (a module saved before
+# a field existed still loads: the field is not compared)
+_NOT_BASE = ("shard_groups", "mtp_draft_vocab", "mtp_final_norm", "block_size", "block_layers", "block_taps",
+             "block_mask_id", "block_overrides")
 
 
 def _is_ids(path) -> bool:
@@ -99,7 +105,7 @@ def load_mtp(model: Model, directory: str | pathlib.Path) -> Model:
     meta = json.loads(cfg_path.read_text())
     if meta.get("format") != FORMAT:
         raise ValueError(f"{cfg_path}: format={meta.get('format')!r} is not {FORMAT!r}")
-    want, have = meta.get("base_config", {}), _base(model.config)
+    want, have = {k: v for k, v in meta.get("base_config", {}).items() if k not in _NOT_BASE}, _base(model.config)
     differ = sorted(k for k in set(want) | set(have) if json.dumps(want.get(k)) != json.dumps(have.get(k)))
     if differ:
         k = differ[0]
@@ -108,7 +114,7 @@ def load_mtp(model: Model, directory: str | pathlib.Path) -> Model:
     n = meta.get("draft_vocab", 0)
     if not isinstance(n, int) or not 0 <= n < model.config.vocab_size:
         raise ValueError(f"{cfg_path}: draft_vocab={n!r} is invalid: an int in [0, {model.config.vocab_size})")
-    cfg = dataclasses.replace(model.config, mtp_depth=1, mtp_draft_vocab=n)
+    cfg = dataclasses.replace(model.config, mtp_depth=1, mtp_draft_vocab=n, mtp_final_norm=False)
     like = jax.eval_shape(lambda: init_mtp_params(jax.random.key(0), cfg))  # names and shapes only
     want = {_name(p): s.shape for p, s in jax.tree_util.tree_flatten_with_path(like)[0]}
     dtype = model.params["embed"].dtype

@@ -1447,8 +1447,9 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         'draft vocabulary: the MTP head runs over the whole vocabulary (no saving)',
         "mtp_logits",
-        '    if not cfg.mtp_draft_vocab:\n        return head(params, cfg, x)',
-        '    if True:\n        return head(params, cfg, x)[..., : params["mtp"]["draft_ids"].shape[0]]',
+        '    return (h @ w).astype(jnp.float32)',
+        '    full = params["embed"].T if cfg.tie_embeddings else params["lm_head"]\n'
+        '    return (h @ full).astype(jnp.float32)[..., : w.shape[-1]]',
         ('tests/test_draft_vocab.py::test_the_mtp_step_pays_the_head_over_the_draft_vocabulary_only',),
     ),
     Mutation(
@@ -2363,5 +2364,33 @@ Mutation(
         '        return "block"\n',
         '        return "ngram"\n',
         ("tests/test_drafter_checkpoints.py::test_greedy_decoding_with_a_loaded_dflash_drafter_is_plain_decoding",),
+    ),
+    Mutation(
+        "native MTP: DeepSeek's [embedding | hidden] projection read in specjax's [hidden | embedding] order",
+        "read_native_mtp",
+        'if layout == "deepseek":  # [e',
+        'if layout == "mimo":  # [e',
+        ("tests/test_drafter_checkpoints.py::test_native_mtp_logits_match_the_reference_forward",),
+    ),
+    Mutation(
+        "native MTP: the module's own final norm skipped",
+        "mtp_hidden",
+        "    if config.mtp_final_norm:  # a native module",
+        "    if False:  # a native module",
+        ("tests/test_drafter_checkpoints.py::test_native_mtp_logits_match_the_reference_forward",),
+    ),
+    Mutation(
+        "native MTP: a commit hands the module the target's hidden before its final norm",
+        "LlamaDecoder.mtp_hidden_at",
+        "        if self.config.mtp_final_norm:\n",
+        "        if False:\n",
+        ("tests/test_drafter_checkpoints.py::test_native_mtp_logits_match_the_reference_forward",),
+    ),
+    Mutation(
+        "native MTP: the head norms the module's normed output again with the target's final norm",
+        "mtp_logits",
+        "    h = x if cfg.mtp_final_norm else norm(x, params[\"final_norm\"], cfg)",
+        "    h = norm(x, params[\"final_norm\"], cfg)",
+        ("tests/test_drafter_checkpoints.py::test_native_mtp_logits_match_the_reference_forward",),
     ),
 ]

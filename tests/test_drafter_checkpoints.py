@@ -205,3 +205,98 @@ def test_missing_extra_and_misshapen_tensors_are_named(tmp_path):
         load_drafter(tmp_path / "nope", target)
     with pytest.raises(ValueError, match="target=str is invalid"):
         load_drafter(DRAFTERS / "dflash_qwen3", "qwen3")
+
+
+# ----------------------------------------------------------------------------- native MTP layers
+
+NATIVE = ["mimo", "deepseek_mtp_qwen3"]
+
+
+@pytest.mark.parametrize("name", NATIVE)
+def test_native_mtp_logits_match_the_reference_forward(name):
+    """A checkpoint's own MTP layer (MiMo: [hidden ‖ embedding]; DeepSeek-V3 layout on a dense
+    Qwen3 target: [embedding ‖ hidden]) loads as the model's MTP module; its logits over every
+    prompt position (uncached), the engine's one-slot cached pass at the last one, and a
+    chain's second draft (the module's own normed output fed back) match the reference."""
+    from specjax.model.layers import norm
+    from specjax.model.llama import mtp_hidden, mtp_logits
+
+    m = load_hf_checkpoint(DRAFTERS / name, dtype="float32")
+    assert (m.config.mtp_depth, m.config.mtp_final_norm) == (1, True)
+    dec, cfg = m.decoder, m.config
+    exp = json.loads((DRAFTERS / name / "expected.json").read_text())
+    for prompt, want in zip(exp["prompts"], exp["mtp"], strict=True):
+        tokens, t = jnp.array([prompt]), len(prompt)
+        _, hidden = hidden_states(m, tokens)
+        pos = jnp.arange(t - 1, dtype=jnp.int32)[None]
+        out, _ = mtp_hidden(m.params, cfg, norm(hidden, m.params["final_norm"], cfg)[:, :-1], tokens[:, 1:], pos)
+        assert np.abs(np.asarray(mtp_logits(m.params, cfg, out))[0] - np.array(want["logits"])).max() <= 1e-3
+        cache = dec.init_mtp_cache(1, 32)
+        h, cache = dec.mtp_hidden_at(m.params, hidden[:, :-1], tokens[:, 1:], pos, cache, jnp.array([t - 2]))
+        first, _ = dec.mtp_head(m.params, h)
+        assert np.abs(np.asarray(first)[0] - np.array(want["logits"][-1])).max() <= 1e-3
+        assert int(np.argmax(first[0])) == want["chain_first"]
+        cache = cache.replace(lengths=jnp.array([t - 1]))
+        h2, _ = dec.mtp_hidden(m.params, h[:, None], jnp.array([[want["chain_first"]]]), jnp.array([[t - 1]]), cache)
+        chain, _ = dec.mtp_head(m.params, h2[:, 0])
+        assert np.abs(np.asarray(chain)[0] - np.array(want["chain_logits"])).max() <= 1e-3
+
+
+@pytest.mark.parametrize(("name", "rule", "cache", "tree"), [
+    ("mimo", "per_sequence", "dense", None), ("mimo", "cohort", "paged", None),
+    ("deepseek_mtp_qwen3", "per_sequence", "paged", None), ("deepseek_mtp_qwen3", "cohort", "dense", None),
+    ("mimo", "per_sequence", "paged", "dynamic:6,2"), ("deepseek_mtp_qwen3", "cohort", "dense", "2x2x1"),
+])
+def test_greedy_decoding_with_a_native_mtp_layer_is_plain_decoding(name, rule, cache, tree):
+    m = load_hf_checkpoint(DRAFTERS / name, dtype="float32")
+    for prompts in (PROMPTS[:1], PROMPTS):  # B = 1 and 4
+        plain = specjax.generate(m, prompts, max_new_tokens=16, drafter=None).tokens
+        got = specjax.generate(m, prompts, max_new_tokens=16, kv_advance=rule, cache=cache, tree=tree)
+        assert got.tokens == plain
+        assert got.metrics["drafter"] == "mtp"
+
+
+def _edit_native(tmp_path, name, edit_tensors=None, **config):
+    from safetensors.numpy import load_file, save_file
+
+    d = tmp_path / name
+    shutil.copytree(DRAFTERS / name, d)
+    _edit(d, **config)
+    if edit_tensors is not None:
+        tensors = load_file(str(d / "model.safetensors"))
+        edit_tensors(tensors)
+        save_file(tensors, str(d / "model.safetensors"))
+    return d
+
+
+def test_native_mtp_refusals_are_one_line_errors(tmp_path):
+    def bump(t):
+        t["model.layers.3.shared_head.head.weight"] = t["model.layers.3.shared_head.head.weight"] + 1
+
+    cases = [
+        (_edit_native(tmp_path, "mimo", num_nextn_predict_layers=2), {}, "num_nextn_predict_layers=2: specjax chains "
+                                                                         "one MTP module"),
+        (_edit_native(tmp_path / "b", "deepseek_mtp_qwen3", bump), {}, "differs from the target's lm_head: an MTP head "
+                                                                      "of its own is not implemented"),
+        (DRAFTERS / "mimo", {"mtp": DRAFTERS / "mimo"}, "carries its own MTP layer \\(mimo layout\\)"),
+        (_edit_native(tmp_path / "c", "qwen3_target", architectures=["DeepseekV3ForCausalLM"]), {},
+         "DeepseekV3ForCausalLM needs multi-head latent attention \\(MLA\\) and mixture-of-experts layers"),
+        (_edit_native(tmp_path / "d", "qwen3_target", architectures=["Qwen3NextForCausalLM"]), {},
+         "Qwen3NextForCausalLM needs linear-attention"),
+    ]
+    for path, kw, says in cases:
+        with pytest.raises(ValueError, match=says) as e:
+            load_hf_checkpoint(path, **kw)
+        assert "\n" not in str(e.value)
+
+
+def test_cli_loads_a_draft_checkpoint(capsys):
+    from specjax import cli
+
+    args = ["generate", "--model", str(DRAFTERS / "qwen3_target"), "def parse", "--max-new-tokens", "6", "--json"]
+    assert cli.main([*args, "--draft-checkpoint", str(DRAFTERS / "dflash_qwen3")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["summary"]["drafter"] == "block" and len(out["tokens"][0]) == 6
+    assert cli.main([*args, "--draft-checkpoint", str(DRAFTERS / "dflash_llama")]) == 2
+    err = capsys.readouterr().err
+    assert "num_target_layers 2 vs the target's 3 layers" in err and err.count("\n") == 1

@@ -27,6 +27,11 @@ class ModelConfig:
     ``mtp.draft_ids [N]`` (int32) mapping each draft index to its target token. A token outside
     is never drafted (its draft probability is 0: verification stays lossless); the head costs
     ``N / vocab_size`` of the target's. 0: the target's own head over the whole vocabulary.
+    ``mtp_final_norm``: the MTP module has a final norm of its own (``mtp.final_norm``), as the
+    MTP layers shipped inside MiMo and DeepSeek-V3 checkpoints have: it reads the target's
+    final-normed hidden state, its output goes through its own norm, and that normed hidden is
+    both the LM head's input (no further norm) and what a chain feeds back. False: specjax's
+    own module (the target's pre-norm hidden in; the target's final norm before the head).
     ``compressed_layers``: layers with compressed memory (``specjax.cache.compressed``): each
     attends to the raw K/V of its last ``compress_window`` tokens (back to the start of the
     oldest block not yet compressed) and to one mean-pooled K/V slot per full block of
@@ -67,6 +72,7 @@ class ModelConfig:
     global_every: int = 0
     mtp_depth: int = 1
     mtp_draft_vocab: int = 0
+    mtp_final_norm: bool = False
     head_dim: int | None = None  # None: d_model // n_heads (always an int after construction)
     tie_embeddings: bool = True
     qkv_bias: bool = False

@@ -173,6 +173,8 @@ def init_mtp_params(key: jax.Array, config: ModelConfig, dtype=jnp.float32) -> d
         "proj": (jax.random.normal(k_proj, (2 * d, d)) * 0.02).astype(dtype),
         "block": block_params(k_block, config, dtype),
     }
+    if config.mtp_final_norm:  # a native module's own final norm (MiMo, DeepSeek-V3)
+        out["final_norm"] = jnp.full((d,), 1.0 - config.norm_offset, dtype)
     if config.mtp_draft_vocab:  # a draft vocabulary: the first N ids until ``with_draft_vocab`` picks them
         n = config.mtp_draft_vocab
         out["draft_ids"] = jnp.arange(n, dtype=jnp.int32)
@@ -200,12 +202,15 @@ def with_draft_vocab(model: Model, ids) -> Model:
 
 
 def mtp_logits(params: dict, cfg: ModelConfig, x: jax.Array) -> jax.Array:
-    """The MTP module's draft logits from its pre-norm hidden ``[..., d]``: float32 ``[..., N]``
-    over its draft vocabulary (``mtp_draft_vocab``), else the target's head ``[..., V]``."""
-    if not cfg.mtp_draft_vocab:
-        return head(params, cfg, x)
-    h = norm(x, params["final_norm"], cfg)
-    return (h @ params["mtp"]["draft_head"]).astype(jnp.float32)
+    """The MTP module's draft logits from its hidden ``[..., d]`` (pre-norm; a native module's,
+    ``mtp_final_norm``, normed already): float32 ``[..., N]`` over its draft vocabulary
+    (``mtp_draft_vocab``), else the target's head ``[..., V]``."""
+    h = x if cfg.mtp_final_norm else norm(x, params["final_norm"], cfg)  # a native module's x is normed already
+    if cfg.mtp_draft_vocab:
+        w = params["mtp"]["draft_head"]
+    else:
+        w = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
+    return (h @ w).astype(jnp.float32)
 
 
 # ----------------------------------------------------------------------------- cache
@@ -557,6 +562,8 @@ def mtp_hidden(
             q, x, view = one(q), one(x), cache.replace(lengths=cache.lengths + at)
         attn = per_shard(_attend(attention_impl), view, q, 0, tree)  # tree: the t tokens are a tree's nodes
     out = block_finish(m["block"], x, attn, config)
+    if config.mtp_final_norm:  # a native module (MiMo, DeepSeek-V3): its output is its own norm's
+        out = norm(out, m["final_norm"], config)
     return (out if at is None else out[:, 0]), cache
 
 
@@ -572,7 +579,9 @@ def mtp_forward(
 ) -> tuple[jax.Array, jax.Array, DenseKVCache | None]:
     """``mtp_hidden`` plus float32 logits ``[B, t, V]`` at every position: ``(logits, hidden, cache)``."""
     x, cache = mtp_hidden(params, config, hidden, next_tokens, positions, cache, attention_impl=attention_impl)
-    return head(params, config, x), x, cache
+    w = params["embed"].T if config.tie_embeddings else params["lm_head"]
+    logits = (x @ w).astype(jnp.float32) if config.mtp_final_norm else head(params, config, x)
+    return logits, x, cache
 
 
 # ----------------------------------------------------------------------------- the model protocol
@@ -662,6 +671,9 @@ class LlamaDecoder:
 
     def mtp_hidden_at(self, params, hidden, next_tokens, positions, cache, at, *, attention_impl="xla"):
         """``mtp_hidden``'s output at slot ``at [B]`` of each row, ``[B, d]``: attention and MLP
-        for that slot only (the cache gets every position's K/V)."""
+        for that slot only (the cache gets every position's K/V). ``hidden`` is the target's (a
+        commit's or a prefill's): a native module (``mtp_final_norm``) reads it final-normed."""
+        if self.config.mtp_final_norm:
+            hidden = norm(hidden, params["final_norm"], self.config)
         return mtp_hidden(params, self.config, hidden, next_tokens, positions, cache, at=at,
                           attention_impl=attention_impl)
