@@ -82,6 +82,7 @@ def _bounded_compile_caches():
 SLOW = {
     "test_batch", "test_batch_cli", "test_batch_trees", "test_block_drafter", "test_bundle", "test_chunked_prefill",
     "test_cli", "test_compressed", "test_controlled", "test_default_bundle", "test_depth_auto", "test_docs",
+    "test_drafter_checkpoints",
     "test_engine", "test_hf", "test_hf_families", "test_lean_step", "test_notebook", "test_plugins",
     "test_prefix_cache", "test_sharding", "test_tpu_compile", "test_train", "test_train_mtp", "test_tree_engine",
 }
