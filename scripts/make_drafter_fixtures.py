@@ -17,6 +17,10 @@ the target's hidden states. Nothing here calls specjax.
   that sorts or reverses the taps fails), block 4, mask token 95.
 * ``dflash_llama``: a DFlash drafter for ``tests/fixtures/hf/llama`` (a target without q/k
   norms): 1 layer, tapping layer 0, block 3, mask token 0.
+* ``eagle3_qwen3``: an EAGLE-3 head for ``qwen3_target`` (a Llama layer without q/k norms,
+  2/1 heads of 16, ``d_ff`` 48, its own RoPE theta), aux layer ids ``[2, 1, 2]`` (out of order,
+  one repeated), a draft vocabulary of 48 of the 96 tokens (``d2t``, ``t2d``), and an
+  ``embed_tokens`` copy of the target's.
 * ``mimo``: a MiMo checkpoint (``MiMoForCausalLM``: a Qwen2 model) with its MTP layer
   (``model.mtp_layers.0.*``).
 * ``deepseek_mtp_qwen3``: ``qwen3_target`` with an MTP layer in the DeepSeek-V3 layout
@@ -252,6 +256,85 @@ def make_qwen2_target() -> transformers.PreTrainedModel:
     return model
 
 
+# ----------------------------------------------------------------------------- EAGLE-3
+
+
+def eagle3_reference(w: dict, c: dict, target, tokens: list[int]) -> dict:
+    """EAGLE-3's draft logits over a prompt (paper, section 3, and its public layout): the
+    feature ``f_i = fc(concat of the target's hidden states entering the aux layers)`` (Hugging
+    Face's ``hidden_states[id]``); the pair (``f_i``, token ``i + 1``) at position ``i`` runs
+    the one layer, whose q/k/v read [input_layernorm(embedding) ‖ hidden_norm(f_i)] and whose
+    residual is ``f_i``, causally; ``lm_head(norm(out_i))`` over the draft vocabulary predicts
+    token ``i + 2`` (draft id ``j`` is target id ``j + d2t[j]``). ``chain``: one more draft from
+    the last position, fed the layer's own output before ``norm`` and the first draft's token."""
+    eps, theta = c["rms_norm_eps"], c["rope_theta"]
+    heads, kv, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    ids = c["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    p = {k[len("midlayer."):]: v for k, v in w.items() if k.startswith("midlayer.")}
+
+    def layer(f, nxt, pos):
+        e = target.get_input_embeddings()(nxt)
+        x2 = torch.cat([rms(e, p["input_layernorm.weight"], eps), rms(f, p["hidden_norm.weight"], eps)], -1)
+        t = x2.shape[0]
+        q = rotate((x2 @ p["self_attn.q_proj.weight"].T).view(t, heads, hd), pos, theta)
+        k = rotate((x2 @ p["self_attn.k_proj.weight"].T).view(t, kv, hd), pos, theta)
+        v = (x2 @ p["self_attn.v_proj.weight"].T).view(t, kv, hd)
+        k, v = k.repeat_interleave(heads // kv, 1), v.repeat_interleave(heads // kv, 1)
+        s = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(hd) + torch.full((t, t), float("-inf")).triu(1)
+        x = f + torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), v).reshape(t, heads * hd) @ \
+            p["self_attn.o_proj.weight"].T
+        h = rms(x, p["post_attention_layernorm.weight"], eps)
+        return x + (torch.nn.functional.silu(h @ p["mlp.gate_proj.weight"].T) * (h @ p["mlp.up_proj.weight"].T)) @ \
+            p["mlp.down_proj.weight"].T
+
+    with torch.no_grad():
+        tok = torch.tensor(tokens)
+        hs = target(tok[None], output_hidden_states=True).hidden_states
+        f = torch.cat([hs[i][0] for i in ids], -1) @ w["fc.weight"].T
+        out = layer(f[:-1], tok[1:], torch.arange(len(tokens) - 1))
+        logits = rms(out, w["norm.weight"], eps) @ w["lm_head.weight"].T
+        first = int(logits[-1].argmax())
+        first_target = first + int(w["d2t"][first])
+        out2 = layer(torch.cat([f[:-1], out[-1:]]), torch.cat([tok[1:], torch.tensor([first_target])]),
+                     torch.arange(len(tokens)))
+        chain = rms(out2[-1], w["norm.weight"], eps) @ w["lm_head.weight"].T
+    return {"logits": logits.tolist(), "chain_first": first_target, "chain_logits": chain.tolist()}
+
+
+def make_eagle3(name: str, target, *, ids: list[int], heads: int, kv: int, hd: int, ff: int, theta: float,
+                draft_vocab: int, seed: int) -> None:
+    tc = target.config
+    d, vocab = tc.hidden_size, tc.vocab_size
+    gen = torch.Generator().manual_seed(seed)
+    rnd = lambda *s: 0.15 * torch.randn(*s, generator=gen)  # noqa: E731
+    unit = lambda n: 1.0 + 0.3 * torch.randn(n, generator=gen)  # noqa: E731
+    chosen = torch.sort(torch.randperm(vocab, generator=gen)[:draft_vocab]).values
+    w = {"fc.weight": rnd(d, len(ids) * d), "norm.weight": unit(d), "lm_head.weight": rnd(draft_vocab, d),
+         "d2t": chosen - torch.arange(draft_vocab),
+         "t2d": torch.zeros(vocab, dtype=torch.bool).index_fill(0, chosen, True),
+         "embed_tokens.weight": target.get_input_embeddings().weight.detach().clone(),
+         "midlayer.hidden_norm.weight": unit(d), "midlayer.input_layernorm.weight": unit(d),
+         "midlayer.post_attention_layernorm.weight": unit(d),
+         "midlayer.self_attn.q_proj.weight": rnd(heads * hd, 2 * d),
+         "midlayer.self_attn.k_proj.weight": rnd(kv * hd, 2 * d),
+         "midlayer.self_attn.v_proj.weight": rnd(kv * hd, 2 * d),
+         "midlayer.self_attn.o_proj.weight": rnd(d, heads * hd),
+         "midlayer.mlp.gate_proj.weight": rnd(ff, d), "midlayer.mlp.up_proj.weight": rnd(ff, d),
+         "midlayer.mlp.down_proj.weight": rnd(d, ff)}
+    c = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": d, "vocab_size": vocab,
+         "draft_vocab_size": draft_vocab, "num_hidden_layers": 1, "num_attention_heads": heads,
+         "num_key_value_heads": kv, "head_dim": hd, "intermediate_size": ff, "rms_norm_eps": 1e-6,
+         "rope_theta": theta, "hidden_act": "silu", "max_position_embeddings": 64, "tie_word_embeddings": False,
+         "torch_dtype": "float32",
+         "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True}}
+    out = OUT / name
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in w.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(c, indent=2))
+    exp = [eagle3_reference(w, c, target, p) for p in PROMPTS]
+    (out / "expected.json").write_text(json.dumps({"prompts": PROMPTS, "eagle3": exp}))
+
+
 def main() -> None:
     qwen3 = make_target()
     make_dflash("dflash_qwen3", qwen3, layers=2, heads=2, kv=1, hd=16, ff=48, theta=1e6, block=4, mask=95,
@@ -259,6 +342,8 @@ def main() -> None:
     llama = transformers.LlamaForCausalLM.from_pretrained(ROOT / "hf" / "llama", dtype=torch.float32).eval()
     make_dflash("dflash_llama", llama, layers=1, heads=4, kv=2, hd=8, ff=64, theta=10000.0, block=3, mask=0,
                 taps=[0], seed=3)
+    make_eagle3("eagle3_qwen3", qwen3, ids=[2, 1, 2], heads=2, kv=1, hd=16, ff=48, theta=5e5, draft_vocab=48,
+                seed=8)
     qwen3.config._attn_implementation = "eager"
     make_native("deepseek_mtp_qwen3", qwen3, "deepseek", {}, bias=False, qk_norm=True, seed=6)
     make_native("mimo", make_qwen2_target(), "mimo", {"architectures": ["MiMoForCausalLM"], "model_type": "mimo"},

@@ -315,7 +315,7 @@ def load_hf_checkpoint(path: str | Path, dtype=None, mtp: str | Path | None = No
             raise ValueError(f"mtp={str(mtp)!r}: {path} carries its own MTP layer ({native[1]} layout); attach one "
                              "or the other")
         params["mtp"] = native[0]
-        cfg = dataclasses.replace(cfg, mtp_depth=1, mtp_final_norm=True)
+        cfg = dataclasses.replace(cfg, mtp_depth=1, mtp_layout="native")
     extra = sorted(n for n in r.files if n not in r.used and not n.endswith(_IGNORED_SUFFIXES))
     if extra:
         raise ValueError(f"checkpoint tensor {extra[0]!r} is not used by this architecture ({len(extra)} unused)")

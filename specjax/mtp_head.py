@@ -35,7 +35,8 @@ FORMAT = "specjax-mtp-1"
 def attach_mtp(model: Model, seed: int = 0, dtype=jnp.float32, draft_ids=None) -> Model:
     """``model`` with a fresh MTP module (``mtp_depth=1``; the drafter chains it); ``draft_ids``:
     the target tokens it drafts over (a draft vocabulary, ``with_draft_vocab``), or all."""
-    cfg = dataclasses.replace(model.config, mtp_depth=1, mtp_draft_vocab=0, mtp_final_norm=False)
+    cfg = dataclasses.replace(model.config, mtp_depth=1, mtp_draft_vocab=0, mtp_layout="specjax",
+                              mtp_taps=(), mtp_overrides=())
     mtp = init_mtp_params(jax.random.key(seed), cfg, dtype)
     out = Model({**model.params, "mtp": mtp}, cfg)
     return out if draft_ids is None else with_draft_vocab(out, draft_ids)
@@ -61,8 +62,8 @@ def _base(config: ModelConfig) -> dict:
 
 # what a config holds beside the architecture an MTP module is trained for (a module saved before
 # a field existed still loads: the field is not compared)
-_NOT_BASE = ("shard_groups", "mtp_draft_vocab", "mtp_final_norm", "block_size", "block_layers", "block_taps",
-             "block_mask_id", "block_overrides")
+_NOT_BASE = ("shard_groups", "mtp_draft_vocab", "mtp_layout", "mtp_taps", "mtp_overrides", "block_size",
+             "block_layers", "block_taps", "block_mask_id", "block_overrides")
 
 
 def _is_ids(path) -> bool:
@@ -114,7 +115,8 @@ def load_mtp(model: Model, directory: str | pathlib.Path) -> Model:
     n = meta.get("draft_vocab", 0)
     if not isinstance(n, int) or not 0 <= n < model.config.vocab_size:
         raise ValueError(f"{cfg_path}: draft_vocab={n!r} is invalid: an int in [0, {model.config.vocab_size})")
-    cfg = dataclasses.replace(model.config, mtp_depth=1, mtp_draft_vocab=n, mtp_final_norm=False)
+    cfg = dataclasses.replace(model.config, mtp_depth=1, mtp_draft_vocab=n, mtp_layout="specjax",
+                              mtp_taps=(), mtp_overrides=())
     like = jax.eval_shape(lambda: init_mtp_params(jax.random.key(0), cfg))  # names and shapes only
     want = {_name(p): s.shape for p, s in jax.tree_util.tree_flatten_with_path(like)[0]}
     dtype = model.params["embed"].dtype

@@ -46,7 +46,7 @@ from specjax._pytree import pytree_dataclass, static_field
 from specjax.sampling import RowSampling, draft_token
 
 __all__ = ["BlockHead", "Decoder", "DecoderModel", "DraftContext", "Drafter", "MixedForward", "MtpHead", "MtpOneSlot",
-           "check_drafter", "check_model", "reachable_positions"]
+           "MtpTapped", "check_drafter", "check_model", "reachable_positions"]
 
 
 def reachable_positions(positions: jax.Array, max_len: jax.Array) -> jax.Array:
@@ -105,6 +105,18 @@ class MtpOneSlot(Protocol):
 
     def mtp_hidden_at(self, params: Any, hidden: jax.Array, next_tokens: jax.Array, positions: jax.Array,
                       cache: Any, at: jax.Array, *, attention_impl: str) -> tuple[jax.Array, Any]: ...
+
+
+@runtime_checkable
+class MtpTapped(Protocol):
+    """Optional: an MTP module that reads tapped target layers (an EAGLE-3 head): ``mtp_taps``
+    (the engine runs the target ``with_taps(mtp_taps)``; empty: none) and ``mtp_width`` (the
+    width of the module's own hidden, which a chain feeds back)."""
+
+    mtp_taps: tuple[int, ...]
+    mtp_width: int
+
+    def with_taps(self, taps: tuple[int, ...] | None = None) -> Any: ...
 
 
 @runtime_checkable

@@ -365,8 +365,8 @@ def run_stage(
         raise ValueError(f"stage must be one of {list(RUN_STAGES)}, got {stage!r}")
     if stage == "mtp" and "mtp" not in model.params:
         raise ValueError("stage 'mtp' needs a target with an MTP module (ModelConfig.mtp_depth >= 1)")
-    if stage == "mtp" and model.config.mtp_final_norm:
-        raise ValueError("stage 'mtp' trains specjax's MTP module, not a checkpoint's own (mtp_final_norm): attach a "
+    if stage == "mtp" and model.config.mtp_layout != "specjax":
+        raise ValueError(f"stage 'mtp' trains specjax's MTP module, not a {model.config.mtp_layout} one: attach a "
                          "fresh one (specjax.mtp_head.attach_mtp)")
     if stage == "block" and "block" not in model.params:
         raise ValueError("stage 'block' needs a target with a block drafter (specjax.train_block.attach_block)")

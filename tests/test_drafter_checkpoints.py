@@ -169,8 +169,8 @@ def _edit(d, **changes):
     ({"attention_bias": True}, "'attention_bias'=True is not supported"),
     ({"layer_types": ["sliding_attention", "full_attention"]}, "only full-attention drafter layers"),
     ({"num_key_value_heads": 3}, "n_heads=2 must be a multiple of n_kv_heads=3"),
-    ({"architectures": ["LlamaForCausalLMEagle3"], "dflash_config": None},
-     "not a drafter format specjax reads .* known formats: dflash"),
+    ({"architectures": ["MedusaModel"], "dflash_config": None},
+     "not a drafter format specjax reads .* known formats: dflash: .*; eagle3: "),
 ])
 def test_mismatched_dflash_checkpoints_are_one_line_errors(tmp_path, change, says):
     d = _copy(tmp_path)
@@ -222,7 +222,7 @@ def test_native_mtp_logits_match_the_reference_forward(name):
     from specjax.model.llama import mtp_hidden, mtp_logits
 
     m = load_hf_checkpoint(DRAFTERS / name, dtype="float32")
-    assert (m.config.mtp_depth, m.config.mtp_final_norm) == (1, True)
+    assert (m.config.mtp_depth, m.config.mtp_layout) == (1, "native")
     dec, cfg = m.decoder, m.config
     exp = json.loads((DRAFTERS / name / "expected.json").read_text())
     for prompt, want in zip(exp["prompts"], exp["mtp"], strict=True):
@@ -300,3 +300,132 @@ def test_cli_loads_a_draft_checkpoint(capsys):
     assert cli.main([*args, "--draft-checkpoint", str(DRAFTERS / "dflash_llama")]) == 2
     err = capsys.readouterr().err
     assert "num_target_layers 2 vs the target's 3 layers" in err and err.count("\n") == 1
+
+
+# ----------------------------------------------------------------------------- EAGLE-3 heads
+
+
+def _eagle3(dtype=None):
+    return load_drafter(DRAFTERS / "eagle3_qwen3", load_hf_checkpoint(TARGETS["dflash_qwen3"], dtype="float32"),
+                        dtype=dtype)
+
+
+def _eagle3_logits(m, prompt):
+    """An EAGLE-3 module's draft logits over a prompt two ways (uncached; the engine's one-slot
+    pass at the last position), and a chain's second draft from the first's token."""
+    from specjax.model.llama import mtp_hidden, mtp_source
+
+    cfg = m.config
+    dec = m.decoder.with_taps(cfg.mtp_taps)
+    tokens, t = jnp.array([prompt]), len(prompt)
+    _, hidden = hidden_states(m, tokens, taps=cfg.mtp_taps)
+    pos = jnp.arange(t - 1, dtype=jnp.int32)[None]
+    out, _ = mtp_hidden(m.params, cfg, mtp_source(m.params, cfg, hidden)[:, :-1], tokens[:, 1:], pos)
+    uncached, ids = dec.mtp_head(m.params, out)
+    h, cache = dec.mtp_hidden_at(m.params, hidden[:, :-1], tokens[:, 1:], pos, dec.init_mtp_cache(1, 32),
+                                 jnp.array([t - 2]))
+    last, _ = dec.mtp_head(m.params, h)
+    first = int(np.argmax(last[0]))
+    first = first if ids is None else int(np.asarray(ids)[first])  # a draft vocabulary's id -> the target's
+    h2, _ = dec.mtp_hidden(m.params, h[:, None], jnp.array([[first]]), jnp.array([[t - 1]]),
+                           cache.replace(lengths=jnp.array([t - 1])))
+    chain, _ = dec.mtp_head(m.params, h2[:, 0])
+    return np.asarray(uncached[0]), np.asarray(last[0]), first, np.asarray(chain[0])
+
+
+def test_eagle3_draft_logits_match_the_reference_forward():
+    """A Llama-layer head on a Qwen3 target, aux ids out of order and repeated, a draft
+    vocabulary: float32 within 1e-3, uncached, the one-slot pass and a chain's second draft."""
+    m = _eagle3()
+    c = m.config
+    assert (c.mtp_layout, c.mtp_taps, c.mtp_draft_vocab, c.mtp_config.n_heads, c.mtp_config.qk_norm) == \
+        ("eagle3", (1, 0, 1), 48, 2, False)
+    exp = json.loads((DRAFTERS / "eagle3_qwen3" / "expected.json").read_text())
+    for prompt, want in zip(exp["prompts"], exp["eagle3"], strict=True):
+        uncached, last, first, chain = _eagle3_logits(m, prompt)
+        assert np.abs(uncached - np.array(want["logits"])).max() <= 1e-3
+        assert np.abs(last - np.array(want["logits"][-1])).max() <= 1e-3
+        assert first == want["chain_first"]
+        assert np.abs(chain - np.array(want["chain_logits"])).max() <= 1e-3
+
+
+def test_eagle3_loads_in_bfloat16():
+    m = _eagle3("bfloat16")
+    assert {str(x.dtype) for x in jax.tree.leaves(m.params["mtp"]) if x.dtype != jnp.int32} == {"bfloat16"}
+    exp = json.loads((DRAFTERS / "eagle3_qwen3" / "expected.json").read_text())
+    got, want = _eagle3_logits(m, exp["prompts"][2])[0], np.array(exp["eagle3"][2]["logits"])
+    assert np.abs(got - want).max() <= 0.05 * np.abs(want).max()
+
+
+@pytest.mark.parametrize(("rule", "cache", "tree"), [
+    ("per_sequence", "dense", None), ("cohort", "paged", None), ("per_sequence", "paged", "dynamic:6,2"),
+    ("cohort", "dense", "2x2x1"),
+])
+def test_greedy_decoding_with_a_loaded_eagle3_head_is_plain_decoding(rule, cache, tree):
+    m = _eagle3()
+    for prompts in (PROMPTS[:1], PROMPTS):  # B = 1 and 4
+        plain = specjax.generate(m, prompts, max_new_tokens=16, drafter=None).tokens
+        got = specjax.generate(m, prompts, max_new_tokens=16, kv_advance=rule, cache=cache, tree=tree)
+        assert got.tokens == plain
+        assert got.metrics["drafter"] == "mtp"
+
+
+def test_eagle3_round_trips_through_the_public_layout(tmp_path):
+    m = _eagle3()
+    save_drafter(m, tmp_path / "a", format="eagle3")
+    back = load_drafter(tmp_path / "a", load_hf_checkpoint(TARGETS["dflash_qwen3"], dtype="float32"))
+    assert back.config == m.config
+    for a, b in zip(jax.tree.leaves(m.params["mtp"]), jax.tree.leaves(back.params["mtp"]), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    ours = init_model(ModelConfig(vocab_size=64, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=64,
+                                  max_seq_len=64, mtp_depth=1, mtp_layout="eagle3", mtp_taps=(0, 1, 2)), seed=4)
+    save_drafter(ours, tmp_path / "b", format="eagle3")
+    target = init_model(ModelConfig(**{**ours.config.to_dict(), "mtp_depth": 0, "mtp_layout": "specjax",
+                                       "mtp_taps": ()}), seed=4)
+    again = load_drafter(tmp_path / "b", target)
+    prompts = [[3, 4, 5, 6, 7, 8], [9, 10]]
+    assert specjax.generate(again, prompts, max_new_tokens=8, depth=3).tokens == \
+        specjax.generate(ours, prompts, max_new_tokens=8, depth=3).tokens
+    np.testing.assert_allclose(_eagle3_logits(again, prompts[0])[1], _eagle3_logits(ours, prompts[0])[1], atol=1e-5)
+    with pytest.raises(ValueError, match="no EAGLE-3 head to save"):
+        save_drafter(target, tmp_path / "c", format="eagle3")
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"hidden_size": 64}, "does not fit the target: hidden size 64 vs the target's 32"),
+    ({"target_hidden_size": 48}, "target hidden size 48 vs the target's 32"),
+    ({"vocab_size": 128}, "vocabulary 128 vs the target's 96"),
+    ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}}, "aux layer id 0 .* outside the target's "
+                                                                         "layers 1 .. 3"),
+    ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 4]}}, "aux layer id 4"),
+    ({"num_hidden_layers": 2}, "an EAGLE-3 head has one layer"),
+    ({"attention_bias": True}, "'attention_bias'=True is not supported"),
+])
+def test_mismatched_eagle3_heads_are_one_line_errors(tmp_path, change, says):
+    d = tmp_path / "e"
+    shutil.copytree(DRAFTERS / "eagle3_qwen3", d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(change)
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=says) as e:
+        load_drafter(d, load_hf_checkpoint(TARGETS["dflash_qwen3"], dtype="float32"))
+    assert "\n" not in str(e.value)
+
+
+def test_eagle3_vocabulary_maps_and_embeddings_are_checked(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    target = load_hf_checkpoint(TARGETS["dflash_qwen3"], dtype="float32")
+    for i, (edit, says) in enumerate([
+        (lambda t: t.update(d2t=t["d2t"] + 50), "d2t maps a draft id to target id .* outside the target's vocabulary"),
+        (lambda t: t.update(t2d=np.roll(t["t2d"], 1)), "t2d does not mark the target ids d2t maps to"),
+        (lambda t: t.update({"embed_tokens.weight": t["embed_tokens.weight"] * 2}),
+         "'embed_tokens.weight' differs from the target's embedding"),
+    ]):
+        d = tmp_path / str(i)
+        shutil.copytree(DRAFTERS / "eagle3_qwen3", d)
+        tensors = load_file(str(d / "model.safetensors"))
+        edit(tensors)
+        save_file(tensors, str(d / "model.safetensors"))
+        with pytest.raises(ValueError, match=says):
+            load_drafter(d, target)

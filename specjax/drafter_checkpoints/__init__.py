@@ -5,23 +5,27 @@ Its format is recognised from ``config.json``, not from a flag; a drafter that d
 the target fails here, before anything compiles, with the mismatch named. Formats:
 
 * ``dflash``: z-lab's DFlash drafters (``DFlashDraftModel``) -> the block drafter
-  (``drafter="block"``; ``specjax.drafter_checkpoints.dflash``).
+  (``drafter="block"``; ``specjax.drafter_checkpoints.dflash``);
+* ``eagle3``: EAGLE-3 heads (``LlamaForCausalLMEagle3``, SpecForge's and the EAGLE authors'
+  layout) -> the MTP module in its EAGLE-3 layout (``drafter="mtp"``; ``.eagle3``).
 
-Native MTP layers that ship inside a model's own checkpoint and EAGLE-3 heads are not read yet.
+MTP layers that ship inside a model's own checkpoint (MiMo, DeepSeek-V3) load with the model
+(``load_hf_checkpoint``; ``.native_mtp``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from specjax.drafter_checkpoints import dflash
+from specjax.drafter_checkpoints import dflash, eagle3
 from specjax.hf import _read_json
 from specjax.model import Model
 
 __all__ = ["FORMATS", "load_drafter", "save_drafter"]
 
 # format name -> (its module, what its config.json looks like, the drafter it becomes)
-FORMATS = {"dflash": (dflash, "architectures ['DFlashDraftModel'] or a 'dflash_config' field", "block")}
+FORMATS = {"dflash": (dflash, "architectures ['DFlashDraftModel'] or a 'dflash_config' field", "block"),
+           "eagle3": (eagle3, "architectures ['LlamaForCausalLMEagle3']", "mtp")}
 
 
 def detect(raw: dict) -> str | None:
@@ -32,7 +36,7 @@ def detect(raw: dict) -> str | None:
 def load_drafter(path: str | Path, target: Model, dtype=None) -> Model:
     """``target`` carrying the drafter stored in the folder ``path``: pass the result to
     ``generate``, ``stream`` or ``batch_generate`` with ``drafter="auto"`` (or the drafter's
-    name: ``"block"`` for DFlash). ``dtype`` (``"float32"``, ``"bfloat16"``, a jnp dtype):
+    name: ``"block"`` for DFlash, ``"mtp"`` for EAGLE-3). ``dtype`` (``"float32"``, ``"bfloat16"``, a jnp dtype):
     the drafter's weights' dtype; default: the target's. ``ValueError`` (one line) for a
     folder that is no drafter checkpoint, an unknown format (the known ones are listed) or a
     drafter that does not fit the target (the mismatch is named)."""

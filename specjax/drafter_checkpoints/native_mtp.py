@@ -2,7 +2,7 @@
 
 Two public layouts, each one decoder layer shaped like the target's plus an input projection
 over the concatenated (normed) hidden state and token embedding, and a final norm of its own
-(``ModelConfig.mtp_final_norm``: the module reads the target's final-normed hidden state, and
+(``ModelConfig.mtp_layout="native"``: the module reads the target's final-normed hidden state, and
 its own normed output is the LM head's input and what a chain feeds back):
 
 =====================================  ========================================  ===================

@@ -14,7 +14,7 @@ from specjax.cache import DenseKVCache
 from specjax.cache.base import CAPACITY_BLOCK
 from specjax.drafters.base import EngineDrafter, gather_tokens, pick, stack_probs
 from specjax.drafters.tree import beam_positions, beam_tree, top_logits
-from specjax.protocols import MtpHead, MtpOneSlot, reachable_positions
+from specjax.protocols import MtpHead, MtpOneSlot, MtpTapped, reachable_positions
 from specjax.tree import DynamicTree, TreeMask, ancestors, preset_depths, preset_parents, tree_levels
 
 
@@ -128,7 +128,8 @@ class MtpDrafter(EngineDrafter):
             # block's attention at B=64 from 384 keys to 512, 1.04x-1.06x a drafting step)
         cache = dec.init_mtp_cache(batch, capacity)
         first_probs = None if eng.greedy else jnp.zeros((batch, dec.vocab_size), jnp.float32)
-        return MtpState(cache, jnp.zeros((batch, dec.hidden_size), eng.dtype), jnp.zeros((batch,), jnp.int32),
+        width = dec.mtp_width if isinstance(dec, MtpTapped) else dec.hidden_size  # the module's own hidden
+        return MtpState(cache, jnp.zeros((batch, width), eng.dtype), jnp.zeros((batch,), jnp.int32),
                         first_probs, jnp.zeros((batch, r, dec.hidden_size), eng.dtype),
                         jnp.zeros((batch,), jnp.int32))
 

@@ -10,7 +10,7 @@ from specjax.advance import KvAdvance
 from specjax.cache.base import CAPACITY_BLOCK, resolve_attention_impl
 from specjax.drafters import drafter_kind, resolve_drafter
 from specjax.engine.controller import StepController
-from specjax.protocols import BlockHead, Decoder, DecoderModel, check_model
+from specjax.protocols import BlockHead, Decoder, DecoderModel, MtpTapped, check_model
 from specjax.sharding import data_shards
 from specjax.tree import DynamicTree, Tree, max_children, preset_parents, tree_label, tree_scratch, tree_window
 
@@ -149,6 +149,10 @@ def make_engine(model: DecoderModel, *, drafter, draft_model, depth, kv_advance_
     target = check_model("model", model)
     if kind == "block":
         target = block_target(target, d, controller, mesh)
+    elif kind == "mtp" and isinstance(target, MtpTapped) and target.mtp_taps:  # an EAGLE-3 head reads taps
+        if mesh is not None:
+            raise ValueError("an EAGLE-3 MTP head runs on one device for now: pass mesh=None")
+        target = target.with_taps(target.mtp_taps)
     if capacity is None:
         capacity = request_capacity(0, target.max_seq_len, d)
     if kind == "ngram" and ngram_n >= capacity:

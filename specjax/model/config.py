@@ -10,6 +10,7 @@ from specjax.model.rope import RopeScaling
 __all__ = ["ModelConfig", "RopeScaling"]
 
 MLP_ACTS = ("silu", "gelu_tanh")
+MTP_LAYOUTS = ("specjax", "native", "eagle3")
 # the settings a block drafter's layers may hold apart from the target's (``block_overrides``)
 BLOCK_OVERRIDES = ("n_heads", "n_kv_heads", "head_dim", "d_ff", "qk_norm", "qkv_bias", "rope_theta", "rope_scaling",
                    "norm_eps", "norm_offset", "sandwich_norm", "mlp_act", "query_pre_attn_scalar")
@@ -27,11 +28,16 @@ class ModelConfig:
     ``mtp.draft_ids [N]`` (int32) mapping each draft index to its target token. A token outside
     is never drafted (its draft probability is 0: verification stays lossless); the head costs
     ``N / vocab_size`` of the target's. 0: the target's own head over the whole vocabulary.
-    ``mtp_final_norm``: the MTP module has a final norm of its own (``mtp.final_norm``), as the
-    MTP layers shipped inside MiMo and DeepSeek-V3 checkpoints have: it reads the target's
-    final-normed hidden state, its output goes through its own norm, and that normed hidden is
-    both the LM head's input (no further norm) and what a chain feeds back. False: specjax's
-    own module (the target's pre-norm hidden in; the target's final norm before the head).
+    ``mtp_layout``: how the MTP module reads and writes hidden states (``MTP_LAYOUTS``):
+    ``"specjax"`` (its own: the target's pre-norm hidden in, ``proj`` over [hidden ‖ embedding],
+    one block, the target's final norm before the head, its pre-norm output fed back);
+    ``"native"`` (the MTP layers shipped inside MiMo and DeepSeek-V3 checkpoints: the target's
+    final-normed hidden in, a final norm of its own, ``mtp.final_norm``, whose output is the
+    head's input and what a chain feeds back); ``"eagle3"`` (an EAGLE-3 head: the target's
+    hidden states after the layers ``mtp_taps`` projected by ``mtp.fc``; the layer's attention
+    reads [embedding ‖ hidden] (``2 d`` wide) and its residual is the hidden; its own final norm
+    before the head; its pre-norm output fed back). ``mtp_overrides``: ``(name, value)`` pairs
+    (``BLOCK_OVERRIDES``' names) where the MTP layer differs from the model's (``mtp_config``).
     ``compressed_layers``: layers with compressed memory (``specjax.cache.compressed``): each
     attends to the raw K/V of its last ``compress_window`` tokens (back to the start of the
     oldest block not yet compressed) and to one mean-pooled K/V slot per full block of
@@ -72,7 +78,9 @@ class ModelConfig:
     global_every: int = 0
     mtp_depth: int = 1
     mtp_draft_vocab: int = 0
-    mtp_final_norm: bool = False
+    mtp_layout: str = "specjax"
+    mtp_taps: tuple[int, ...] = ()
+    mtp_overrides: tuple[tuple[str, object], ...] = ()
     head_dim: int | None = None  # None: d_model // n_heads (always an int after construction)
     tie_embeddings: bool = True
     qkv_bias: bool = False
@@ -114,9 +122,10 @@ class ModelConfig:
             raise ValueError(f"global_every must be >= 0, got {self.global_every}")
         if self.mtp_depth < 0:
             raise ValueError(f"mtp_depth must be >= 0, got {self.mtp_depth}")
-        if not isinstance(self.mtp_draft_vocab, int) or not 0 <= self.mtp_draft_vocab < self.vocab_size:
+        if not isinstance(self.mtp_draft_vocab, int) or not 0 <= self.mtp_draft_vocab <= self.vocab_size:
             raise ValueError(f"mtp_draft_vocab={self.mtp_draft_vocab!r} is invalid: an int in [0, vocab_size="
-                             f"{self.vocab_size}) (0: the whole vocabulary)")
+                             f"{self.vocab_size}] (0: the target's head over the whole vocabulary)")
+        self._check_mtp()
         layers = tuple(int(i) for i in self.compressed_layers)  # a JSON list becomes a (hashable) tuple
         object.__setattr__(self, "compressed_layers", layers)
         if layers:
@@ -147,24 +156,17 @@ class ModelConfig:
                              f"n_kv_heads={self.n_kv_heads} and d_ff={self.d_ff}")
         if self.head_dim is None:  # one field, always concrete: no second name for the head size
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
-        if self.block_overrides:
-            try:
-                _make_block_config(self)
-            except ValueError as e:
-                raise ValueError(f"block_overrides={dict(self.block_overrides)} are invalid: {e}") from None
+        for name, make in (("block_overrides", _make_block_config), ("mtp_overrides", _make_mtp_config)):
+            if getattr(self, name):
+                try:
+                    make(self)
+                except ValueError as e:
+                    raise ValueError(f"{name}={dict(getattr(self, name))} are invalid: {e}") from None
 
     def _check_block(self) -> None:
         taps = tuple(int(i) for i in self.block_taps)  # a JSON list becomes a (hashable) tuple
         object.__setattr__(self, "block_taps", taps)
-        overrides = self.block_overrides
-        pairs = overrides.items() if isinstance(overrides, dict) else overrides  # JSON: a list of pairs
-        pairs = tuple(sorted((str(k), RopeScaling(**v) if k == "rope_scaling" and isinstance(v, dict) else v)
-                             for k, v in pairs))
-        object.__setattr__(self, "block_overrides", pairs)
-        unknown = sorted({k for k, _ in pairs} - set(BLOCK_OVERRIDES))
-        if unknown:
-            raise ValueError(f"block_overrides has {unknown[0]!r}, which a block drafter cannot override: one of "
-                             f"{list(BLOCK_OVERRIDES)}")
+        pairs = self._overrides("block_overrides")
         if not self.block_size:
             if self.block_layers or taps or pairs:
                 raise ValueError("block_layers/block_taps/block_overrides are set but block_size is 0 (no block "
@@ -179,6 +181,36 @@ class ModelConfig:
             raise ValueError(f"block_taps={taps} is invalid: distinct target layer indices in [0, {self.n_layers})")
         if not 0 <= self.block_mask_id < self.vocab_size:
             raise ValueError(f"block_mask_id={self.block_mask_id} is invalid: a token id in [0, {self.vocab_size})")
+
+    def _overrides(self, name: str) -> tuple:
+        """``block_overrides`` / ``mtp_overrides`` as sorted hashable pairs (from a dict or JSON's lists)."""
+        v = getattr(self, name)
+        pairs = v.items() if isinstance(v, dict) else v
+        pairs = tuple(sorted((str(k), RopeScaling(**x) if k == "rope_scaling" and isinstance(x, dict) else x)
+                             for k, x in pairs))
+        object.__setattr__(self, name, pairs)
+        unknown = sorted({k for k, _ in pairs} - set(BLOCK_OVERRIDES))
+        if unknown:
+            raise ValueError(f"{name} has {unknown[0]!r}, which a drafter layer cannot override: one of "
+                             f"{list(BLOCK_OVERRIDES)}")
+        return pairs
+
+    def _check_mtp(self) -> None:
+        taps = tuple(int(i) for i in self.mtp_taps)
+        object.__setattr__(self, "mtp_taps", taps)
+        self._overrides("mtp_overrides")
+        if self.mtp_layout not in MTP_LAYOUTS:
+            raise ValueError(f"mtp_layout={self.mtp_layout!r} is invalid: one of {list(MTP_LAYOUTS)}")
+        if (self.mtp_layout == "eagle3") != bool(taps):
+            raise ValueError(f"mtp_taps={taps} is invalid with mtp_layout={self.mtp_layout!r}: an EAGLE-3 head "
+                             "reads tapped layers, the other layouts none")
+        if not all(0 <= i < self.n_layers for i in taps):
+            raise ValueError(f"mtp_taps={taps} is invalid: target layer indices in [0, {self.n_layers})")
+
+    @property
+    def mtp_config(self) -> ModelConfig:
+        """The config the MTP module's layer runs with: this one with ``mtp_overrides`` applied."""
+        return _mtp_config(self)
 
     @property
     def block_config(self) -> ModelConfig:
@@ -218,14 +250,24 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
 
-def _make_block_config(cfg: ModelConfig) -> ModelConfig:
-    over = dict(cfg.block_overrides)
+def _layer_config(cfg: ModelConfig, overrides: tuple) -> ModelConfig:
+    """A drafter layer's config: ``cfg``'s, with ``overrides``, as a global layer of a plain model."""
+    over = dict(overrides)
     over["head_dim"] = over.get("head_dim", cfg.head_dim)
     return dataclasses.replace(
-        cfg, **over, block_size=0, block_layers=0, block_taps=(),
-        block_mask_id=0, block_overrides=(), mtp_depth=0, mtp_draft_vocab=0, sliding_window=None, global_every=0,
+        cfg, **over, block_size=0, block_layers=0, block_taps=(), block_mask_id=0, block_overrides=(), mtp_depth=0,
+        mtp_draft_vocab=0, mtp_layout="specjax", mtp_taps=(), mtp_overrides=(), sliding_window=None, global_every=0,
         compressed_layers=(), compress_window=None, compress_block=None, local_rope_theta=None,
-        local_rope_scaling=None, shard_groups=1 if cfg.block_overrides else cfg.shard_groups)
+        local_rope_scaling=None, shard_groups=1 if overrides else cfg.shard_groups)
+
+
+def _make_block_config(cfg: ModelConfig) -> ModelConfig:
+    return _layer_config(cfg, cfg.block_overrides)
+
+
+def _make_mtp_config(cfg: ModelConfig) -> ModelConfig:
+    return _layer_config(cfg, cfg.mtp_overrides) if cfg.mtp_overrides else cfg
 
 
 _block_config = functools.lru_cache(maxsize=64)(_make_block_config)
+_mtp_config = functools.lru_cache(maxsize=64)(_make_mtp_config)

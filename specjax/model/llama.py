@@ -43,6 +43,7 @@ from specjax.model.layers import (
     fuse_block,
     head,
     norm,
+    project_qkv,
     rms_norm,
     unfuse_block,
 )
@@ -121,13 +122,14 @@ def with_layer_loop(model: Model, loop: str) -> Model:
                                      if loop == "scan" else layers))
 
 
-def _map_blocks(params: dict, fn, drafter_fn=None) -> dict:
+def _map_blocks(params: dict, fn, drafter_fn=None, mtp_fn=None) -> dict:
     """``fn`` over every decoder block's params; the block drafter's layers get ``drafter_fn``
-    (default ``fn``: they may be shaped apart, ``ModelConfig.block_config``)."""
+    and the MTP block ``mtp_fn`` (default ``fn``: they may be shaped apart,
+    ``ModelConfig.block_config``, ``mtp_config``)."""
     out = dict(params)
     out["layers"] = [fn(layer_params(params, i)) for i in range(_num_layers(params))]
     if "mtp" in params:
-        out["mtp"] = dict(params["mtp"], block=fn(params["mtp"]["block"]))
+        out["mtp"] = dict(params["mtp"], block=(mtp_fn or fn)(params["mtp"]["block"]))
     if "block" in params:  # a block drafter's layers
         out["block"] = dict(params["block"], layers=[(drafter_fn or fn)(p) for p in params["block"]["layers"]])
     return out
@@ -141,7 +143,8 @@ def fuse_params(params: dict) -> dict:
 
 def unfuse_params(params: dict, config: ModelConfig) -> dict:
     """The inverse of ``fuse_params`` (what bundles and HF checkpoints store), from either layout."""
-    return _map_blocks(params, lambda p: unfuse_block(p, config), lambda p: unfuse_block(p, config.block_config))
+    return _map_blocks(params, lambda p: unfuse_block(p, config), lambda p: unfuse_block(p, config.block_config),
+                       lambda p: unfuse_block(p, config.mtp_config))
 
 
 def init_model(config: ModelConfig, seed: int = 0, dtype=jnp.float32) -> Model:
@@ -163,18 +166,24 @@ def init_model(config: ModelConfig, seed: int = 0, dtype=jnp.float32) -> Model:
 
 
 def init_mtp_params(key: jax.Array, config: ModelConfig, dtype=jnp.float32) -> dict:
-    """A random-initialised MTP module (``params["mtp"]``): two norms, the ``[2d, d]``
-    projection and one block shaped like the model's."""
-    k_proj, k_block, k_head = jax.random.split(key, 3)
-    d = config.d_model
-    out = {
-        "norm_h": jnp.full((d,), 1.0 - config.norm_offset, dtype),
-        "norm_e": jnp.full((d,), 1.0 - config.norm_offset, dtype),
-        "proj": (jax.random.normal(k_proj, (2 * d, d)) * 0.02).astype(dtype),
-        "block": block_params(k_block, config, dtype),
-    }
-    if config.mtp_final_norm:  # a native module's own final norm (MiMo, DeepSeek-V3)
-        out["final_norm"] = jnp.full((d,), 1.0 - config.norm_offset, dtype)
+    """A random-initialised MTP module (``params["mtp"]``) in ``config.mtp_layout``: two norms,
+    the ``[2d, d]`` projection and one block shaped like ``config.mtp_config``'s layers; an
+    EAGLE-3 head has ``fc [n_taps * d, d]`` instead of the projection and its block's q/k/v read
+    ``2 d`` (no input norm); native and EAGLE-3 modules have a ``final_norm`` of their own."""
+    k_proj, k_block, k_head, k_qkv = jax.random.split(key, 4)
+    d, mc = config.d_model, config.mtp_config
+    one = 1.0 - mc.norm_offset
+    out = {"norm_h": jnp.full((d,), one, dtype), "norm_e": jnp.full((d,), one, dtype),
+           "block": block_params(k_block, mc, dtype)}
+    if config.mtp_layout == "eagle3":
+        out["fc"] = (jax.random.normal(k_proj, (len(config.mtp_taps) * d, d)) * 0.02).astype(dtype)
+        blk = {k: v for k, v in out["block"].items() if k != "attn_norm"}
+        blk["wqkv"] = (jax.random.normal(k_qkv, (2 * d, blk["wqkv"].shape[1])) * 0.02).astype(dtype)
+        out["block"] = blk
+    else:
+        out["proj"] = (jax.random.normal(k_proj, (2 * d, d)) * 0.02).astype(dtype)
+    if config.mtp_layout != "specjax":  # its own final norm
+        out["final_norm"] = jnp.full((d,), one, dtype)
     if config.mtp_draft_vocab:  # a draft vocabulary: the first N ids until ``with_draft_vocab`` picks them
         n = config.mtp_draft_vocab
         out["draft_ids"] = jnp.arange(n, dtype=jnp.int32)
@@ -202,10 +211,15 @@ def with_draft_vocab(model: Model, ids) -> Model:
 
 
 def mtp_logits(params: dict, cfg: ModelConfig, x: jax.Array) -> jax.Array:
-    """The MTP module's draft logits from its hidden ``[..., d]`` (pre-norm; a native module's,
-    ``mtp_final_norm``, normed already): float32 ``[..., N]`` over its draft vocabulary
+    """The MTP module's draft logits from its hidden ``[..., d]`` (pre-norm; a native module's
+    normed already: ``mtp_layout``): float32 ``[..., N]`` over its draft vocabulary
     (``mtp_draft_vocab``), else the target's head ``[..., V]``."""
-    h = x if cfg.mtp_final_norm else norm(x, params["final_norm"], cfg)  # a native module's x is normed already
+    if cfg.mtp_layout == "specjax":
+        h = norm(x, params["final_norm"], cfg)
+    elif cfg.mtp_layout == "eagle3":
+        h = norm(x, params["mtp"]["final_norm"], cfg.mtp_config)
+    else:  # native: its output is normed already
+        h = x
     if cfg.mtp_draft_vocab:
         w = params["mtp"]["draft_head"]
     else:
@@ -517,9 +531,31 @@ def logits(model: Model, tokens: jax.Array) -> jax.Array:
 
 def mtp_input(params: dict, config: ModelConfig, hidden: jax.Array, next_tokens: jax.Array) -> jax.Array:
     """The MTP block's input ``[B, t, d]``: ``concat(RMSNorm(h_i), RMSNorm(emb(t_{i+1}))) @ proj``."""
-    m = params["mtp"]
+    m, mc = params["mtp"], config.mtp_config
     e = embed(params, config, next_tokens)
-    return jnp.concatenate([norm(hidden, m["norm_h"], config), norm(e, m["norm_e"], config)], axis=-1) @ m["proj"]
+    return jnp.concatenate([norm(hidden, m["norm_h"], mc), norm(e, m["norm_e"], mc)], axis=-1) @ m["proj"]
+
+
+def _mtp_attention_input(params: dict, config: ModelConfig, hidden: jax.Array, next_tokens: jax.Array):
+    """``(what the MTP layer's q/k/v read, its residual)``: EAGLE-3's [RMSNorm(emb(t_{i+1})) ‖
+    RMSNorm(h_i)] (``2 d``) with the hidden as the residual; else the block's normed input."""
+    m, mc = params["mtp"], config.mtp_config
+    if config.mtp_layout == "eagle3":
+        e = embed(params, config, next_tokens)
+        return jnp.concatenate([norm(e, m["norm_e"], mc), norm(hidden, m["norm_h"], mc)], axis=-1), hidden
+    x = mtp_input(params, config, hidden, next_tokens)
+    return norm(x, m["block"]["attn_norm"], mc), x
+
+
+def mtp_source(params: dict, config: ModelConfig, hidden: jax.Array) -> jax.Array:
+    """The target's hidden from a forward, ``[B, t, d * (1 + n_taps)]``, as the MTP module reads
+    it (``mtp_layout``): as it is, final-normed (native), or its taps through ``fc`` (EAGLE-3)."""
+    d = config.d_model
+    if config.mtp_layout == "native":
+        return norm(hidden[..., :d], params["final_norm"], config)
+    if config.mtp_layout == "eagle3":
+        return hidden[..., d:] @ params["mtp"]["fc"].astype(hidden.dtype)
+    return hidden[..., :d]
 
 
 def mtp_hidden(
@@ -549,9 +585,9 @@ def mtp_hidden(
     output at one position, the ones before it cost only their K/V, and a write of ``t``
     slots needs room for ``at + 1`` (a settle's ``t`` is the backlog's width, not its count).
     """
-    m = params["mtp"]
-    x = mtp_input(params, config, hidden, next_tokens)
-    q, k, v = block_qkv(m["block"], x, positions, config, None)
+    m, mc = params["mtp"], config.mtp_config
+    h_in, x = _mtp_attention_input(params, config, hidden, next_tokens)
+    q, k, v = project_qkv(m["block"], h_in, positions, mc, None)
     if cache is None:
         attn = _causal_attention(q, k, v, None)
     else:
@@ -561,9 +597,9 @@ def mtp_hidden(
             one = lambda a: jnp.take_along_axis(a, at.reshape((-1, 1) + (1,) * (a.ndim - 2)), axis=1)  # noqa: E731
             q, x, view = one(q), one(x), cache.replace(lengths=cache.lengths + at)
         attn = per_shard(_attend(attention_impl), view, q, 0, tree)  # tree: the t tokens are a tree's nodes
-    out = block_finish(m["block"], x, attn, config)
-    if config.mtp_final_norm:  # a native module (MiMo, DeepSeek-V3): its output is its own norm's
-        out = norm(out, m["final_norm"], config)
+    out = block_finish(m["block"], x, attn, mc)
+    if config.mtp_layout == "native":  # MiMo, DeepSeek-V3: its output is its own norm's
+        out = norm(out, m["final_norm"], mc)
     return (out if at is None else out[:, 0]), cache
 
 
@@ -577,10 +613,10 @@ def mtp_forward(
     *,
     attention_impl: str = "xla",
 ) -> tuple[jax.Array, jax.Array, DenseKVCache | None]:
-    """``mtp_hidden`` plus float32 logits ``[B, t, V]`` at every position: ``(logits, hidden, cache)``."""
+    """``mtp_hidden`` plus float32 logits at every position: ``(logits, hidden, cache)``; ``[B, t, V]``
+    (a native or EAGLE-3 module's: ``mtp_logits``, over its draft vocabulary if it has one)."""
     x, cache = mtp_hidden(params, config, hidden, next_tokens, positions, cache, attention_impl=attention_impl)
-    w = params["embed"].T if config.tie_embeddings else params["lm_head"]
-    logits = (x @ w).astype(jnp.float32) if config.mtp_final_norm else head(params, config, x)
+    logits = head(params, config, x) if config.mtp_layout == "specjax" else mtp_logits(params, config, x)
     return logits, x, cache
 
 
@@ -638,9 +674,20 @@ class LlamaDecoder:
     def block_size(self) -> int:
         return self.config.block_size
 
-    def with_taps(self) -> LlamaDecoder:
-        """This decoder with its forward returning the block drafter's tapped layers too."""
-        return dataclasses.replace(self, taps=self.config.block_taps)
+    def with_taps(self, taps: tuple[int, ...] | None = None) -> LlamaDecoder:
+        """This decoder with its forward returning the outputs of layers ``taps`` too (default:
+        the block drafter's; an EAGLE-3 head's are ``mtp_taps``)."""
+        return dataclasses.replace(self, taps=self.config.block_taps if taps is None else tuple(taps))
+
+    @property
+    def mtp_taps(self) -> tuple[int, ...]:
+        """The layers an EAGLE-3 MTP module reads (the engine runs the target ``with_taps`` them)."""
+        return self.config.mtp_taps
+
+    @property
+    def mtp_width(self) -> int:
+        """The width of the MTP module's own hidden (what a chain feeds back)."""
+        return self.config.d_model
 
     def init_block_cache(self, batch: int, capacity: int) -> DenseKVCache:
         """The block drafter's per-row context cache (one layer per drafter layer)."""
@@ -663,7 +710,8 @@ class LlamaDecoder:
 
     def init_mtp_cache(self, batch: int, capacity: int) -> DenseKVCache:
         """The MTP block's own per-row cache (one layer)."""
-        return DenseKVCache.create(1, batch, capacity, self.config.n_kv_heads, self.config.head_dim, self.dtype)
+        mc = self.config.mtp_config
+        return DenseKVCache.create(1, batch, capacity, mc.n_kv_heads, mc.head_dim, self.dtype)
 
     def mtp_hidden(self, params, hidden, next_tokens, positions, cache, *, attention_impl="xla", tree=None):
         return mtp_hidden(params, self.config, hidden, next_tokens, positions, cache, attention_impl=attention_impl,
@@ -672,8 +720,7 @@ class LlamaDecoder:
     def mtp_hidden_at(self, params, hidden, next_tokens, positions, cache, at, *, attention_impl="xla"):
         """``mtp_hidden``'s output at slot ``at [B]`` of each row, ``[B, d]``: attention and MLP
         for that slot only (the cache gets every position's K/V). ``hidden`` is the target's (a
-        commit's or a prefill's): a native module (``mtp_final_norm``) reads it final-normed."""
-        if self.config.mtp_final_norm:
-            hidden = norm(hidden, params["final_norm"], self.config)
+        commit's or a prefill's), read as the module reads it (``mtp_source``)."""
+        hidden = mtp_source(params, self.config, hidden)
         return mtp_hidden(params, self.config, hidden, next_tokens, positions, cache, at=at,
                           attention_impl=attention_impl)
