@@ -1,5 +1,7 @@
-"""``specjax train-drafter``: train a drafter for a frozen target (``--kind block``: the block
-drafter, ``specjax.train_block``) and write the bundle that carries it."""
+"""``specjax train-drafter``: train a drafter for a frozen target. ``--kind block``: the block
+drafter (``specjax.train_block``), written into a bundle that carries it; ``--kind eagle3``: an
+EAGLE-3 head (``specjax.mtp_head.train_mtp(layout="eagle3")``) for a bundle or a Hugging Face
+checkpoint, written in the public EAGLE-3 layout (``--draft-checkpoint OUT`` loads it)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,56 @@ import json
 import pathlib
 import sys
 
-KINDS = ("block",)
+KINDS = ("block", "eagle3")
+
+
+def _train_eagle3(args: argparse.Namespace) -> dict:
+    """``--kind eagle3``: the target frozen, the head trained on the target's own text."""
+    from specjax.cli import _is_bundle
+    from specjax.mtp_head import text_corpus, train_mtp
+    from specjax.train import StageConfig
+
+    if args.chain < 1:
+        raise ValueError(f"--chain={args.chain} is invalid: must be >= 1")
+    if _is_bundle(args.model):
+        from specjax.checkpoint import load_model
+        from specjax.corpus import build_corpus
+
+        bundle = load_model(args.model)
+        model, tok = bundle.model, bundle.tokenizer
+        encode, eos, bytes_only = (lambda t: tok.encode(t, bos=True)), tok.eos_id, True
+        default_corpus = build_corpus
+    else:
+        from specjax.hf import load_hf_checkpoint, load_tokenizer
+
+        if not pathlib.Path(args.model).is_dir():
+            raise ValueError(f"--model {args.model}: not a directory")
+        model = load_hf_checkpoint(args.model, dtype="float32", mtp=None)
+        tok = load_tokenizer(args.model)
+        encode, eos, bytes_only = tok.encode, (tok.eos_ids[0] if tok.eos_ids else None), False
+        default_corpus = None
+    seq_len = min(args.seq_len, model.config.max_seq_len)
+    if seq_len <= args.chain:
+        raise ValueError(f"--seq-len={seq_len} must exceed --chain={args.chain}")
+    taps = None
+    if args.taps:
+        try:
+            taps = tuple(int(x) for x in args.taps.split(","))
+        except ValueError:
+            raise ValueError(f"--taps={args.taps!r} is invalid: comma-separated target layer indices") from None
+    sc = StageConfig(steps=args.steps, batch=args.batch, seq_len=seq_len, lr=args.lr,
+                     warmup=args.warmup if args.warmup is not None else args.steps // 6,
+                     eval_every=min(args.eval_every, args.steps), ckpt_every=args.ckpt_every, seed=args.seed)
+    if args.data:
+        corpus = text_corpus(args.data, encode, eos_id=eos, min_tokens=seq_len + 1)
+    elif default_corpus is not None:
+        corpus = default_corpus()
+    else:
+        raise ValueError("--kind eagle3 on a Hugging Face checkpoint needs --data FILE ... (text the target reads)")
+    _, summary = train_mtp(model, corpus, args.out, sc, chain=args.chain, resume=args.resume,
+                           progress=not args.json, bytes_only=bytes_only, info={"base_model": str(args.model)},
+                           draft_vocab=args.draft_vocab, layout="eagle3", taps=taps)
+    return summary
 
 
 def cmd_train_drafter(args: argparse.Namespace) -> int:
@@ -18,6 +69,21 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     from specjax.train import StageConfig
     from specjax.train_block import train_block
 
+    if args.kind == "eagle3":
+        try:
+            summary = _train_eagle3(args)
+        except (ValueError, FileNotFoundError) as e:
+            print(f"specjax train-drafter: error: {e}", file=sys.stderr)
+            return 2
+        if args.json:
+            print(json.dumps(summary, default=str))
+            return 0
+        ev = summary.get("final_eval", {})
+        print(f"eagle3 step {summary['step']}  wall {summary['wall_s']:.1f} s  held-out accuracy per chained pass "
+              f"{ev.get('accuracy')}")
+        if "out" in summary:
+            print(f"wrote {args.out} (the EAGLE-3 layout: --draft-checkpoint {args.out})")
+        return 0
     try:
         if args.block < 2:
             raise ValueError(f"--block={args.block} is invalid: a block of at least 2 positions (one draft)")
@@ -61,15 +127,23 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
 
 def train_drafter_command(sub) -> None:
     """``specjax train-drafter``'s flags."""
-    m = sub.add_parser("train-drafter", help="train a drafter for a bundle's frozen target (--kind block: one pass "
-                                             "drafts a whole block)")
+    m = sub.add_parser("train-drafter", help="train a drafter for a frozen target (--kind block: one pass drafts a "
+                                             "whole block, into a bundle; --kind eagle3: an EAGLE-3 head in its "
+                                             "public layout, for a bundle or a Hugging Face checkpoint)")
     m.add_argument("--kind", choices=KINDS, required=True)
-    m.add_argument("--model", required=True, help="a specjax bundle directory (the target, frozen)")
-    m.add_argument("--out", required=True, metavar="DIR", help="the bundle with the trained drafter (overwritten)")
+    m.add_argument("--model", required=True, help="the target, frozen: a specjax bundle (--kind eagle3: or a Hugging "
+                                                  "Face checkpoint)")
+    m.add_argument("--out", required=True, metavar="DIR",
+                   help="block: the bundle with the trained drafter (overwritten); eagle3: the head's folder")
     m.add_argument("--run-dir", default=None, metavar="DIR", help="the orbax run (default: OUT.run)")
     m.add_argument("--data", nargs="*", metavar="FILE",
                    help="UTF-8 text files whose prompts the target continues (default: the bundle's corpus)")
     m.add_argument("--block", type=int, default=8, help="block positions k: k - 1 drafts per pass")
+    m.add_argument("--chain", type=int, default=3, help="eagle3: chained passes trained (training-time test)")
+    m.add_argument("--draft-vocab", type=int, default=0, help="eagle3: draft over the corpus's N most frequent "
+                                                               "tokens (0: the whole vocabulary)")
+    m.add_argument("--taps", default=None, help="eagle3: the target layers whose outputs the head reads, e.g. 0,2,5 "
+                                                "(default: an early, a middle and a late layer)")
     m.add_argument("--layers", type=int, default=2, help="the drafter's decoder layers")
     m.add_argument("--sequences", type=int, default=2048, help="greedy continuations of the target to train on")
     m.add_argument("--prompt", type=int, default=32, help="corpus tokens before each continuation")

@@ -32,11 +32,13 @@ MTP_WEIGHTS, MTP_CONFIG = "mtp.safetensors", "mtp_config.json"
 FORMAT = "specjax-mtp-1"
 
 
-def attach_mtp(model: Model, seed: int = 0, dtype=jnp.float32, draft_ids=None) -> Model:
+def attach_mtp(model: Model, seed: int = 0, dtype=jnp.float32, draft_ids=None, layout: str = "specjax",
+               taps: tuple[int, ...] = ()) -> Model:
     """``model`` with a fresh MTP module (``mtp_depth=1``; the drafter chains it); ``draft_ids``:
-    the target tokens it drafts over (a draft vocabulary, ``with_draft_vocab``), or all."""
-    cfg = dataclasses.replace(model.config, mtp_depth=1, mtp_draft_vocab=0, mtp_layout="specjax",
-                              mtp_taps=(), mtp_overrides=())
+    the target tokens it drafts over (a draft vocabulary, ``with_draft_vocab``), or all.
+    ``layout="eagle3"``: an EAGLE-3 head reading the outputs of target layers ``taps``."""
+    cfg = dataclasses.replace(model.config, mtp_depth=1, mtp_draft_vocab=0, mtp_layout=layout,
+                              mtp_taps=tuple(taps), mtp_overrides=())
     mtp = init_mtp_params(jax.random.key(seed), cfg, dtype)
     out = Model({**model.params, "mtp": mtp}, cfg)
     return out if draft_ids is None else with_draft_vocab(out, draft_ids)
@@ -163,19 +165,25 @@ def text_corpus(files: Sequence[str | pathlib.Path], encode: Callable[[str], lis
 
 def train_mtp(model: Model, corpus: Corpus, out: str | pathlib.Path, sc, *, chain: int = 3, resume: bool = False,
               progress: bool = True, stop_at: int | None = None, bytes_only: bool = False,
-              info: dict | None = None, draft_vocab: int = 0) -> tuple[Model, dict]:
+              info: dict | None = None, draft_vocab: int = 0, layout: str = "specjax",
+              taps: tuple[int, ...] | None = None) -> tuple[Model, dict]:
     """Train a fresh MTP module for the frozen ``model`` (``sc``: a ``StageConfig``) on
     ``corpus``; checkpoints under ``out/train`` (``resume`` continues them), the module
     saved into ``out`` when the run completes. Returns the model with it and a summary.
     ``draft_vocab = N``: the module drafts over the corpus's ``N`` most frequent tokens
-    (``draft_vocab_ids``; its head starts as the target head's columns there)."""
+    (``draft_vocab_ids``; its head starts as the target head's columns there).
+    ``layout="eagle3"``: an EAGLE-3 head reading the outputs of target layers ``taps`` (default
+    ``eagle3_taps``), trained with the same chained (training-time test) loss and saved in the
+    public EAGLE-3 layout (``specjax.load_drafter`` reads it back, as vLLM and SGLang do)."""
     from specjax.train import run_stage, write_json_line
 
     out = pathlib.Path(out)
     target = Model({k: v for k, v in model.params.items() if k != "mtp"}, dataclasses.replace(model.config,
                                                                                               mtp_depth=0))
     ids = draft_vocab_ids(corpus.train, draft_vocab, target.config.vocab_size) if draft_vocab else None
-    fresh = attach_mtp(target, seed=sc.seed, draft_ids=ids)
+    if layout == "eagle3" and taps is None:
+        taps = eagle3_taps(target.config.n_layers)
+    fresh = attach_mtp(target, seed=sc.seed, draft_ids=ids, layout=layout, taps=taps or ())
     log = out / "train" / "log.jsonl"
     log.parent.mkdir(parents=True, exist_ok=True)
     trained, summary = run_stage("mtp", fresh, corpus, sc, out / "train", resume=resume, mtp_depth=chain,
@@ -184,6 +192,23 @@ def train_mtp(model: Model, corpus: Corpus, out: str | pathlib.Path, sc, *, chai
     summary["corpus"] = corpus.describe()
     summary["draft_vocab"] = draft_vocab
     if summary["step"] >= sc.steps:
-        save_mtp(trained, out, {"chain": chain, "summary": summary, **(info or {})})
+        if layout == "eagle3":
+            from specjax.drafter_checkpoints import save_drafter
+
+            save_drafter(trained, out, format="eagle3")
+            (out / "training.json").write_text(json.dumps({"chain": chain, "summary": summary, **(info or {})},
+                                                          indent=1, default=str))
+        else:
+            save_mtp(trained, out, {"chain": chain, "summary": summary, **(info or {})})
         summary["out"] = str(out)
     return trained, summary
+
+
+def eagle3_taps(n_layers: int) -> tuple[int, ...]:
+    """An EAGLE-3 head's default taps for an ``n_layers`` target: the outputs of an early, a middle
+    and a late layer (vLLM's default ids ``(2, L // 2, L - 3)`` read as layer outputs), spread
+    apart where a shallow target would repeat them."""
+    taps = (1, n_layers // 2 - 1, n_layers - 4)
+    if len(set(taps)) == 3 and min(taps) >= 0:
+        return taps
+    return tuple(sorted({round(i * (n_layers - 1) / 2) for i in range(3)}))

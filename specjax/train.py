@@ -27,7 +27,8 @@ from specjax.attention import attend_visible
 from specjax.corpus import Corpus
 from specjax.model import Model, ModelConfig, init_model, logits
 from specjax.model.block import block_logits, train_block_hidden
-from specjax.model.llama import block_finish, block_qkv, hidden_states, mtp_input, mtp_logits
+from specjax.model.layers import block_finish, project_qkv
+from specjax.model.llama import hidden_states, mtp_attention_input, mtp_logits, mtp_source
 
 __all__ = [
     "STAGES",
@@ -142,17 +143,17 @@ def _chain_attention(q, k1, v1, extra_k: list, extra_v: list) -> jax.Array:
 def mtp_chain_logits(params: dict, config: ModelConfig, hidden: jax.Array, tokens: jax.Array, depth: int):
     """Teacher-forced MTP chain as the drafter runs it: pass ``k`` (1-based) at row ``i``
     takes (hidden, token ``t_{i+k}``) at position ``i + k - 1`` and predicts ``t_{i+k+1}``;
-    pass 1's hidden is the target's, pass ``k > 1``'s is pass ``k - 1``'s output.
-    ``hidden [B, T, d]`` (target, rows ``0..T-1``), ``tokens [B, T + depth]``.
+    pass 1's hidden is the target's (as the module reads it: ``mtp_source``), pass ``k > 1``'s
+    is pass ``k - 1``'s output. ``hidden [B, T, d]`` (rows ``0..T-1``), ``tokens [B, T + depth]``.
     Returns ``depth`` logits ``[B, T, V]``."""
-    m = params["mtp"]
+    m, mc = params["mtp"], config.mtp_config
     b, t, _ = hidden.shape
     rows = jnp.arange(t, dtype=jnp.int32)[None]
     h, out, ks, vs = hidden, [], [], []
     k1 = v1 = None
     for k in range(1, depth + 1):
-        x = mtp_input(params, config, h, tokens[:, k : k + t])
-        q, kk, vv = block_qkv(m["block"], x, jnp.broadcast_to(rows + k - 1, (b, t)), config, None)
+        h_in, x = mtp_attention_input(params, config, h, tokens[:, k : k + t])
+        q, kk, vv = project_qkv(m["block"], h_in, jnp.broadcast_to(rows + k - 1, (b, t)), mc, None)
         if k == 1:
             k1, v1 = kk, vv
             attn = _chain_attention(q, k1, v1, [], [])
@@ -160,7 +161,7 @@ def mtp_chain_logits(params: dict, config: ModelConfig, hidden: jax.Array, token
             ks.append(kk)
             vs.append(vv)
             attn = _chain_attention(q, k1, v1, ks, vs)
-        h = block_finish(m["block"], x, attn, config)
+        h = block_finish(m["block"], x, attn, mc)
         out.append(mtp_logits(params, config, h))  # over the draft vocabulary, if the module has one
     return out
 
@@ -233,8 +234,9 @@ def make_loss(stage: str, config: ModelConfig, mtp_depth: int, bytes_only: bool 
         params = _merge("mtp", trainable, frozen)
         tokens = windows[:, :-1]
         t = tokens.shape[1] - mtp_depth
-        _, hidden = hidden_states(Model(params, config), tokens)
+        _, hidden = hidden_states(Model(params, config), tokens, taps=config.mtp_taps)
         hidden = jax.lax.stop_gradient(hidden)[:, :t]  # the target stays frozen
+        hidden = mtp_source(params, config, hidden)  # an EAGLE-3 head's fc over the taps is trained
         lgs = mtp_chain_logits(params, config, hidden, windows, mtp_depth)
         total, stats = 0.0, []
         for k, lg in enumerate(lgs, start=1):
@@ -365,9 +367,9 @@ def run_stage(
         raise ValueError(f"stage must be one of {list(RUN_STAGES)}, got {stage!r}")
     if stage == "mtp" and "mtp" not in model.params:
         raise ValueError("stage 'mtp' needs a target with an MTP module (ModelConfig.mtp_depth >= 1)")
-    if stage == "mtp" and model.config.mtp_layout != "specjax":
-        raise ValueError(f"stage 'mtp' trains specjax's MTP module, not a {model.config.mtp_layout} one: attach a "
-                         "fresh one (specjax.mtp_head.attach_mtp)")
+    if stage == "mtp" and model.config.mtp_layout == "native":
+        raise ValueError("stage 'mtp' trains specjax's MTP module or an EAGLE-3 head, not a checkpoint's native one: "
+                         "attach a fresh one (specjax.mtp_head.attach_mtp)")
     if stage == "block" and "block" not in model.params:
         raise ValueError("stage 'block' needs a target with a block drafter (specjax.train_block.attach_block)")
     config = model.config

@@ -2395,7 +2395,7 @@ Mutation(
     ),
     Mutation(
         "EAGLE-3: the layer reads [hidden | embedding], not [embedding | hidden]",
-        "_mtp_attention_input",
+        "mtp_attention_input",
         'jnp.concatenate([norm(e, m["norm_e"], mc), norm(hidden, m["norm_h"], mc)], axis=-1)',
         'jnp.concatenate([norm(hidden, m["norm_h"], mc), norm(e, m["norm_e"], mc)], axis=-1)',
         ("tests/test_drafter_checkpoints.py::test_eagle3_draft_logits_match_the_reference_forward",),

@@ -429,3 +429,29 @@ def test_eagle3_vocabulary_maps_and_embeddings_are_checked(tmp_path):
         save_file(tensors, str(d / "model.safetensors"))
         with pytest.raises(ValueError, match=says):
             load_drafter(d, target)
+
+
+def test_an_eagle3_head_trained_here_loads_back_and_drafts_the_same(tmp_path):
+    """``train_mtp(layout="eagle3")`` (what ``train-drafter --kind eagle3`` runs): the target
+    stays frozen, the loss falls, and the head it writes in the public layout loads back
+    (``load_drafter``) drafting what the trained module drafts."""
+    from specjax.corpus import Corpus
+    from specjax.mtp_head import train_mtp
+    from specjax.train import StageConfig
+
+    target = load_hf_checkpoint(TARGETS["dflash_qwen3"], dtype="float32")
+    rng = np.random.default_rng(0)
+    stream = np.tile(rng.integers(3, 96, 40), 30).astype(np.int32)  # a repeating text: learnable
+    corpus = Corpus(stream[:1000], stream[1000:], ("a",), ("b",), "a tiny repeating stream")
+    sc = StageConfig(steps=6, batch=4, seq_len=32, lr=1e-2, warmup=1, eval_every=6, eval_windows=4, ckpt_every=6)
+    trained, summary = train_mtp(target, corpus, tmp_path / "head", sc, chain=2, progress=False, layout="eagle3",
+                                 taps=(2, 0, 1))
+    assert trained.config.mtp_layout == "eagle3" and trained.config.mtp_taps == (2, 0, 1)
+    for name in ("embed", "final_norm"):
+        np.testing.assert_array_equal(np.asarray(trained.params[name]), np.asarray(target.params[name]))
+    back = load_drafter(tmp_path / "head", target)
+    prompts = [PROMPTS[1], PROMPTS[2]]
+    np.testing.assert_allclose(_eagle3_logits(back, prompts[0])[1], _eagle3_logits(trained, prompts[0])[1], atol=1e-5)
+    assert specjax.generate(back, prompts, max_new_tokens=8, depth=2).tokens == \
+        specjax.generate(target, prompts, max_new_tokens=8, drafter=None).tokens
+    assert json.loads((tmp_path / "head" / "training.json").read_text())["chain"] == 2

@@ -52,8 +52,8 @@ from specjax.sharding import per_shard
 __all__ = [
     "LAYER_LOOPS", "LlamaDecoder", "Model", "ModelCache", "embed", "forward", "forward_hidden", "forward_mixed",
     "fuse_params", "head", "init_cache", "init_model", "init_mtp_params", "layer_loop", "layer_params", "logits",
-    "mtp_forward", "mtp_hidden", "mtp_input", "mtp_logits", "rms_norm", "unfuse_params", "with_draft_vocab",
-    "with_layer_loop",
+    "mtp_attention_input", "mtp_forward", "mtp_hidden", "mtp_input", "mtp_logits", "mtp_source", "rms_norm",
+    "unfuse_params", "with_draft_vocab", "with_layer_loop",
 ]
 
 
@@ -536,7 +536,7 @@ def mtp_input(params: dict, config: ModelConfig, hidden: jax.Array, next_tokens:
     return jnp.concatenate([norm(hidden, m["norm_h"], mc), norm(e, m["norm_e"], mc)], axis=-1) @ m["proj"]
 
 
-def _mtp_attention_input(params: dict, config: ModelConfig, hidden: jax.Array, next_tokens: jax.Array):
+def mtp_attention_input(params: dict, config: ModelConfig, hidden: jax.Array, next_tokens: jax.Array):
     """``(what the MTP layer's q/k/v read, its residual)``: EAGLE-3's [RMSNorm(emb(t_{i+1})) ‖
     RMSNorm(h_i)] (``2 d``) with the hidden as the residual; else the block's normed input."""
     m, mc = params["mtp"], config.mtp_config
@@ -586,7 +586,7 @@ def mtp_hidden(
     slots needs room for ``at + 1`` (a settle's ``t`` is the backlog's width, not its count).
     """
     m, mc = params["mtp"], config.mtp_config
-    h_in, x = _mtp_attention_input(params, config, hidden, next_tokens)
+    h_in, x = mtp_attention_input(params, config, hidden, next_tokens)
     q, k, v = project_qkv(m["block"], h_in, positions, mc, None)
     if cache is None:
         attn = _causal_attention(q, k, v, None)
