@@ -37,8 +37,11 @@ def attach_mtp(model: Model, seed: int = 0, dtype=jnp.float32, draft_ids=None, l
     """``model`` with a fresh MTP module (``mtp_depth=1``; the drafter chains it); ``draft_ids``:
     the target tokens it drafts over (a draft vocabulary, ``with_draft_vocab``), or all.
     ``layout="eagle3"``: an EAGLE-3 head reading the outputs of target layers ``taps``."""
+    # an EAGLE-3 head is a Llama layer whatever the target (what its public layout can express)
+    llama = {"qk_norm": False, "qkv_bias": False, "sandwich_norm": False, "mlp_act": "silu", "norm_offset": 0.0,
+             "query_pre_attn_scalar": None} if layout == "eagle3" else {}
     cfg = dataclasses.replace(model.config, mtp_depth=1, mtp_draft_vocab=0, mtp_layout=layout,
-                              mtp_taps=tuple(taps), mtp_overrides=())
+                              mtp_taps=tuple(taps), mtp_overrides=llama)
     mtp = init_mtp_params(jax.random.key(seed), cfg, dtype)
     out = Model({**model.params, "mtp": mtp}, cfg)
     return out if draft_ids is None else with_draft_vocab(out, draft_ids)
