@@ -55,9 +55,10 @@ def load_drafter(path: str | Path, target: Model, dtype=None) -> Model:
     return FORMATS[name][0].load(path, raw, target, dtype)
 
 
-def save_drafter(model: Model, path: str | Path, format: str = "dflash") -> None:  # noqa: A002
-    """Write ``model``'s drafter in a public layout (``format`` in ``FORMATS``) that
-    ``load_drafter`` and the format's own code read back."""
+def save_drafter(model: Model, path: str | Path, format: str = "dflash", dtype: str = "float32") -> None:  # noqa: A002
+    """Write ``model``'s drafter in a public layout (``format`` in ``FORMATS``; its weights in
+    ``dtype``: ``"float32"`` or ``"bfloat16"``) that ``load_drafter`` and the format's own code
+    read back."""
     if format not in FORMATS:
         raise ValueError(f"format={format!r} is invalid: one of {list(FORMATS)}")
-    FORMATS[format][0].save(model, Path(path))
+    FORMATS[format][0].save(model, Path(path), dtype)

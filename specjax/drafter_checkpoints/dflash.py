@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specjax.drafter_checkpoints.tensors import cast as _cast
 from specjax.hf import _DTYPES, _field, _Reader, _rope, _tensor_files, rope_scaling_dict
 from specjax.model import Model, unfuse_params
 from specjax.model.layers import fuse_block
@@ -144,7 +145,7 @@ def load(path: Path, raw: dict, target: Model, dtype=None) -> Model:
     return Model({**target.params, "block": params}, cfg)
 
 
-def save(model: Model, path: Path) -> None:
+def save(model: Model, path: Path, dtype: str = "float32") -> None:
     """Write ``model``'s block drafter in the DFlash layout (``config.json`` +
     ``model.safetensors``, float32), which ``load`` (and DFlash's own code) reads back."""
     from safetensors.numpy import save_file
@@ -174,15 +175,14 @@ def save(model: Model, path: Path) -> None:
         tensors[pre + "self_attn.q_norm.weight"] = unit(p["q_norm"])
         tensors[pre + "self_attn.k_norm.weight"] = unit(p["k_norm"])
     path.mkdir(parents=True, exist_ok=True)
-    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(_cast(tensors, dtype), str(path / "model.safetensors"), metadata={"format": "pt"})
     config = {
         "architectures": [ARCH], "model_type": "qwen3", "hidden_size": cfg.d_model, "vocab_size": cfg.vocab_size,
         "num_hidden_layers": cfg.block_layers, "num_target_layers": cfg.n_layers, "block_size": cfg.block_size,
         "num_attention_heads": bc.n_heads, "num_key_value_heads": bc.n_kv_heads, "head_dim": bc.head_dim,
         "intermediate_size": bc.d_ff, "rms_norm_eps": bc.norm_eps, "rope_theta": bc.rope_theta,
         "attention_bias": False, "hidden_act": "silu", "max_position_embeddings": cfg.max_seq_len,
-        "tie_word_embeddings": False, "torch_dtype": "float32", "layer_types": ["full_attention"] * cfg.block_layers,
+        "tie_word_embeddings": False, "torch_dtype": dtype, "layer_types": ["full_attention"] * cfg.block_layers,
         "dflash_config": {"mask_token_id": cfg.block_mask_id, "target_layer_ids": list(cfg.block_taps)},
     }
     if bc.rope_scaling is not None:

@@ -38,6 +38,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.drafter_checkpoints.tensors import cast as _cast
 from specjax.hf import _DTYPES, _field, _Reader, _rope, _tensor_files, rope_scaling_dict
 from specjax.model import Model, unfuse_params
 from specjax.model.layers import fuse_block
@@ -147,7 +148,7 @@ def load(path: Path, raw: dict, target: Model, dtype=None) -> Model:
     return Model({**target.params, "mtp": mtp}, cfg)
 
 
-def save(model: Model, path: Path) -> None:
+def save(model: Model, path: Path, dtype: str = "float32") -> None:
     """Write ``model``'s EAGLE-3 MTP module (``mtp_layout="eagle3"``) in the public layout
     (float32), which ``load``, vLLM and SGLang read."""
     from safetensors.numpy import save_file
@@ -178,14 +179,13 @@ def save(model: Model, path: Path) -> None:
                "t2d": t2d}
     tensors.update({"midlayer." + theirs + ".weight": f32(m["block"][ours]).T for ours, theirs in _LAYER.items()})
     path.mkdir(parents=True, exist_ok=True)
-    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(_cast(tensors, dtype), str(path / "model.safetensors"), metadata={"format": "pt"})
     config = {
         "architectures": [ARCH], "model_type": "llama", "hidden_size": cfg.d_model, "vocab_size": cfg.vocab_size,
         "draft_vocab_size": int(ids.size), "num_hidden_layers": 1, "num_attention_heads": mc.n_heads,
         "num_key_value_heads": mc.n_kv_heads, "head_dim": mc.head_dim, "intermediate_size": mc.d_ff,
         "rms_norm_eps": mc.norm_eps, "rope_theta": mc.rope_theta, "hidden_act": "silu", "attention_bias": False,
-        "max_position_embeddings": cfg.max_seq_len, "tie_word_embeddings": False, "torch_dtype": "float32",
+        "max_position_embeddings": cfg.max_seq_len, "tie_word_embeddings": False, "torch_dtype": dtype,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": [t + 1 for t in cfg.mtp_taps],
                          "use_aux_hidden_state": True},
     }
