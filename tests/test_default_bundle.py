@@ -94,3 +94,18 @@ def test_a_built_wheel_carries_the_bundled_model(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     path, n = out.stdout.split()
     assert pathlib.Path(path) == site / "specjax" / "checkpoints" / "default" and n == "4"
+
+
+def test_the_bundled_eagle3_head_loads_and_is_accepted(bundle):
+    """``checkpoints/default/eagle3`` (``train-drafter --kind eagle3``, the public EAGLE-3
+    layout) loads onto the bundled target and drafts its own continuations: greedy output is
+    plain decoding's, and it accepts far more than nothing."""
+    import specjax
+
+    model = specjax.load_drafter(DEFAULT_BUNDLE / "eagle3", bundle.model)
+    assert model.config.mtp_layout == "eagle3"
+    toks = bundle.encode_prompts(bench_prompts(4), bos=False)
+    plain = generate(bundle.model, toks, max_new_tokens=40, drafter=None)
+    spec = generate(model, toks, max_new_tokens=40, depth=3)
+    assert spec.tokens == plain.tokens and spec.metrics["drafter"] == "mtp"
+    assert spec.metrics["tok_per_step"] > 2.0, spec.metrics
