@@ -13,9 +13,17 @@ import sys
 KINDS = ("block", "eagle3")
 
 
+def _is_bundle(path: str) -> bool:
+    """Is ``path`` a specjax bundle (its ``config.json`` says so)?"""
+    cfg = pathlib.Path(path) / "config.json"
+    try:
+        return cfg.is_file() and json.loads(cfg.read_text()).get("format") == "specjax-bundle"
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return False
+
+
 def _train_eagle3(args: argparse.Namespace) -> dict:
     """``--kind eagle3``: the target frozen, the head trained on the target's own text."""
-    from specjax.cli import _is_bundle
     from specjax.mtp_head import text_corpus, train_mtp
     from specjax.train import StageConfig
 
@@ -87,8 +95,7 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     try:
         if args.block < 2:
             raise ValueError(f"--block={args.block} is invalid: a block of at least 2 positions (one draft)")
-        cfg = pathlib.Path(args.model) / "config.json"
-        if not (cfg.is_file() and json.loads(cfg.read_text()).get("format") == "specjax-bundle"):
+        if not _is_bundle(args.model):
             raise ValueError(f"--model {args.model}: not a specjax bundle (train-drafter --kind block takes bundles "
                              "for now; Hugging Face checkpoints are not supported yet)")
         bundle = load_model(args.model)

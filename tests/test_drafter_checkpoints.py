@@ -455,3 +455,20 @@ def test_an_eagle3_head_trained_here_loads_back_and_drafts_the_same(tmp_path):
     assert specjax.generate(back, prompts, max_new_tokens=8, depth=2).tokens == \
         specjax.generate(target, prompts, max_new_tokens=8, drafter=None).tokens
     assert json.loads((tmp_path / "head" / "training.json").read_text())["chain"] == 2
+
+
+@pytest.mark.parametrize("name", NATIVE)
+def test_native_mtp_layers_load_in_bfloat16(name):
+    from specjax.model.layers import norm
+    from specjax.model.llama import mtp_hidden, mtp_logits
+
+    m = load_hf_checkpoint(DRAFTERS / name, dtype="bfloat16")
+    assert {str(x.dtype) for x in jax.tree.leaves(m.params["mtp"])} == {"bfloat16"}
+    want = json.loads((DRAFTERS / name / "expected.json").read_text())["mtp"][2]["logits"]
+    prompt = json.loads((DRAFTERS / name / "expected.json").read_text())["prompts"][2]
+    tokens = jnp.array([prompt])
+    _, hidden = hidden_states(m, tokens)
+    out, _ = mtp_hidden(m.params, m.config, norm(hidden, m.params["final_norm"], m.config)[:, :-1], tokens[:, 1:],
+                        jnp.arange(len(prompt) - 1, dtype=jnp.int32)[None])
+    got, want = np.asarray(mtp_logits(m.params, m.config, out))[0], np.array(want)
+    assert np.abs(got - want).max() <= 0.05 * np.abs(want).max()

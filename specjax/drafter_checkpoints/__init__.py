@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specjax.drafter_checkpoints import dflash, eagle3
-from specjax.hf import _read_json
+from specjax.hf_io import read_json
 from specjax.model import Model
 
 __all__ = ["FORMATS", "load_drafter", "save_drafter"]
@@ -46,7 +46,7 @@ def load_drafter(path: str | Path, target: Model, dtype=None) -> Model:
     if not isinstance(target, Model):
         raise ValueError(f"target={type(target).__name__} is invalid: a specjax Model (load_model, "
                          "load_hf_checkpoint)")
-    raw = _read_json(path / "config.json")
+    raw = read_json(path / "config.json")
     name = detect(raw)
     if name is None:
         known = "; ".join(f"{n}: {how}" for n, (_, how, _) in FORMATS.items())

@@ -38,7 +38,12 @@ from pathlib import Path
 import numpy as np
 
 from specjax.drafter_checkpoints.tensors import cast as _cast
-from specjax.hf import _DTYPES, _field, _Reader, _rope, _tensor_files, rope_scaling_dict
+from specjax.hf_io import DTYPES as _DTYPES
+from specjax.hf_io import TensorReader as _Reader
+from specjax.hf_io import config_field as _field
+from specjax.hf_io import rope_fields as _rope
+from specjax.hf_io import rope_scaling_dict
+from specjax.hf_io import tensor_files as _tensor_files
 from specjax.model import Model, unfuse_params
 from specjax.model.layers import fuse_block
 

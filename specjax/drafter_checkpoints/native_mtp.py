@@ -48,7 +48,7 @@ def _layout(files, n_layers: int) -> tuple[str, str] | None:
 
 def read_native_mtp(r, raw: dict, cfg, layer_tensors, path) -> tuple[dict, str] | None:
     """The MTP module of a checkpoint's own MTP layer, ``(params["mtp"], layout)``, or ``None``
-    when it has none. ``r``: the checkpoint's tensor reader (``specjax.hf._Reader``);
+    when it has none. ``r``: the checkpoint's tensor reader (``specjax.hf_io.TensorReader``);
     ``layer_tensors(prefix)``: a decoder layer's params read as the target's layers are."""
     found = _layout(r.files, cfg.n_layers)
     if found is None:
