@@ -13,7 +13,8 @@ import pytest
 
 import specjax
 from specjax import Model, ModelConfig, batch_generate, generate, init_model, logits
-from specjax.hf import _scaling, load_hf_checkpoint, load_tokenizer
+from specjax.hf import load_hf_checkpoint, load_tokenizer
+from specjax.hf_io import rope_scaling
 from specjax.model import layer_loop, with_layer_loop
 from specjax.model.rope import rope_frequencies
 
@@ -47,7 +48,7 @@ def test_rope_frequencies_match_transformers():
     cases = json.loads((FIX / "rope_frequencies.json").read_text())
     kinds = set()
     for c in cases:
-        s = _scaling(dict(c["rope_scaling"]), "rope_scaling", {"max_position_embeddings": 131072}, Path("x"))
+        s = rope_scaling(dict(c["rope_scaling"]), "rope_scaling", {"max_position_embeddings": 131072}, Path("x"))
         inv, factor = rope_frequencies(c["head_dim"], c["theta"], s)
         np.testing.assert_allclose(inv, c["inv_freq"], rtol=2e-6, err_msg=str(c["rope_scaling"]))
         assert factor == pytest.approx(c["attention_factor"], rel=1e-6), c["rope_scaling"]
