@@ -472,3 +472,21 @@ def test_native_mtp_layers_load_in_bfloat16(name):
                         jnp.arange(len(prompt) - 1, dtype=jnp.int32)[None])
     got, want = np.asarray(mtp_logits(m.params, m.config, out))[0], np.array(want)
     assert np.abs(got - want).max() <= 0.05 * np.abs(want).max()
+
+
+def test_a_batch_job_runs_a_draft_checkpoint(tmp_path, capsys):
+    """``specjax batch --draft-checkpoint``: the job's greedy text is plain decoding's, drafted
+    by the loaded drafter (the DFlash fixture's block drafter on its target)."""
+    from specjax import cli
+
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"prompt": p, "max_new_tokens": n}) + "\n"
+                           for p, n in (("def parse", 9), ("for i in range(", 5), ("class Engine:", 12))))
+    common = ["batch", str(src), "--model", str(DRAFTERS / "qwen3_target"), "--slots", "2", "--temperature", "0",
+              "--json"]
+    assert cli.main([*common, "--out", str(tmp_path / "plain.jsonl"), "--drafter", "none"]) == 0
+    assert cli.main([*common, "--out", str(tmp_path / "block.jsonl"),
+                     "--draft-checkpoint", str(DRAFTERS / "dflash_qwen3")]) == 0
+    capsys.readouterr()
+    read = lambda name: {r["id"]: r["text"] for r in map(json.loads, (tmp_path / name).read_text().splitlines())}  # noqa: E731
+    assert read("block.jsonl") == read("plain.jsonl") and len(read("plain.jsonl")) == 3
