@@ -734,26 +734,14 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_train_mtp(args: argparse.Namespace) -> int:
     import pathlib
 
+    from specjax.cli_drafter import training_target
     from specjax.mtp_head import text_corpus, train_mtp
     from specjax.train import StageConfig
 
     try:
         if args.chain < 1:
             raise ValueError(f"--chain={args.chain} is invalid: must be >= 1")
-        if _is_bundle(args.model):
-            from specjax.checkpoint import load_model
-
-            bundle = load_model(args.model)
-            model, tok = bundle.model, bundle.tokenizer
-            encode, eos, bytes_only = (lambda t: tok.encode(t, bos=True)), tok.eos_id, True
-        else:
-            from specjax.hf import load_hf_checkpoint, load_tokenizer
-
-            if not pathlib.Path(args.model).is_dir():
-                raise ValueError(f"--model {args.model}: not a directory")
-            model = load_hf_checkpoint(args.model, dtype="float32", mtp=None)
-            tok = load_tokenizer(args.model)
-            encode, eos, bytes_only = tok.encode, (tok.eos_ids[0] if tok.eos_ids else None), False
+        model, encode, eos, bytes_only = training_target(args.model, _is_bundle(args.model))
         seq_len = min(args.seq_len, model.config.max_seq_len)
         sc = StageConfig(steps=args.steps, batch=args.batch, seq_len=seq_len, lr=args.lr,
                          warmup=args.warmup if args.warmup is not None else args.steps // 6,

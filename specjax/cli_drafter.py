@@ -22,6 +22,24 @@ def _is_bundle(path: str) -> bool:
         return False
 
 
+def training_target(path: str, bundle: bool):
+    """A frozen target to train a drafter for, and how its text is read: ``(model, encode, eos,
+    bytes_only)`` of a specjax bundle (``bundle``) or a Hugging Face checkpoint (float32)."""
+    if bundle:
+        from specjax.checkpoint import load_model
+
+        b = load_model(path)
+        tok = b.tokenizer
+        return b.model, (lambda t: tok.encode(t, bos=True)), tok.eos_id, True
+    from specjax.hf import load_hf_checkpoint, load_tokenizer
+
+    if not pathlib.Path(path).is_dir():
+        raise ValueError(f"--model {path}: not a directory")
+    model = load_hf_checkpoint(path, dtype="float32", mtp=None)
+    tok = load_tokenizer(path)
+    return model, tok.encode, (tok.eos_ids[0] if tok.eos_ids else None), False
+
+
 def _train_eagle3(args: argparse.Namespace) -> dict:
     """``--kind eagle3``: the target frozen, the head trained on the target's own text."""
     from specjax.mtp_head import text_corpus, train_mtp
@@ -29,23 +47,11 @@ def _train_eagle3(args: argparse.Namespace) -> dict:
 
     if args.chain < 1:
         raise ValueError(f"--chain={args.chain} is invalid: must be >= 1")
-    if _is_bundle(args.model):
-        from specjax.checkpoint import load_model
-        from specjax.corpus import build_corpus
+    from specjax.corpus import build_corpus
 
-        bundle = load_model(args.model)
-        model, tok = bundle.model, bundle.tokenizer
-        encode, eos, bytes_only = (lambda t: tok.encode(t, bos=True)), tok.eos_id, True
-        default_corpus = build_corpus
-    else:
-        from specjax.hf import load_hf_checkpoint, load_tokenizer
-
-        if not pathlib.Path(args.model).is_dir():
-            raise ValueError(f"--model {args.model}: not a directory")
-        model = load_hf_checkpoint(args.model, dtype="float32", mtp=None)
-        tok = load_tokenizer(args.model)
-        encode, eos, bytes_only = tok.encode, (tok.eos_ids[0] if tok.eos_ids else None), False
-        default_corpus = None
+    bundle = _is_bundle(args.model)
+    model, encode, eos, bytes_only = training_target(args.model, bundle)
+    default_corpus = build_corpus if bundle else None
     seq_len = min(args.seq_len, model.config.max_seq_len)
     if seq_len <= args.chain:
         raise ValueError(f"--seq-len={seq_len} must exceed --chain={args.chain}")

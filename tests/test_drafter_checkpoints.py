@@ -186,21 +186,28 @@ def test_mismatched_dflash_checkpoints_are_one_line_errors(tmp_path, change, say
     assert "\n" not in str(e.value)
 
 
-def test_missing_extra_and_misshapen_tensors_are_named(tmp_path):
+def _edited_copy(tmp_path, name, edit_tensors=None, **config):
+    """A copy of fixture ``name`` under ``tmp_path`` with ``config`` fields set and its tensors edited."""
     from safetensors.numpy import load_file, save_file
 
+    d = tmp_path / name
+    shutil.copytree(DRAFTERS / name, d)
+    _edit(d, **config)
+    if edit_tensors is not None:
+        tensors = load_file(str(d / "model.safetensors"))
+        edit_tensors(tensors)
+        save_file(tensors, str(d / "model.safetensors"))
+    return d
+
+
+def test_missing_extra_and_misshapen_tensors_are_named(tmp_path):
     target = load_hf_checkpoint(TARGETS["dflash_qwen3"], dtype="float32")
     for i, (edit, says) in enumerate([(lambda t: t.pop("fc.weight"), "tensor 'fc.weight' is missing"),
                        (lambda t: t.update(extra=np.zeros(2, np.float32)), "tensor 'extra' is not part of the DFlash"),
                        (lambda t: t.update({"norm.weight": np.zeros(3, np.float32)}),
                         "'norm.weight' has shape \\(3,\\), expected \\(32,\\)")]):
-        d = tmp_path / str(i)
-        shutil.copytree(DRAFTERS / "dflash_qwen3", d)
-        tensors = load_file(str(d / "model.safetensors"))
-        edit(tensors)
-        save_file(tensors, str(d / "model.safetensors"))
         with pytest.raises(ValueError, match=says):
-            load_drafter(d, target)
+            load_drafter(_edited_copy(tmp_path / str(i), "dflash_qwen3", edit), target)
     with pytest.raises(ValueError, match="is not a directory"):
         load_drafter(tmp_path / "nope", target)
     with pytest.raises(ValueError, match="target=str is invalid"):
@@ -256,32 +263,19 @@ def test_greedy_decoding_with_a_native_mtp_layer_is_plain_decoding(name, rule, c
         assert got.metrics["drafter"] == "mtp"
 
 
-def _edit_native(tmp_path, name, edit_tensors=None, **config):
-    from safetensors.numpy import load_file, save_file
-
-    d = tmp_path / name
-    shutil.copytree(DRAFTERS / name, d)
-    _edit(d, **config)
-    if edit_tensors is not None:
-        tensors = load_file(str(d / "model.safetensors"))
-        edit_tensors(tensors)
-        save_file(tensors, str(d / "model.safetensors"))
-    return d
-
-
 def test_native_mtp_refusals_are_one_line_errors(tmp_path):
     def bump(t):
         t["model.layers.3.shared_head.head.weight"] = t["model.layers.3.shared_head.head.weight"] + 1
 
     cases = [
-        (_edit_native(tmp_path, "mimo", num_nextn_predict_layers=2), {}, "num_nextn_predict_layers=2: specjax chains "
+        (_edited_copy(tmp_path, "mimo", num_nextn_predict_layers=2), {}, "num_nextn_predict_layers=2: specjax chains "
                                                                          "one MTP module"),
-        (_edit_native(tmp_path / "b", "deepseek_mtp_qwen3", bump), {}, "differs from the target's lm_head: an MTP head "
+        (_edited_copy(tmp_path / "b", "deepseek_mtp_qwen3", bump), {}, "differs from the target's lm_head: an MTP head "
                                                                       "of its own is not implemented"),
         (DRAFTERS / "mimo", {"mtp": DRAFTERS / "mimo"}, "carries its own MTP layer \\(mimo layout\\)"),
-        (_edit_native(tmp_path / "c", "qwen3_target", architectures=["DeepseekV3ForCausalLM"]), {},
+        (_edited_copy(tmp_path / "c", "qwen3_target", architectures=["DeepseekV3ForCausalLM"]), {},
          "DeepseekV3ForCausalLM needs multi-head latent attention \\(MLA\\) and mixture-of-experts layers"),
-        (_edit_native(tmp_path / "d", "qwen3_target", architectures=["Qwen3NextForCausalLM"]), {},
+        (_edited_copy(tmp_path / "d", "qwen3_target", architectures=["Qwen3NextForCausalLM"]), {},
          "Qwen3NextForCausalLM needs linear-attention"),
     ]
     for path, kw, says in cases:
@@ -413,8 +407,6 @@ def test_mismatched_eagle3_heads_are_one_line_errors(tmp_path, change, says):
 
 
 def test_eagle3_vocabulary_maps_and_embeddings_are_checked(tmp_path):
-    from safetensors.numpy import load_file, save_file
-
     target = load_hf_checkpoint(TARGETS["dflash_qwen3"], dtype="float32")
     for i, (edit, says) in enumerate([
         (lambda t: t.update(d2t=t["d2t"] + 50), "d2t maps a draft id to target id .* outside the target's vocabulary"),
@@ -422,13 +414,8 @@ def test_eagle3_vocabulary_maps_and_embeddings_are_checked(tmp_path):
         (lambda t: t.update({"embed_tokens.weight": t["embed_tokens.weight"] * 2}),
          "'embed_tokens.weight' differs from the target's embedding"),
     ]):
-        d = tmp_path / str(i)
-        shutil.copytree(DRAFTERS / "eagle3_qwen3", d)
-        tensors = load_file(str(d / "model.safetensors"))
-        edit(tensors)
-        save_file(tensors, str(d / "model.safetensors"))
         with pytest.raises(ValueError, match=says):
-            load_drafter(d, target)
+            load_drafter(_edited_copy(tmp_path / str(i), "eagle3_qwen3", edit), target)
 
 
 def test_an_eagle3_head_trained_here_loads_back_and_drafts_the_same(tmp_path):

@@ -31,19 +31,21 @@ norm eps): they become ``ModelConfig.block_overrides``. Its width must be the ta
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
 
-from specjax.drafter_checkpoints.tensors import cast as _cast
-from specjax.hf_io import DTYPES as _DTYPES
-from specjax.hf_io import TensorReader as _Reader
+from specjax.drafter_checkpoints.tensors import (
+    cast,
+    layer_overrides,
+    layer_shapes,
+    refuse_unexpressible,
+    tensor_reader,
+    with_drafter,
+)
 from specjax.hf_io import config_field as _field
-from specjax.hf_io import rope_fields as _rope
 from specjax.hf_io import rope_scaling_dict
-from specjax.hf_io import tensor_files as _tensor_files
 from specjax.model import Model, unfuse_params
 from specjax.model.layers import fuse_block
 
@@ -111,28 +113,13 @@ def load(path: Path, raw: dict, target: Model, dtype=None) -> Model:
         raise ValueError(f"{cfg_path}: field 'dflash_config.mask_token_id' is missing")
     if not (isinstance(mask, int) and 0 <= mask < tc.vocab_size):
         raise _mismatch(cfg_path, f"mask token id {mask!r} is outside the target's vocabulary [0, {tc.vocab_size})")
-    heads = _field(raw, "num_attention_heads", cfg_path)
-    rope = _rope(raw, "Qwen3ForCausalLM", cfg_path)
-    overrides = {
-        "n_heads": heads, "n_kv_heads": _field(raw, "num_key_value_heads", cfg_path, heads),
-        "head_dim": _field(raw, "head_dim", cfg_path, d // heads), "d_ff": _field(raw, "intermediate_size", cfg_path),
-        "qk_norm": True, "qkv_bias": False,
-        "norm_eps": float(_field(raw, "rms_norm_eps", cfg_path, 1e-6)), "norm_offset": 0.0, "sandwich_norm": False,
-        "mlp_act": "silu", "query_pre_attn_scalar": None, **rope,
-    }
-    try:
-        cfg = dataclasses.replace(tc, block_size=block, block_layers=n_draft, block_taps=tuple(taps),
-                                  block_mask_id=mask, block_overrides=overrides)
-    except ValueError as e:
-        raise ValueError(f"{cfg_path}: {e}") from None
-    if isinstance(dtype, str):
-        dtype = _DTYPES.get(dtype)
-    r = _Reader(_tensor_files(path), dtype if dtype is not None else target.params["embed"].dtype)
+    overrides = layer_overrides(raw, cfg_path, d, qk_norm=True, rope_arch="Qwen3ForCausalLM")
+    cfg = with_drafter(tc, cfg_path, block_size=block, block_layers=n_draft, block_taps=tuple(taps),
+                       block_mask_id=mask, block_overrides=overrides)
+    r = tensor_reader(path, dtype, target)
     bc = cfg.block_config
-    hd, f = bc.head_dim, bc.d_ff
-    nq, nkv = bc.n_heads * hd, bc.n_kv_heads * hd
-    shapes = {"wq": (d, nq), "wk": (d, nkv), "wv": (d, nkv), "wo": (nq, d), "w_gate": (d, f), "w_up": (d, f),
-              "w_down": (f, d)}
+    hd = bc.head_dim
+    shapes = layer_shapes(bc, d, d)
     layers = []
     for i in range(n_draft):
         pre = f"layers.{i}."
@@ -161,12 +148,7 @@ def save(model: Model, path: Path, dtype: str = "float32") -> None:
     if cfg.shard_groups != 1:
         raise ValueError("save the drafter of the model as loaded, not its shard_model() layout")
     bc = cfg.block_config
-    differ = [f"{k}={getattr(bc, k)!r}" for k, v in (("qk_norm", True), ("qkv_bias", False), ("sandwich_norm", False),
-                                                      ("mlp_act", "silu"), ("query_pre_attn_scalar", None))
-              if getattr(bc, k) != v]
-    if differ:
-        raise ValueError(f"the DFlash layout (Qwen3 layers: per-head q/k norms, SwiGLU) cannot express this block "
-                         f"drafter's {', '.join(differ)}")
+    refuse_unexpressible(bc, "DFlash layout (Qwen3 layers: per-head q/k norms, SwiGLU)", "block drafter", qk_norm=True)
     blk = unfuse_params(model.params, cfg)["block"]
     f32 = lambda x: np.ascontiguousarray(np.asarray(x, np.float32))  # noqa: E731
     unit = lambda w: f32(np.asarray(w, np.float32) + bc.norm_offset)  # noqa: E731  the weight as applied
@@ -180,7 +162,7 @@ def save(model: Model, path: Path, dtype: str = "float32") -> None:
         tensors[pre + "self_attn.q_norm.weight"] = unit(p["q_norm"])
         tensors[pre + "self_attn.k_norm.weight"] = unit(p["k_norm"])
     path.mkdir(parents=True, exist_ok=True)
-    save_file(_cast(tensors, dtype), str(path / "model.safetensors"), metadata={"format": "pt"})
+    save_file(cast(tensors, dtype), str(path / "model.safetensors"), metadata={"format": "pt"})
     config = {
         "architectures": [ARCH], "model_type": "qwen3", "hidden_size": cfg.d_model, "vocab_size": cfg.vocab_size,
         "num_hidden_layers": cfg.block_layers, "num_target_layers": cfg.n_layers, "block_size": cfg.block_size,

@@ -31,20 +31,23 @@ head applies ``norm`` to the layer's output, which a chain feeds back before tha
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.drafter_checkpoints.tensors import cast as _cast
-from specjax.hf_io import DTYPES as _DTYPES
+from specjax.drafter_checkpoints.tensors import (
+    cast,
+    layer_overrides,
+    layer_shapes,
+    refuse_unexpressible,
+    tensor_reader,
+    with_drafter,
+)
 from specjax.hf_io import TensorReader as _Reader
 from specjax.hf_io import config_field as _field
-from specjax.hf_io import rope_fields as _rope
 from specjax.hf_io import rope_scaling_dict
-from specjax.hf_io import tensor_files as _tensor_files
 from specjax.model import Model, unfuse_params
 from specjax.model.layers import fuse_block
 
@@ -96,27 +99,11 @@ def load(path: Path, raw: dict, target: Model, dtype=None) -> Model:
         if not (isinstance(i, int) and 1 <= i <= tc.n_layers):
             raise _mismatch(cfg_path, f"aux layer id {i!r} (eagle_aux_hidden_state_layer_ids: the hidden state "
                                       f"entering that layer) is outside the target's layers 1 .. {tc.n_layers}")
-    heads = _field(raw, "num_attention_heads", cfg_path)
-    overrides = {
-        "n_heads": heads, "n_kv_heads": _field(raw, "num_key_value_heads", cfg_path, heads),
-        "head_dim": _field(raw, "head_dim", cfg_path, d // heads), "d_ff": _field(raw, "intermediate_size", cfg_path),
-        "qk_norm": False, "qkv_bias": False, "norm_eps": float(_field(raw, "rms_norm_eps", cfg_path, 1e-6)),
-        "norm_offset": 0.0, "sandwich_norm": False, "mlp_act": "silu", "query_pre_attn_scalar": None,
-        **_rope(raw, "LlamaForCausalLM", cfg_path),
-    }
-    try:
-        cfg = dataclasses.replace(tc, mtp_depth=1, mtp_layout="eagle3", mtp_taps=tuple(i - 1 for i in ids),
-                                  mtp_draft_vocab=n, mtp_overrides=overrides)
-    except ValueError as e:
-        raise ValueError(f"{cfg_path}: {e}") from None
-    if isinstance(dtype, str):
-        dtype = _DTYPES.get(dtype)
-    r = _Reader(_tensor_files(path), dtype if dtype is not None else target.params["embed"].dtype)
-    mc = cfg.mtp_config
-    hd, f = mc.head_dim, mc.d_ff
-    nq, nkv = mc.n_heads * hd, mc.n_kv_heads * hd
-    shapes = {"wq": (2 * d, nq), "wk": (2 * d, nkv), "wv": (2 * d, nkv), "wo": (nq, d), "w_gate": (d, f),
-              "w_up": (d, f), "w_down": (f, d)}
+    overrides = layer_overrides(raw, cfg_path, d, qk_norm=False, rope_arch="LlamaForCausalLM")
+    cfg = with_drafter(tc, cfg_path, mtp_depth=1, mtp_layout="eagle3", mtp_taps=tuple(i - 1 for i in ids),
+                       mtp_draft_vocab=n, mtp_overrides=overrides)
+    r = tensor_reader(path, dtype, target)
+    shapes = layer_shapes(cfg.mtp_config, d, 2 * d)
     blk = {ours: r.get(f"midlayer.{theirs}.weight", shapes[ours], transpose=True) for ours, theirs in _LAYER.items()}
     blk["mlp_norm"] = r.get("midlayer.post_attention_layernorm.weight", (d,))
     raw_reader = _Reader(r.files, None, host=True)  # stored dtypes, on the host
@@ -162,11 +149,7 @@ def save(model: Model, path: Path, dtype: str = "float32") -> None:
     if cfg.mtp_layout != "eagle3" or "mtp" not in model.params:
         raise ValueError(f"the model has no EAGLE-3 head to save (mtp_layout={cfg.mtp_layout!r})")
     mc = cfg.mtp_config
-    differ = [f"{k}={getattr(mc, k)!r}" for k, v in (("qk_norm", False), ("qkv_bias", False), ("sandwich_norm", False),
-                                                      ("mlp_act", "silu"), ("query_pre_attn_scalar", None))
-              if getattr(mc, k) != v]
-    if differ:
-        raise ValueError(f"the EAGLE-3 layout (a Llama layer) cannot express this head's {', '.join(differ)}")
+    refuse_unexpressible(mc, "EAGLE-3 layout (a Llama layer)", "head", qk_norm=False)
     m = unfuse_params(model.params, cfg)["mtp"]
     f32 = lambda x: np.ascontiguousarray(np.asarray(x, np.float32))  # noqa: E731
     unit = lambda w: f32(np.asarray(w, np.float32) + mc.norm_offset)  # noqa: E731
@@ -184,7 +167,7 @@ def save(model: Model, path: Path, dtype: str = "float32") -> None:
                "t2d": t2d}
     tensors.update({"midlayer." + theirs + ".weight": f32(m["block"][ours]).T for ours, theirs in _LAYER.items()})
     path.mkdir(parents=True, exist_ok=True)
-    save_file(_cast(tensors, dtype), str(path / "model.safetensors"), metadata={"format": "pt"})
+    save_file(cast(tensors, dtype), str(path / "model.safetensors"), metadata={"format": "pt"})
     config = {
         "architectures": [ARCH], "model_type": "llama", "hidden_size": cfg.d_model, "vocab_size": cfg.vocab_size,
         "draft_vocab_size": int(ids.size), "num_hidden_layers": 1, "num_attention_heads": mc.n_heads,
