@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  stale  {m.name}: {why}")
         print(f"{len(selected) - len(stale)}/{len(selected)} mutations apply")
         return 1 if stale else 0
-    os.environ["HYPOTHESIS_PROFILE"] = "ci"
+    os.environ["HYPOTHESIS_PROFILE"] = "mutation"  # tests/conftest.py: the suite's examples, no shrinking
     xla_env.configure()  # before the first run starts the forkserver (its jax reads these at import)
     scratch = Path(tempfile.mkdtemp(prefix="specjax-mutations-"))
     trees: queue.Queue[Path] = queue.Queue()

@@ -253,30 +253,9 @@ def bench(
     plain and every chain depth of its drafter."""
     from tqdm import tqdm
 
-    from specjax.drafters import DRAFTERS
     from specjax.engine import prompt_bucket
-    from specjax.validate import MAX_DEPTH
 
-    bad = [d for d in drafters if d not in DRAFTERS]
-    if bad:
-        raise ValueError(f"drafters={list(drafters)} is invalid: each must be one of {list(DRAFTERS)}")
-    if not workloads or any(w not in WORKLOADS for w in workloads):
-        raise ValueError(f"workloads={list(workloads)} is invalid: each must be one of {list(WORKLOADS)}")
-    if not isinstance(rounds, int) or rounds < 1:
-        raise ValueError(f"rounds={rounds!r} is invalid: must be an int >= 1")
-    if not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
-        raise ValueError(f"depth={depth!r} is invalid: must be an int in [1, {MAX_DEPTH}]")
-    from specjax.generation_config import GenerationConfig
-
-    for t in trees:
-        spec, _, d = t.removesuffix(AUTO_TREE).partition("@")
-        d = int(d) if d.isdigit() else depth
-        # a bad tree: an error before any run
-        fixed = {} if not spec.startswith("dynamic") else dict(depth=d)  # a preset sets its own depth
-        GenerationConfig(tree=spec, **(dict(depth="auto", max_depth=d) if t.endswith(AUTO_TREE) else fixed))
-    if any(not t.startswith("dynamic") for t in trees) and "mtp" not in drafters:
-        raise ValueError(f"trees={list(trees)} holds a preset, which needs the mtp drafter among "
-                         f"drafters={list(drafters)}")
+    _check_bench(drafters, workloads, rounds, depth, trees)
     prompts = bench_prompts(n_prompts)
     for b in batches:
         if not isinstance(b, int) or b < 1 or len(prompts) % b:
@@ -303,6 +282,44 @@ def bench(
         rows += _cell(bundle, toks[wl], t, wl, b, _configs(drafters, depth, wl, trees), depth, max_new_tokens,
                       rounds, bar)
     bar.close()
+    _compare(rows)
+    settings = {"batches": list(batches), "drafters": list(drafters), "depth": depth, "workloads": list(workloads),
+                "max_new_tokens": max_new_tokens, "prompts": len(prompts), "temperatures": list(temperatures),
+                "sampled_top_p": SAMPLED_TOP_P, "rounds": rounds, "trees": list(trees),
+                "bundle": str(bundle.path)}
+    return {"machine": machine(), "settings": settings, "rows": rows}
+
+
+def _check_bench(drafters, workloads, rounds, depth, trees) -> None:
+    """``bench``'s settings, each failing by name before any run."""
+    from specjax.drafters import DRAFTERS
+    from specjax.generation_config import GenerationConfig
+    from specjax.validate import MAX_DEPTH
+
+    bad = [d for d in drafters if d not in DRAFTERS]
+    if bad:
+        raise ValueError(f"drafters={list(drafters)} is invalid: each must be one of {list(DRAFTERS)}")
+    if not workloads or any(w not in WORKLOADS for w in workloads):
+        raise ValueError(f"workloads={list(workloads)} is invalid: each must be one of {list(WORKLOADS)}")
+    if not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds={rounds!r} is invalid: must be an int >= 1")
+    if not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
+        raise ValueError(f"depth={depth!r} is invalid: must be an int in [1, {MAX_DEPTH}]")
+    for t in trees:
+        spec, _, d = t.removesuffix(AUTO_TREE).partition("@")
+        d = int(d) if d.isdigit() else depth
+        # a bad tree: an error before any run
+        fixed = {} if not spec.startswith("dynamic") else dict(depth=d)  # a preset sets its own depth
+        GenerationConfig(tree=spec, **(dict(depth="auto", max_depth=d) if t.endswith(AUTO_TREE) else fixed))
+    if any(not t.startswith("dynamic") for t in trees) and "mtp" not in drafters:
+        raise ValueError(f"trees={list(trees)} holds a preset, which needs the mtp drafter among "
+                         f"drafters={list(drafters)}")
+
+
+def _compare(rows: list[dict]) -> None:
+    """Each row's ratios beside its peers of the same (temperature, workload, batch): over plain
+    decoding (``speedup_vs_plain``, per round too), an auto row over the best fixed depth, a tree
+    row over the best chain."""
     for row in rows:
         plain = next(x for x in rows if x["batch"] == row["batch"] and x["drafter"] == "none"
                      and x["temperature"] == row["temperature"] and x["workload"] == row["workload"])
@@ -328,11 +345,6 @@ def bench(
             best = max(peers, key=lambda x: x["tok_per_s"])
             row["vs_best_chain"] = row["tok_per_s"] / best["tok_per_s"]
             row["best_chain"] = "plain" if best["drafter"] == "none" else f"depth {best['depth']}"
-    settings = {"batches": list(batches), "drafters": list(drafters), "depth": depth, "workloads": list(workloads),
-                "max_new_tokens": max_new_tokens, "prompts": len(prompts), "temperatures": list(temperatures),
-                "sampled_top_p": SAMPLED_TOP_P, "rounds": rounds, "trees": list(trees),
-                "bundle": str(bundle.path)}
-    return {"machine": machine(), "settings": settings, "rows": rows}
 
 
 def table(result: dict) -> str:

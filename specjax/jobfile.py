@@ -13,6 +13,7 @@ holds only complete lines, and the exit status is 130/143.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -22,7 +23,7 @@ from typing import Any
 
 from specjax import interrupt
 
-__all__ = ["FIELDS", "completed_ids", "read_requests", "read_text", "run_job"]
+__all__ = ["FIELDS", "JobFiles", "completed_ids", "read_requests", "read_text", "run_job"]
 
 FIELDS = ("id", "prompt", "max_new_tokens", "temperature", "top_p", "top_k", "seed")
 _TYPES = {"max_new_tokens": (int,), "top_k": (int,), "seed": (int,), "temperature": (int, float),
@@ -114,103 +115,143 @@ def _check_writable(flag: str, path: str) -> None:
         raise ValueError(f"{flag} {path}: its folder {folder} is not writable")
 
 
-def run_job(args, runner, kw: dict) -> int:
-    """Run the job described by ``args`` (parsed CLI) with ``runner`` (model, encode, decode);
-    ``kw``: ``batch_generate`` keywords. Returns the exit status."""
+@dataclasses.dataclass(frozen=True)
+class JobFiles:
+    """Where a job reads and writes: ``input`` (JSONL requests), ``out`` (JSONL completions,
+    appended), ``stats`` (the summary as JSON, or None); ``resume``: continue ``out``."""
+
+    input: str
+    out: str
+    stats: str | None = None
+    resume: bool = False
+
+    def check(self) -> None:
+        """Each path usable before anything compiles or is written; an error names the flag."""
+        if os.path.exists(self.out) and not self.resume:
+            raise ValueError(f"--out {self.out} exists: pass --resume to continue it, or choose another file")
+        if os.path.isdir(self.out):
+            raise ValueError(f"--out {self.out} is a directory")
+        _check_writable("--out", self.out)
+        if self.stats is not None:
+            if os.path.abspath(self.stats) in (os.path.abspath(self.out), os.path.abspath(self.input)):
+                raise ValueError(f"--stats {self.stats} is the job's input or output file")
+            if os.path.isdir(self.stats):
+                raise ValueError(f"--stats {self.stats} is a directory")
+            _check_writable("--stats", self.stats)
+
+
+@dataclasses.dataclass
+class _Tally:
+    """What the written completions add up to, and the progress bar's figures."""
+
+    written: int = 0
+    tokens: int = 0
+    accepted: int = 0
+    steps: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # the prefix cache's hits
+    timings: list = dataclasses.field(default_factory=list)  # each written request's latency figures
+    first: tuple[float, int] | None = None  # (time, tokens) at the first completion: the rate counts from there
+
+    def add(self, m: dict, fields: tuple) -> None:
+        self.written += 1
+        self.tokens += m["num_tokens"]
+        self.accepted += m["accepted_drafts"]
+        self.steps += m["steps"]
+        self.prompt_tokens += m["prompt_tokens"]
+        self.cached_tokens += m["cached_tokens"]
+        self.timings.append({k: m[k] for k in fields})
+
+    def postfix(self, bar) -> None:
+        now, mean = time.perf_counter(), f"{(self.accepted + self.steps) / max(self.steps, 1):.2f}"
+        if self.first is None:  # compile and the first rows' decode are behind: no honest rate yet
+            self.first = (now, self.tokens)
+            bar.set_postfix(mean_acc_len=mean)
+        else:
+            rate = (self.tokens - self.first[1]) / max(now - self.first[0], 1e-9)
+            bar.set_postfix(tok_s=f"{rate:.0f}", mean_acc_len=mean)
+
+
+def run_job(files: JobFiles, runner, kw: dict, *, json_out: bool = False, progress: bool = True) -> int:
+    """Run the job in ``files`` with ``runner`` (model, encode, decode); ``kw``: ``batch_generate``
+    keywords. Prints a summary (one JSON line with ``json_out``); returns the exit status."""
     from tqdm import tqdm
 
     from specjax.batch import batch_generate
-    from specjax.latency import LATENCY_FIELDS, latency_line, latency_summary
+    from specjax.latency import LATENCY_FIELDS
 
-    reqs = read_requests(args.input)
-    if os.path.exists(args.out) and not args.resume:
-        raise ValueError(f"--out {args.out} exists: pass --resume to continue it, or choose another file")
-    if os.path.isdir(args.out):
-        raise ValueError(f"--out {args.out} is a directory")
-    _check_writable("--out", args.out)
-    stats = getattr(args, "stats", None)
-    if stats is not None:
-        if os.path.abspath(stats) in (os.path.abspath(args.out), os.path.abspath(args.input)):
-            raise ValueError(f"--stats {stats} is the job's input or output file")
-        if os.path.isdir(stats):
-            raise ValueError(f"--stats {stats} is a directory")
-        _check_writable("--stats", stats)
+    reqs = read_requests(files.input)
+    files.check()
     encoded = [{**r, "prompt": runner.encode(r["prompt"])} for _, r in reqs]
-    where = [f"{args.input} line {n}" for n, _ in reqs]
-    skip = completed_ids(args.out) if args.resume and os.path.exists(args.out) else set()
+    where = [f"{files.input} line {n}" for n, _ in reqs]
+    skip = completed_ids(files.out) if files.resume and os.path.exists(files.out) else set()
     todo = [i for i, r in enumerate(encoded) if r["id"] not in skip]
     stopped: list[int] = []
-
-    def on_signal(signum, frame):
-        stopped.append(signum)
-
     # validates every request (naming its line) before anything compiles or is written
     jobs = batch_generate(runner.model, [encoded[i] for i in todo], where=[where[i] for i in todo],
                           stop=lambda: bool(stopped), **kw)
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    t0, n_tok, acc, steps, written = time.perf_counter(), 0, 0, 0, 0
-    prompt_tok, cached_tok = 0, 0  # the prefix cache's hits
-    timings: list[dict] = []  # each written request's latency figures
-    first: tuple[float, int] | None = None  # (time, tokens) at the first completion: the rate counts from there
-    bar = tqdm(total=len(todo), desc="batch", unit="req", disable=args.json, file=sys.stderr)
+    old = {s: signal.signal(s, lambda signum, frame: stopped.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    t0, tally = time.perf_counter(), _Tally()
+    bar = tqdm(total=len(todo), desc="batch", unit="req", disable=json_out or not progress, file=sys.stderr)
     bar.set_postfix_str("compiling (once per shape; later runs read the compilation cache)")
 
     def stopped_line() -> str:  # the one line of a stop, graceful or not (lines are fsynced as written)
         name = "SIGTERM" if stopped and stopped[0] == signal.SIGTERM else "SIGINT"
-        return (f"specjax batch: stopped by {name}: {written} requests written to {args.out}; rerun with --resume "
-                "to finish")
+        return (f"specjax batch: stopped by {name}: {tally.written} requests written to {files.out}; rerun with "
+                "--resume to finish")
 
     try:
-        with interrupt.saying(stopped_line), open(args.out, "a", encoding="utf-8") as out:
+        with interrupt.saying(stopped_line), open(files.out, "a", encoding="utf-8") as out:
             for c in jobs:
                 line = {"id": c.id, "text": runner.decode(c.tokens), "finish_reason": c.finish_reason,
                         "num_tokens": c.metrics["num_tokens"], "tok_per_step": c.metrics["tok_per_step"]}
                 out.write(json.dumps(line) + "\n")
                 out.flush()
                 os.fsync(out.fileno())
-                written += 1
-                n_tok += c.metrics["num_tokens"]
-                acc += c.metrics["accepted_drafts"]
-                steps += c.metrics["steps"]
-                prompt_tok += c.metrics["prompt_tokens"]
-                cached_tok += c.metrics["cached_tokens"]
-                timings.append({k: c.metrics[k] for k in LATENCY_FIELDS})
+                tally.add(c.metrics, LATENCY_FIELDS)
                 bar.update(1)
-                now = time.perf_counter()
-                if first is None:  # compile and the first rows' decode are behind: no honest rate yet
-                    first = (now, n_tok)
-                    bar.set_postfix(mean_acc_len=f"{(acc + steps) / max(steps, 1):.2f}")
-                else:
-                    rate = (n_tok - first[1]) / max(now - first[0], 1e-9)
-                    bar.set_postfix(tok_s=f"{rate:.0f}", mean_acc_len=f"{(acc + steps) / max(steps, 1):.2f}")
+                tally.postfix(bar)
                 if stopped:
                     break
     finally:
         bar.close()
         for s, h in old.items():
             signal.signal(s, h)
-    dt = time.perf_counter() - t0
-    summary = {"requests": len(reqs), "skipped": len(skip & {r["id"] for r in encoded}), "written": written,
-               "new_tokens": n_tok, "seconds": dt, "tok_per_s_incl_compile": n_tok / dt if dt else 0.0,
-               "mean_accepted_length": (acc + steps) / steps if steps else 0.0, "out": args.out,
-               "latency": latency_summary(timings),
-               "prefix_cache": {"prompt_tokens": prompt_tok, "cached_tokens": cached_tok,
-                                "hit_rate": cached_tok / prompt_tok if prompt_tok else 0.0}}
-    if stats is not None:
-        with open(stats, "w", encoding="utf-8") as f:
+    summary = _summary(tally, len(reqs), len(skip & {r["id"] for r in encoded}), time.perf_counter() - t0, files.out)
+    if files.stats is not None:
+        with open(files.stats, "w", encoding="utf-8") as f:
             f.write(json.dumps(summary, indent=1) + "\n")
     if stopped:
         interrupt.say_once(stopped_line())
         return 130 if stopped[0] == signal.SIGINT else 143
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        print(f"{written} requests ({summary['skipped']} skipped as already done) -> {args.out}: "
-              f"{n_tok} tokens, {summary['tok_per_s_incl_compile']:.1f} tok/s (incl. compile), "
-              f"mean accepted length {summary['mean_accepted_length']:.2f}")
-        if timings:
-            print(latency_line(summary["latency"]))
-        if cached_tok:
-            print(f"prefix cache: {cached_tok} of {prompt_tok} prompt tokens reused "
-                  f"({100 * summary['prefix_cache']['hit_rate']:.1f}%)")
+    _report(summary, json_out)
     return 0
+
+
+def _summary(tally: _Tally, requests: int, skipped: int, dt: float, out: str) -> dict:
+    from specjax.latency import latency_summary
+
+    n_tok, steps, prompt_tok, cached_tok = tally.tokens, tally.steps, tally.prompt_tokens, tally.cached_tokens
+    return {"requests": requests, "skipped": skipped, "written": tally.written,
+            "new_tokens": n_tok, "seconds": dt, "tok_per_s_incl_compile": n_tok / dt if dt else 0.0,
+            "mean_accepted_length": (tally.accepted + steps) / steps if steps else 0.0, "out": out,
+            "latency": latency_summary(tally.timings),
+            "prefix_cache": {"prompt_tokens": prompt_tok, "cached_tokens": cached_tok,
+                             "hit_rate": cached_tok / prompt_tok if prompt_tok else 0.0}}
+
+
+def _report(summary: dict, json_out: bool) -> None:
+    from specjax.latency import latency_line
+
+    if json_out:
+        print(json.dumps(summary))
+        return
+    print(f"{summary['written']} requests ({summary['skipped']} skipped as already done) -> {summary['out']}: "
+          f"{summary['new_tokens']} tokens, {summary['tok_per_s_incl_compile']:.1f} tok/s (incl. compile), "
+          f"mean accepted length {summary['mean_accepted_length']:.2f}")
+    if summary["written"]:
+        print(latency_line(summary["latency"]))
+    cache = summary["prefix_cache"]
+    if cache["cached_tokens"]:
+        print(f"prefix cache: {cache['cached_tokens']} of {cache['prompt_tokens']} prompt tokens reused "
+              f"({100 * cache['hit_rate']:.1f}%)")

@@ -38,9 +38,13 @@ def _prune(folder: str, limit: int) -> None:
 if xla_env.cache_folder() != "off" and "PYTEST_XDIST_WORKER" not in os.environ:
     _prune(os.environ["JAX_COMPILATION_CACHE_DIR"], _XLA_CACHE_BYTES)  # before any worker compiles
 
-from hypothesis import settings  # noqa: E402
+from hypothesis import Phase, settings  # noqa: E402
 
 settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True)
+# the mutation check's: the same examples, and a failure is its verdict as it stands (shrinking
+# it to a minimal example compiles one program per try: a minute for one caught entry)
+settings.register_profile("mutation", max_examples=25, deadline=None, derandomize=True,
+                          phases=(Phase.explicit, Phase.reuse, Phase.generate), report_multiple_bugs=False)
 settings.register_profile("dev", max_examples=25, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 

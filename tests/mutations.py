@@ -280,7 +280,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "bits/byte counts BOS/EOS labels as bytes",
-        "_ce",
+        "cross_entropy",
         "    mask = over < 256 if bytes_only else over >= 0\n",
         "    mask = over >= 0\n",
         ("tests/test_train.py::test_bits_per_byte_counts_byte_labels_only",),
@@ -586,7 +586,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "CLI: --layer-loop scan leaves the model's layers listed (unrolled)",
-        "_TextRunner.__init__",
+        "TextRunner.__init__",
         "        self.model = with_layer_loop(self.model, args.layer_loop)\n",
         "",
         ("tests/test_bundle.py::test_cli_generate_json_and_stream",),
@@ -644,7 +644,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "auto depth: the slowest row's lateness read one live row short (max_normal_table)",
-        "choose",
+        "_makespan_steps",
         "jnp.asarray(max_normal_table(live.shape[0]))[jnp.sum(live)]",
         "jnp.asarray(max_normal_table(live.shape[0]))[jnp.sum(live) - 1]",
         ("tests/test_depth_policy.py::test_makespan_counts_the_spread_of_the_slowest_row",),
@@ -802,7 +802,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "makespan pool: a row's first verdicts count as much as its hundredth",
-        "choose",
+        "_makespan_steps",
         "            own = own * n / (n + pool)",
         "            own = own * 1.0",
         ("tests/test_depth_policy.py::test_makespan_pools_rows_with_few_verdicts_towards_the_batch",),
@@ -816,7 +816,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "makespan: the batch's time summed over its rows, not set by its slowest row",
-        "choose",
+        "_makespan_steps",
         "                return jnp.max(jnp.where(live, left / mu, 0.0))",
         "                return jnp.sum(jnp.where(live, left / mu, 0.0))",
         ("tests/test_depth_policy.py::test_makespan_follows_the_row_that_finishes_last",),
@@ -865,14 +865,14 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "makespan: each row's own noisy estimate, not pooled towards the batch mean",
-        "choose",
+        "_makespan_steps",
         "        pooled = own * est + (1.0 - own) * mean[None]\n",
         "        pooled = est\n",
         ("tests/test_depth_policy.py::test_makespan_follows_the_row_that_finishes_last",),
     ),
     Mutation(
         "makespan: spread=1 ignored (the makespan of expected steps)",
-        "choose",
+        "_makespan_steps",
         "            return jnp.max(jnp.where(live, left / mu + z * sd, 0.0))\n",
         "            return jnp.max(jnp.where(live, left / mu, 0.0))\n",
         ("tests/test_depth_policy.py::test_makespan_counts_the_spread_of_the_slowest_row",),
@@ -1299,7 +1299,7 @@ MUTATIONS: list[Mutation] = [
     # --- controlled acceptance, the at-scale bench, MTP draft vocabularies ---
     Mutation(
         "scale: the roofline keeps XLA's gather bytes (a whole embedding per token lookup)",
-        "_roofline",
+        "roofline",
         "    nbytes = max(raw - over, 0.0)",
         "    nbytes = raw",
         ("tests/test_controlled.py::test_bench_shape_reports_every_row_at_a_known_acceptance",),
@@ -1376,21 +1376,21 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "scale: a tree row's forward is the chain's window, not the tree's",
-        "bench_shape",
+        "_compile_rows",
         '            runs[row] = {"eng": eng, "params": params, "st0": st0, "window": eng.window,',
         '            runs[row] = {"eng": eng, "params": params, "st0": st0, "window": depth + 1,',
         ("tests/test_controlled.py::test_bench_shape_reports_every_row_at_a_known_acceptance",),
     ),
     Mutation(
         "scale: layer_loop ignored (the models run as built)",
-        "bench_shape",
+        "specjax/scale.py::_models",
         "        target = with_layer_loop(target, layer_loop)\n",
         "        target = target\n",
         ("tests/test_controlled.py::test_bench_shape_lays_the_layers_out_as_asked",),
     ),
     Mutation(
         'scale: efficiency leaves out the tokens per step',
-        "bench_shape",
+        "_row_report",
         '"efficiency": (tps / plain_tps) / (m["tok_per_step"] * plain_ms / fwd[w]),',
         '"efficiency": (tps / plain_tps) / (plain_ms / fwd[w]),',
         ('tests/test_controlled.py::test_bench_shape_reports_every_row_at_a_known_acceptance',),
@@ -1411,7 +1411,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "scale breakdown: a part's loop runs it once more than it divides by",
-        "_part_loop",
+        "part_loop",
         "jax.lax.fori_loop(1, n, body,",
         "jax.lax.fori_loop(0, n, body,",
         ("tests/test_controlled.py::test_a_steps_timed_parts_compose_to_the_step",),
@@ -1461,7 +1461,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         'draft vocabulary: training labels are not mapped into it',
-        "_draft_labels",
+        "draft_labels",
         '    return jnp.where(labels >= 0, index[jnp.clip(labels, 0, config.vocab_size - 1)], -1)',
         '    return labels',
         ('tests/test_draft_vocab.py::test_draft_labels_map_into_the_vocabulary',),
@@ -1518,7 +1518,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "cli: Ctrl-C prints a traceback",
-        "specjax/cli.py::main",
+        "specjax/cli/__init__.py::main",
         "    except KeyboardInterrupt:  # Ctrl-C",
         "    except ArithmeticError:  # Ctrl-C",
         ("tests/test_cli.py::test_ctrl_c_is_one_line_and_exit_130",),
@@ -1712,23 +1712,23 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "latency: a row's first token timed at its admit's start (the prefill not counted)",
-        "specjax/batch/scheduler.py::schedule",
-        "timed[s] = Timed(arrived.pop(r.id), t_admit, t_first, i_now, ",
-        "timed[s] = Timed(arrived.pop(r.id), t_admit, t_admit, i_now, ",
+        "specjax/batch/scheduler.py::_Scheduler.first_tokens",
+        "self.timed[s] = Timed(arrival, t_admit, t_first, self.i_now, ",
+        "self.timed[s] = Timed(arrival, t_admit, t_admit, self.i_now, ",
         ("tests/test_latency.py::test_an_admit_stalls_exactly_the_rows_live_across_it",),
     ),
     Mutation(
         "latency: a listed job's requests arrive when read ahead, not at the job's start",
-        "specjax/batch/scheduler.py::schedule",
-        "arrived[nxt.id] = start if listed else latency.now()",
-        "arrived[nxt.id] = latency.now()",
+        "specjax/batch/scheduler.py::_Scheduler.read_ahead",
+        "self.arrived[nxt.id] = self.start if self.listed else latency.now()",
+        "self.arrived[nxt.id] = latency.now()",
         ("tests/test_latency.py::test_an_admit_stalls_exactly_the_rows_live_across_it",),
     ),
     Mutation(
         "latency: a row's steps placed one global step late",
-        "specjax/batch/scheduler.py::schedule",
-        "timed[s] = Timed(arrived.pop(r.id), t_admit, t_first, i_now, ",
-        "timed[s] = Timed(arrived.pop(r.id), t_admit, t_first, i_now + 1, ",
+        "specjax/batch/scheduler.py::_Scheduler.first_tokens",
+        "self.timed[s] = Timed(arrival, t_admit, t_first, self.i_now, ",
+        "self.timed[s] = Timed(arrival, t_admit, t_first, self.i_now + 1, ",
         ("tests/test_latency.py::test_an_admit_stalls_exactly_the_rows_live_across_it",),
     ),
 Mutation(
@@ -1747,9 +1747,9 @@ Mutation(
     ),
 Mutation(
         "latency: the timeline forgets calls a running row still needs (newest row's start, not oldest)",
-        "specjax/batch/scheduler.py::schedule",
-        "timeline.drop_before(min((t.start_step for t in timed if t is not None), default=i_now))",
-        "timeline.drop_before(max((t.start_step for t in timed if t is not None), default=i_now))",
+        "specjax/batch/scheduler.py::_Scheduler.decode_round",
+        "self.timeline.drop_before(min((t.start_step for t in self.timed if t is not None), default=self.i_now))",
+        "self.timeline.drop_before(max((t.start_step for t in self.timed if t is not None), default=self.i_now))",
         ("tests/test_latency.py::test_a_row_keeps_its_timeline_while_newer_rows_run_beside_it",),
     ),
 # --- chunked prefill ---
@@ -1783,14 +1783,14 @@ Mutation(
     ),
     Mutation(
         "chunked prefill: decoding runs sync_every steps between chunks (a long prompt waits)",
-        "specjax/batch/scheduler.py::schedule",
+        "specjax/batch/scheduler.py::_Scheduler.decode_round",
         "        steps = 1 if pending else sync_every",
         "        steps = sync_every",
         ("tests/test_chunked_prefill.py::test_a_long_prompt_stalls_the_running_rows_one_chunk_at_a_time",),
     ),
     Mutation(
         "chunked prefill: a pending row is harvested as finished",
-        "specjax/batch/scheduler.py::schedule",
+        "specjax/batch/scheduler.py::_Scheduler.decode_round",
         "        done[list(waiting)] = False  # pending rows are not finished\n",
         "",
         ("tests/test_chunked_prefill.py::test_chunked_jobs_give_every_request_its_alone_tokens",),
@@ -1798,8 +1798,8 @@ Mutation(
 Mutation(
         "chunked prefill: depth='auto' times its cost table while only pending rows are held",
         "specjax/batch/scheduler.py::schedule",
-        "        if not table_ready and busy > len(waiting):",
-        "        if not table_ready:",
+        "        if not job.table_ready and busy > len(waiting):",
+        "        if not job.table_ready:",
         ("tests/test_chunked_prefill.py::test_auto_depth_times_its_table_on_running_rows_not_pending_ones",),
     ),
     Mutation(
@@ -1970,7 +1970,7 @@ Mutation(
     ),
     Mutation(
         "prefix cache, MTP: keys end at the page (a page's last block entry read another prompt's next token)",
-        "batch_generate",
+        "_make_job",
         "key_ahead=int(drafter == \"mtp\")",
         "key_ahead=0",
         ("tests/test_prefix_cache.py::test_rows_sharing_prefixes_equal_generate_alone",),
@@ -1998,9 +1998,9 @@ Mutation(
     ),
     Mutation(
         "prefix cache with chunked prefill: a pending admit's rows ignore their cached pages (start at 0)",
-        "specjax/batch/scheduler.py::schedule",
-        "                    st, sub = begin_chunked(eng, st, *args, shared)\n",
-        "                    st, sub = begin_chunked(eng, st, *args)\n",
+        "specjax/batch/scheduler.py::_Scheduler.begin_chunked",
+        "                    self.st, sub = begin_chunked(self.eng, self.st, *args, shared)\n",
+        "                    self.st, sub = begin_chunked(self.eng, self.st, *args)\n",
         ("tests/test_prefix_cache.py::test_chunked_prefills_start_past_their_cached_pages",),
     ),
     # --- tree budget: a token tree under depth="auto" ---

@@ -141,7 +141,9 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "cmd_generate", interrupted)  # the parser is built inside main: it takes this one
+    from specjax.cli import text
+
+    monkeypatch.setattr(text, "cmd_generate", interrupted)  # the parser is built inside main: it takes this one
     try:
         rc = cli.main(["generate", "x"])
     except KeyboardInterrupt:
@@ -238,7 +240,9 @@ def test_a_slow_compile_shows_progress_on_stderr_when_it_is_not_a_terminal(capsy
     ``done()`` stops them; ``--json`` (quiet) prints none."""
     import time
 
-    status = cli._Status("specjax generate: compiling ...", after=0.05, every=0.1)
+    from specjax.cli.runner import Status
+
+    status = Status("specjax generate: compiling ...", after=0.05, every=0.1)
     lines, deadline = [], time.monotonic() + 10
     while len(lines) < 2 and time.monotonic() < deadline:  # a loaded machine schedules the thread late
         time.sleep(0.05)
@@ -247,7 +251,7 @@ def test_a_slow_compile_shows_progress_on_stderr_when_it_is_not_a_terminal(capsy
     assert len(lines) >= 2 and all(ln.startswith("specjax generate: compiling ... ") for ln in lines), lines
     time.sleep(0.3)
     assert len(capsys.readouterr().err.splitlines()) <= 1  # at most the line being written as it stopped
-    quiet = cli._Status("x", quiet=True, after=0.01)
+    quiet = Status("x", quiet=True, after=0.01)
     time.sleep(0.1)
     quiet.done()
     assert capsys.readouterr().err == ""

@@ -16,7 +16,8 @@ from specjax.cache import CompressedKVCache, cache_supports_per_sequence_advance
 from specjax.cache.compressed import compressed_attention
 from specjax.generation import generate
 from specjax.model import ModelConfig, init_cache, init_model, logits
-from specjax.model.llama import _causal_attention, block_finish, block_qkv, forward
+from specjax.model.layers import block_finish, block_qkv, causal_attention
+from specjax.model.llama import forward
 
 from engine_models import noisy, sharp
 
@@ -95,7 +96,7 @@ def _memory_keys(model, tokens):
             out.append((k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)))
             attn = compressed_attention(q, k, v, window=cfg.compress_window, block=cfg.compress_block)
         else:
-            attn = _causal_attention(q, k, v, cfg.sliding_window if cfg.is_local(layer) else None)
+            attn = causal_attention(q, k, v, cfg.sliding_window if cfg.is_local(layer) else None)
         x = block_finish(p, x, attn, cfg)
     return out
 

@@ -308,10 +308,10 @@ def test_a_steps_timed_parts_compose_to_the_step(models, prompts, drafter, tree)
     state exactly, and the drafter's commit alone gives that state's drafter state."""
     import jax.numpy as jnp
 
-    from specjax import scale
     from specjax.advance import KvAdvance
     from specjax.engine import make_engine, prefill, step
     from specjax.generation_config import GenerationConfig
+    from specjax.step_parts import copy_tree, part, part_inputs
 
     target, draft = models
     eng = make_engine(target, drafter=drafter, draft_model=draft if drafter == "draft_model" else None, depth=2,
@@ -326,17 +326,17 @@ def test_a_steps_timed_parts_compose_to_the_step(models, prompts, drafter, tree)
     st0 = prefill(eng, params, jnp.asarray(toks), plen, plen + 20, jnp.full((b,), -1, jnp.int32),
                   jnp.arange(b, dtype=jnp.uint32))
     st0 = step(eng, params, st0)  # mid-run: rows hold different u and accepted counts
-    want = step(eng, params, scale._copy(st0))
-    v, new, advance = scale._part_inputs(eng, st0, scale._part(eng, "verify", 1, params, scale._copy(st0)))
-    (got, got_v), _ = scale._part(eng, "commit", 1, params, scale._copy((st0, v)))
+    want = step(eng, params, copy_tree(st0))
+    v, new, advance = part_inputs(eng, st0, part(eng, "verify", 1, params, copy_tree(st0)))
+    (got, got_v), _ = part(eng, "commit", 1, params, copy_tree((st0, v)))
     got = got.replace(cache=got_v.cache, dstate=got_v.dstate)
     for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-    (_, got_v, _, _), _ = scale._part(eng, "drafter_commit", 1, params, scale._copy((st0, v, new, advance)))
+    (_, got_v, _, _), _ = part(eng, "drafter_commit", 1, params, copy_tree((st0, v, new, advance)))
     for x, y in zip(jax.tree.leaves(got_v.dstate), jax.tree.leaves(want.dstate), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     # the draft part runs the step's own drafter: its proposals are what the verify part drafted
-    _, (proposals, _) = scale._part(eng, "draft", 2, params, scale._copy(st0))
+    _, (proposals, _) = part(eng, "draft", 2, params, copy_tree(st0))
     if tree is None:
         np.testing.assert_array_equal(np.asarray(proposals)[:, :2], np.asarray(v.path))
 

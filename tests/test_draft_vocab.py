@@ -138,13 +138,13 @@ def test_train_mtp_with_a_draft_vocabulary_trains_saves_and_stays_lossless(tmp_p
 def test_draft_labels_map_into_the_vocabulary():
     """The MTP loss trains the [d, N] head on each label's index in the draft vocabulary; a label
     outside it is -1 (a miss, out of the loss)."""
-    from specjax.train import _ce, _draft_labels
+    from specjax.losses import cross_entropy, draft_labels
 
     model = with_draft_vocab(init_model(CFG), [3, 7, 20])
     labels = jnp.array([[7, 3, 5, 20, -1]])
-    got = _draft_labels(model.params, model.config, labels)
+    got = draft_labels(model.params, model.config, labels)
     assert got.tolist() == [[1, 0, -1, 2, -1]]
     logits = jnp.log(jnp.array([[[0.2, 0.7, 0.1]] * 5]))
-    nll, hit, cnt = _ce(logits, jnp.maximum(got, 0), False, got >= 0, count_labels=labels)
+    nll, hit, cnt = cross_entropy(logits, jnp.maximum(got, 0), False, got >= 0, count_labels=labels)
     assert int(cnt) == 4 and int(hit) == 1  # label 7 -> index 1 is the argmax; label 5 counts as a miss
     np.testing.assert_allclose(float(nll), -np.log(0.7) - np.log(0.2) - np.log(0.1), rtol=1e-5)

@@ -99,3 +99,30 @@ def test_the_slow_lane_names_existing_test_modules():
 
     missing = sorted(name for name in SLOW if not (ROOT / "tests" / f"{name}.py").is_file())
     assert not missing, missing
+
+
+MAX_MODULE_LINES, MAX_FUNCTION_LINES, MAX_HASATTR = 500, 80, 10
+
+
+def test_modules_and_functions_stay_short():
+    """No module of ``specjax/`` over 500 lines and no function over 80 (docstring included):
+    a module holds one concept, a function one step of it."""
+    long_modules, long_functions = [], []
+    for p in (ROOT / "specjax").rglob("*.py"):
+        text = p.read_text()
+        name = str(p.relative_to(ROOT))
+        if text.count("\n") > MAX_MODULE_LINES:
+            long_modules.append((name, text.count("\n")))
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long_functions.append((f"{name}::{node.name}", n))
+    assert not long_modules and not long_functions, (long_modules, long_functions)
+
+
+def test_interfaces_are_protocols_not_attribute_probes():
+    """Capabilities are declared (``specjax.protocols``, the drafters' Protocol), not probed:
+    at most a handful of ``hasattr`` in ``specjax/``."""
+    count = sum(p.read_text().count("hasattr(") for p in (ROOT / "specjax").rglob("*.py"))
+    assert count <= MAX_HASATTR, count

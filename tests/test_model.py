@@ -206,7 +206,8 @@ def test_a_bounded_prefill_wider_than_the_ring(name):
 
 def _per_layer_loop(model, tokens):
     """Oracle for the layer scan: a Python loop over layers with static indices."""
-    from specjax.model.llama import _causal_attention, block_finish, block_qkv, embed, head, layer_params
+    from specjax.model.layers import block_finish, block_qkv, causal_attention, embed, head
+    from specjax.model.layout import layer_params
 
     cfg, params = model.config, model.params
     pos = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
@@ -214,7 +215,7 @@ def _per_layer_loop(model, tokens):
     for i in range(cfg.n_layers):
         p = layer_params(params, i)
         q, k, v = block_qkv(p, x, pos, cfg, i)
-        x = block_finish(p, x, _causal_attention(q, k, v, cfg.sliding_window if cfg.is_local(i) else None), cfg)
+        x = block_finish(p, x, causal_attention(q, k, v, cfg.sliding_window if cfg.is_local(i) else None), cfg)
     return head(params, cfg, x)
 
 

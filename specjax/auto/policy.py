@@ -31,9 +31,7 @@ All pure and traceable: the simulator runs them inside its scan (``specjax.sim.s
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
-import statistics
 from pathlib import Path
 
 import jax
@@ -41,6 +39,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax._pytree import pytree_dataclass, static_field
+from specjax.auto.estimates import (
+    EARLY_VERDICTS,
+    expected_max_normal,
+    expected_tokens,
+    init_estimates,
+    max_normal_table,
+    optimistic,
+    pooled_acceptance,
+    reach,
+    revealed,
+    running_product,
+    update_estimates,
+    yield_variance,
+)
 
 __all__ = [
     "EARLY_VERDICTS", "POLICIES", "RELAX_EARLY", "AutoState", "CostTable", "DepthPolicy", "choose", "decide",
@@ -55,10 +67,6 @@ POLICIES = ("fixed", "ema", "goodput", "makespan")
 # MTP, one bench prompt decoded 127 of 128 tokens plainly where depth 3 accepts 32 of its 34 first
 # drafts); the drift sends it back to drafting within some tens of steps.
 RELAX_EARLY = 0.02
-# ``relax_early`` fades linearly to nothing over a position's first this-many verdicts: a row
-# whose drafts keep failing has earned its low estimate and keeps it (a fast drift of every
-# position made a row that never accepts probe every other step where drafting is free)
-EARLY_VERDICTS = 8
 # DepthPolicy's fields that tune its rule (``DepthPolicy.knobs``; ``simulate_policy``'s keywords)
 KNOBS = ("rate", "prior", "relax", "relax_early", "min_gain", "threshold", "shrink", "spread", "explore", "pool",
          "prior_weight", "fill")
@@ -279,126 +287,9 @@ class AutoState:
     lift_seen: jax.Array
 
 
-def init_estimates(batch: int, depth: int, prior: float | jax.Array = 0.5) -> jax.Array:
-    """Every row starts at ``prior`` (one number, or one per draft position ``[depth]``):
-    ``float32 [B, depth]``."""
-    return jnp.broadcast_to(jnp.asarray(prior, jnp.float32), (batch, depth))
-
-
-def pooled_acceptance(accepted: np.ndarray, verdicts: np.ndarray, prior: float, weight: float = 1.0
-                      ) -> tuple[float, ...]:
-    """Each draft position's acceptance over many rows and steps: ``accepted [D]`` drafts
-    accepted at each position over ``verdicts [D]`` verdicts there (accepted, or the first
-    rejected; ``seen_pos`` summed), with ``prior`` counted as ``weight`` verdicts (a position
-    no row reached keeps the prior)."""
-    a, n = np.asarray(accepted, np.float64), np.asarray(verdicts, np.float64)
-    return tuple(float(x) for x in (a + weight * prior) / (n + weight))
-
-
-def revealed(proposed: jax.Array, accepted: jax.Array, depth: int) -> jax.Array:
-    """``bool [B, depth]``: the draft positions whose verdict a step revealed (row ``i``
-    proposed ``proposed[i]`` drafts, the target accepted its first ``accepted[i]``): those
-    accepted and the first rejected one."""
-    j = jnp.arange(depth, dtype=jnp.int32)[None]
-    return j < jnp.minimum(accepted + 1, proposed)[:, None]
-
-
-def update_estimates(est: jax.Array, proposed: jax.Array, accepted: jax.Array, rate: float,
-                     prior: float | jax.Array = 0.5,
-                     relax: float = 0.0, seen: jax.Array | None = None, prior_weight: float = 0.0,
-                     relax_early: float = 0.0) -> jax.Array:
-    """EMA update from one step: row ``i`` proposed ``proposed[i]`` drafts and the target
-    accepted its first ``accepted[i]``. Positions ``j < accepted`` were accepted, position
-    ``accepted`` (if proposed) was rejected; later ones revealed nothing and drift back to
-    ``prior`` by ``relax`` (so a row that stopped drafting tries again some steps later;
-    ``prior``: one number, or one per draft position ``[D]``).
-
-    ``seen [B, D]`` (int): verdicts each position had before this step. With it, the prior
-    counts as ``prior_weight`` verdicts: the ``n``-th verdict moves the estimate by
-    ``max(rate, 1 / (prior_weight + n))``, a running mean until the EMA's rate takes over.
-    (A plain EMA from the prior needs ~16 verdicts to move 0.7 to 0.45: at B = 32-64 every
-    row drafted the widest window for the first ~10% of steps where drafting did not pay.)
-    With ``seen``, an unrevealed position drifts by ``relax + relax_early * max(0, 1 - seen /
-    EARLY_VERDICTS)``:
-    an estimate resting on a few verdicts is forgotten sooner (a window-1 step reveals nothing,
-    so a row whose first drafts failed would otherwise keep its low estimate)."""
-    hit = (jnp.arange(est.shape[1])[None] < accepted[:, None]).astype(jnp.float32)
-    prior = jnp.asarray(prior, jnp.float32)
-    r, drift = rate, relax
-    if seen is not None:
-        n = seen.astype(jnp.float32)
-        r = jnp.maximum(rate, 1.0 / (prior_weight + 1.0 + n))
-        drift = relax + relax_early * jnp.clip(1.0 - n / EARLY_VERDICTS, 0.0, 1.0)
-    return jnp.where(revealed(proposed, accepted, est.shape[1]), (1.0 - r) * est + r * hit,
-                     est + drift * (prior - est))
-
-
-def _running_product(x: jax.Array) -> jax.Array:
-    """``cumprod`` along axis 1; over a few columns as running products, which fuse into one
-    elementwise kernel (``cumprod`` is a reduce-window of its own: the policy runs every step)."""
-    if x.shape[1] > 8:
-        return jnp.cumprod(x, axis=1)
-    cols = [x[:, 0]]
-    for j in range(1, x.shape[1]):
-        cols.append(cols[-1] * x[:, j])
-    return jnp.stack(cols, axis=1)
-
-
-def reach(est: jax.Array) -> jax.Array:
-    """``[B, D]``: the estimated chance that draft ``j`` is accepted (all before it were)."""
-    return _running_product(est)
-
-
-def expected_tokens(est: jax.Array, drafts: jax.Array) -> jax.Array:
-    """``E[accepted + 1]`` per row when it proposes ``drafts [B]``: ``1 + sum_{j < drafts} reach_j``."""
-    j = jnp.arange(est.shape[1], dtype=jnp.int32)[None]
-    return 1.0 + jnp.sum(jnp.where(j < drafts[:, None], reach(est), 0.0), axis=1)
-
-
-def yield_variance(est: jax.Array, drafts: jax.Array) -> jax.Array:
-    """``Var[accepted + 1]`` per row when it proposes ``drafts [B]`` (``P(accepted > j) =
-    reach_j``, so ``E[accepted^2] = sum_j (2j + 1) reach_j``)."""
-    j = jnp.arange(est.shape[1], dtype=jnp.int32)[None]
-    r = jnp.where(j < drafts[:, None], reach(est), 0.0)
-    mean = jnp.sum(r, axis=1)
-    return jnp.maximum(jnp.sum((2 * j + 1) * r, axis=1) - mean * mean, 0.0)
-
-
-def expected_max_normal(n: jax.Array) -> jax.Array:
-    """About ``E[max of n standard normals]`` (Blom's plotting position; 0 for ``n <= 1``)."""
-    n = jnp.maximum(jnp.asarray(n, jnp.float32), 1.0)
-    return jnp.where(n > 1, jax.scipy.special.ndtri((n - 0.375) / (n + 0.25)), 0.0)
-
-
-@functools.cache
-def max_normal_table(size: int) -> np.ndarray:
-    """``expected_max_normal(n)`` for ``n = 0 .. size`` (float32 ``[size + 1]``), computed on the
-    host: ``choose`` reads it at the live-row count (a gather, where evaluating ``ndtri`` on
-    device was some ten scalar kernels every step)."""
-    inv = statistics.NormalDist().inv_cdf
-    return np.asarray([0.0, 0.0] + [inv((n - 0.375) / (n + 0.25)) for n in range(2, size + 1)], np.float32)[: size + 1]
-
-
-def optimistic(est: jax.Array, seen: jax.Array, bonus: float) -> jax.Array:
-    """``est [B, D]`` lifted by ``bonus`` standard errors of the batch's evidence at each draft
-    position, ``bonus * sqrt(est (1 - est) / (n_j + 2))`` with ``n_j`` the verdicts position
-    ``j`` has had over all rows (``seen [B, D]`` summed), clipped to 1: an upper confidence bound.
-
-    Why: a window-1 step reveals nothing, so a batch whose first verdicts were unlucky (B=1:
-    one rejection halves the 0.7 prior) chose window 1 and never learned otherwise (relax takes
-    thousands of steps); bench, MTP at B=8: plain on 73% of steps where depth 2 was 1.14x plain.
-    The lift keeps drafting until the evidence is firm; it is counted over the batch, so a
-    large batch's first step already makes it small (per-row counts kept B=32-64 exploring).
-    ``bonus`` 0 (static) returns ``est`` itself."""
-    if not bonus:
-        return est
-    n = jnp.sum(seen, axis=0, keepdims=True).astype(jnp.float32)  # [1, D]
-    return jnp.clip(est + bonus * jnp.sqrt(est * (1.0 - est) / (n + 2.0)), 0.0, 1.0)
-
-
 def _leading(ok: jax.Array) -> jax.Array:
     """Leading ``True`` count per row of ``ok [B, D]``."""
-    return jnp.sum(_running_product(ok.astype(jnp.int32)), axis=1)
+    return jnp.sum(running_product(ok.astype(jnp.int32)), axis=1)
 
 
 def choose(
@@ -448,11 +339,7 @@ def choose(
         idx = jnp.int32(widest)
         return idx, jnp.broadcast_to(windows[idx] - 1, live.shape).astype(jnp.int32)
     if policy == "ema":
-        chains = table.windows[:-1] if lift is not None else table.windows
-        want = jnp.minimum(_leading(est >= threshold), chains[-1] - 1)  # [B]
-        need = jnp.max(jnp.where(live, want, 0)) + 1
-        idx = jnp.argmax(feasible & (windows >= need)).astype(jnp.int32)  # smallest window holding every row
-        return idx, jnp.minimum(want, windows[idx] - 1).astype(jnp.int32)
+        return _choose_ema(est, live, table, feasible, threshold, lift is not None)
     # goodput: per window, drafts while the next position is reached with chance >= min_gain
     base = _leading(reach(est) >= min_gain)  # [B]
     est = est if upper is None else upper  # what the windows are judged on
@@ -465,37 +352,7 @@ def choose(
         gain = gain.at[-1].set(lift)
     tokens = gain * jax.vmap(lambda k: jnp.sum(jnp.where(live, expected_tokens(est, k), 0.0)))(drafts)  # [NW]
     if policy == "makespan":  # the batch ends with its slowest row: steps it needs at this window x cost
-        left = jnp.maximum(remaining, 0).astype(jnp.float32)
-        # each row's estimate pulled ``shrink`` of the way to the live rows' mean: the max over many
-        # rows' noisy EMAs would otherwise follow the most pessimistic one (with 32 alike rows it
-        # held a batch at window 1 that every fixed depth beat; simulator: 0.89x the best fixed)
-        mean = jnp.sum(jnp.where(live[:, None], est, 0.0), axis=0) / jnp.maximum(jnp.sum(live), 1)
-        own = 1.0 - shrink
-        if pool and seen is not None:  # static: 0 adds no kernels
-            # a row's own estimate counts as its verdicts do: its first verdicts (0.7 -> 0.35
-            # after one rejection) held a B=8 MTP batch at window 1 on 2 of 8 prompt groups where
-            # depth 2 ran 1.14x plain; pool 8 drafted on both. Off by default: in the simulator
-            # (a grid of rows that truly differ) it hid the slowest rows: 0.975 vs 0.985
-            n = seen.astype(jnp.float32)
-            own = own * n / (n + pool)
-        pooled = own * est + (1.0 - own) * mean[None]
-        # spread 1: the expected makespan, not the makespan of expected steps. A row needs about
-        # left / mu steps with sd sqrt(left var / mu^3) (a renewal count), and the slowest of n
-        # such rows lands about E[max of n normals] sds late; plain decoding has no spread.
-        # Simulator: 0.5-2.7 points nearer the best fixed depth at B = 8-64. Engine bench (MTP,
-        # B=32): 5-7% slower, as the max over noisy per-row EMAs is already pessimistic; so 0 by default,
-        # and 1 for n-gram, whose rows differ truly (``DepthPolicy.auto``)
-        z = 0.0
-        if spread:  # static: 0 adds no kernels
-            z = spread * jnp.asarray(max_normal_table(live.shape[0]))[jnp.sum(live)]
-
-        def finish(k, g):
-            mu = g * expected_tokens(pooled, k)
-            if not spread:
-                return jnp.max(jnp.where(live, left / mu, 0.0))
-            sd = jnp.sqrt(left * g * g * yield_variance(pooled, k) / mu**3)
-            return jnp.max(jnp.where(live, left / mu + z * sd, 0.0))
-        steps = jax.vmap(finish)(drafts, gain)  # [NW]
+        steps = _makespan_steps(est, live, remaining, drafts, gain, shrink, spread, seen, pool)  # [NW]
         rate = jnp.where(feasible, -steps * cost, -jnp.inf)
         # windows the rule prices alike (the slowest row gains nothing from drafting, and the step
         # costs the same: a flat stretch of the table) go to the one emitting the most tokens. Its
@@ -507,6 +364,53 @@ def choose(
         rate = jnp.where(feasible, tokens / cost, -jnp.inf)
     idx = jnp.argmax(rate).astype(jnp.int32)
     return idx, drafts[idx].astype(jnp.int32)
+
+
+def _choose_ema(est, live, table: CostTable, feasible, threshold: float, tree: bool) -> tuple[jax.Array, jax.Array]:
+    """``"ema"``: each row drafts the leading positions whose estimate reaches ``threshold``; the
+    smallest window holding the longest row (never the tree's)."""
+    windows = jnp.asarray(table.windows, jnp.int32)
+    chains = table.windows[:-1] if tree else table.windows
+    want = jnp.minimum(_leading(est >= threshold), chains[-1] - 1)  # [B]
+    need = jnp.max(jnp.where(live, want, 0)) + 1
+    idx = jnp.argmax(feasible & (windows >= need)).astype(jnp.int32)  # smallest window holding every row
+    return idx, jnp.minimum(want, windows[idx] - 1).astype(jnp.int32)
+
+
+def _makespan_steps(est, live, remaining, drafts, gain, shrink: float, spread: float, seen, pool: float) -> jax.Array:
+    """``"makespan"``: per window, the steps the batch's slowest row needs to finish ``[NW]``
+    (``drafts [NW, B]`` each window's draft counts, ``gain [NW]`` its yield over a chain's)."""
+    left = jnp.maximum(remaining, 0).astype(jnp.float32)
+    # each row's estimate pulled ``shrink`` of the way to the live rows' mean: the max over many
+    # rows' noisy EMAs would otherwise follow the most pessimistic one (with 32 alike rows it
+    # held a batch at window 1 that every fixed depth beat; simulator: 0.89x the best fixed)
+    mean = jnp.sum(jnp.where(live[:, None], est, 0.0), axis=0) / jnp.maximum(jnp.sum(live), 1)
+    own = 1.0 - shrink
+    if pool and seen is not None:  # static: 0 adds no kernels
+        # a row's own estimate counts as its verdicts do: its first verdicts (0.7 -> 0.35
+        # after one rejection) held a B=8 MTP batch at window 1 on 2 of 8 prompt groups where
+        # depth 2 ran 1.14x plain; pool 8 drafted on both. Off by default: in the simulator
+        # (a grid of rows that truly differ) it hid the slowest rows: 0.975 vs 0.985
+        n = seen.astype(jnp.float32)
+        own = own * n / (n + pool)
+    pooled = own * est + (1.0 - own) * mean[None]
+    # spread 1: the expected makespan, not the makespan of expected steps. A row needs about
+    # left / mu steps with sd sqrt(left var / mu^3) (a renewal count), and the slowest of n
+    # such rows lands about E[max of n normals] sds late; plain decoding has no spread.
+    # Simulator: 0.5-2.7 points nearer the best fixed depth at B = 8-64. Engine bench (MTP,
+    # B=32): 5-7% slower, as the max over noisy per-row EMAs is already pessimistic; so 0 by default,
+    # and 1 for n-gram, whose rows differ truly (``DepthPolicy.auto``)
+    z = 0.0
+    if spread:  # static: 0 adds no kernels
+        z = spread * jnp.asarray(max_normal_table(live.shape[0]))[jnp.sum(live)]
+
+    def finish(k, g):
+        mu = g * expected_tokens(pooled, k)
+        if not spread:
+            return jnp.max(jnp.where(live, left / mu, 0.0))
+        sd = jnp.sqrt(left * g * g * yield_variance(pooled, k) / mu**3)
+        return jnp.max(jnp.where(live, left / mu + z * sd, 0.0))
+    return jax.vmap(finish)(drafts, gain)  # [NW]
 
 
 def decide(policy: DepthPolicy, est: jax.Array, live: jax.Array, u: jax.Array, table: CostTable, *,

@@ -58,116 +58,161 @@ def schedule(eng: EngineConfig, params: dict, rows_iter: Iterator[Row], slots: i
     their prompts are in. With ``prefixes``
     (the prefix cache), each admit starts its rows on the cached pages of their prompts' heads
     and registers the full prompt pages it writes; at the end every page is back in the pool."""
-    start = latency.now()
-    st = empty_state(eng, slots, width, eos_width)
-    if prefixes is not None and eng.drafter.stores_prefixes:  # the MTP block's entries of cached pages
-        st = st.replace(dstate=eng.drafter.with_prefix_store(eng, st.dstate, st.cache.global_kv.num_pages, PAGE_SIZE))
-    table_ready = eng.controller is None
-    held: list[Row | None] = [None] * slots  # the request each slot serves
-    timed: list[Timed | None] = [None] * slots  # its host times
-    shares: list[tuple[int, ...]] = [()] * slots  # the cached pages it started on
-    arrived: dict[Any, float] = {}
-    timeline, i_now = latency.Timeline(), 0  # i_now: global steps taken (read back each round)
-    queue: collections.deque[Row] = collections.deque()
-    pending: collections.deque[_Pending] = collections.deque()  # chunked admits, oldest first
-    exhausted = False
-    mixed = chunk is not None and MIXED_STEP  # chunks ride in the step's forward
-
-    def chunk_done(st: EngineState) -> EngineState:
-        """After a chunk of the oldest pending admit: its rows join when their prompts are in."""
-        head = pending[0]
-        head.left -= 1
-        if head.left:
-            jax.block_until_ready(head.sub.done)  # its time is the running rows' stall
-            return st
-        pending.popleft()
-        idle = np.array([held[s] is None for s in range(slots)])
-        with mesh_context(eng):
-            st = finish_chunked(eng, st, jnp.asarray(idle), head.rows, head.sub, head.upto)
-        jax.block_until_ready(st.done)
-        t_first = latency.now()
-        name_pages(eng, st, prefixes, [(s, r) for s, r, _ in head.picked], head.started, slots)
-        for s, _, arrival in head.picked:
-            timed[s] = Timed(arrival, head.t_admit, t_first, i_now, len(shares[s]) * PAGE_SIZE)
-        return st
-
+    job = _Scheduler(eng, params, rows_iter, slots, width, refill, pool, eos_width, listed, chunk, prefixes)
     while not stop():
-        while not exhausted and len(queue) < slots:  # look ahead: enough to fill every free slot
-            nxt = next(rows_iter, None)
+        job.read_ahead()
+        job.admit_queued()
+        if job.pending and not job.mixed:  # one chunk of the oldest pending admit, as its own call
+            with mesh_context(eng):
+                job.st, job.pending[0].sub = chunk_alone(eng, params, job.st, job.pending[0].sub,
+                                                         job.pending[0].rows, chunk)
+            job.chunk_done()
+        waiting = {s for g in job.pending for s, _, _ in g.picked}  # held, not yet in the live state
+        busy = sum(r is not None for r in job.held)
+        if busy == 0:
+            _check_pool(eng, job.st)
+            return
+        if not job.table_ready and busy > len(waiting):  # depth="auto": the table, timed on the first running rows
+            job.time_table(cost)
+        yield from job.decode_round(waiting, busy, sync_every)
+
+
+class _Scheduler:
+    """A batch job's host state between rounds: the live state ``st``, per slot the request it
+    serves (``held``), its host times (``timed``) and the cached pages it started on
+    (``shares``); the requests read ahead (``queue``) and the chunked admits in progress
+    (``pending``, oldest first)."""
+
+    def __init__(self, eng: EngineConfig, params: dict, rows_iter: Iterator[Row], slots: int, width: int,
+                 refill: int, pool: int | None, eos_width: int, listed: bool, chunk: int | None,
+                 prefixes: PrefixCache | None):
+        self.eng, self.params, self.rows_iter, self.slots, self.width = eng, params, rows_iter, slots, width
+        self.refill, self.pool, self.eos_width, self.listed, self.chunk = refill, pool, eos_width, listed, chunk
+        self.prefixes = prefixes
+        self.start = latency.now()
+        st = empty_state(eng, slots, width, eos_width)
+        if prefixes is not None and eng.drafter.stores_prefixes:  # the MTP block's entries of cached pages
+            st = st.replace(dstate=eng.drafter.with_prefix_store(eng, st.dstate, st.cache.global_kv.num_pages,
+                                                                  PAGE_SIZE))
+        self.st = st
+        self.table_ready = eng.controller is None
+        self.held: list[Row | None] = [None] * slots
+        self.timed: list[Timed | None] = [None] * slots
+        self.shares: list[tuple[int, ...]] = [()] * slots
+        self.arrived: dict[Any, float] = {}
+        self.timeline, self.i_now = latency.Timeline(), 0  # i_now: global steps taken (read back each round)
+        self.queue: collections.deque[Row] = collections.deque()
+        self.pending: collections.deque[_Pending] = collections.deque()
+        self.exhausted = False
+        self.mixed = chunk is not None and MIXED_STEP  # chunks ride in the step's forward
+
+    def idle(self) -> jax.Array:
+        return jnp.asarray(np.array([self.held[s] is None for s in range(self.slots)]))
+
+    def read_ahead(self) -> None:
+        """Enough requests queued to fill every free slot, each timed from its arrival."""
+        while not self.exhausted and len(self.queue) < self.slots:
+            nxt = next(self.rows_iter, None)
             if nxt is None:
-                exhausted = True
+                self.exhausted = True
             else:
-                queue.append(nxt)
-                arrived[nxt.id] = start if listed else latency.now()
-        # admit, refill rows at a time, while free slots, requests and pages allow
-        while queue:
+                self.queue.append(nxt)
+                self.arrived[nxt.id] = self.start if self.listed else latency.now()
+
+    def admit_queued(self) -> None:
+        """Admits, ``refill`` rows at a time, while free slots, requests and pages allow."""
+        eng, prefixes = self.eng, self.prefixes
+        while self.queue:
             if prefixes is not None:  # pages evicted since the last look are forgotten
-                prefixes.forget(jax.device_get([c.cached for c in paged_pools(st)]))
-            batch, started = _pick(held, queue, refill, pool, eng.pool_groups, prefixes, shares)
+                prefixes.forget(jax.device_get([c.cached for c in paged_pools(self.st)]))
+            batch, started = _pick(self.held, self.queue, self.refill, self.pool, eng.pool_groups, prefixes,
+                                   self.shares)
             if not any(batch):
-                break
-            idle = np.array([held[s] is None for s in range(slots)])
+                return
+            idle = self.idle()
             t_admit = latency.now()
             picked = [x for group in batch for x in group]
             rest = max(len(r.prompt) - len(started.get(s, ())) * PAGE_SIZE for s, r in picked)  # to compute
             shared = None if prefixes is None else \
-                share_inputs(batch, refill, slots, started, st.cache.global_kv.max_pages, prefixes.pools)
+                share_inputs(batch, self.refill, self.slots, started, self.st.cache.global_kv.max_pages,
+                             prefixes.pools)
             for s, r in picked:  # the cached pages are held from the admit on (the target pool's ids)
-                held[s], shares[s] = r, tuple(p[0] for p in started.get(s, ()))
-            if chunk is not None and rest > chunk:
-                args = admit_inputs(batch, refill, slots, eos_width, chunk)
-                with mesh_context(eng):
-                    st, sub = begin_chunked(eng, st, *args, shared)
-                pending.append(_Pending(args[0], sub, -(-rest // chunk), [(s, r, arrived.pop(r.id)) for s, r in picked],
-                                        t_admit, started, None if shared is None else shared[2]))
+                self.held[s], self.shares[s] = r, tuple(p[0] for p in started.get(s, ()))
+            if self.chunk is not None and rest > self.chunk:
+                self.begin_chunked(batch, picked, started, shared, rest, t_admit)
                 continue
-            inputs = admit_inputs(batch, refill, slots, eos_width)
+            inputs = admit_inputs(batch, self.refill, self.slots, self.eos_width)
             c = prompt_bucket([[0] * rest])  # the uncached rests' width (the whole width without the cache)
             with mesh_context(eng):
-                st = admit(eng, None if c >= inputs[1].shape[1] else c, params, st, jnp.asarray(idle), *inputs,
-                            shared)
-            jax.block_until_ready(st.done)  # the admit's end: the rows' first token, the live rows' stall
-            t_first = latency.now()
-            name_pages(eng, st, prefixes, picked, started, slots)
-            for s, r in picked:
-                timed[s] = Timed(arrived.pop(r.id), t_admit, t_first, i_now, len(shares[s]) * PAGE_SIZE)
-        if pending and not mixed:  # one chunk of the oldest pending admit, as its own call
-            with mesh_context(eng):
-                st, pending[0].sub = chunk_alone(eng, params, st, pending[0].sub, pending[0].rows, chunk)
-            st = chunk_done(st)
-        waiting = {s for g in pending for s, _, _ in g.picked}  # held, not yet in the live state
-        busy = sum(r is not None for r in held)
-        if busy == 0:
-            _check_pool(eng, st)
+                self.st = admit(eng, None if c >= inputs[1].shape[1] else c, self.params, self.st, idle, *inputs,
+                                shared)
+            jax.block_until_ready(self.st.done)  # the admit's end: the rows' first token, the live rows' stall
+            self.first_tokens(picked, started, [self.arrived.pop(r.id) for _, r in picked], t_admit)
+
+    def first_tokens(self, picked, started: dict, arrivals: list[float], t_admit: float) -> None:
+        """Rows whose first token is in: their prompt pages named in the prefix cache, their times kept."""
+        t_first = latency.now()
+        name_pages(self.eng, self.st, self.prefixes, picked, started, self.slots)
+        for (s, _), arrival in zip(picked, arrivals, strict=True):
+            self.timed[s] = Timed(arrival, t_admit, t_first, self.i_now, len(self.shares[s]) * PAGE_SIZE)
+
+    def begin_chunked(self, batch, picked, started: dict, shared, rest: int, t_admit: float) -> None:
+        """An admit whose prompts are prefilled ``chunk`` tokens per round: pending until they are in."""
+        args = admit_inputs(batch, self.refill, self.slots, self.eos_width, self.chunk)
+        with mesh_context(self.eng):
+            self.st, sub = begin_chunked(self.eng, self.st, *args, shared)
+        self.pending.append(_Pending(args[0], sub, -(-rest // self.chunk),
+                                     [(s, r, self.arrived.pop(r.id)) for s, r in picked], t_admit, started,
+                                     None if shared is None else shared[2]))
+
+    def chunk_done(self) -> None:
+        """After a chunk of the oldest pending admit: its rows join when their prompts are in."""
+        head = self.pending[0]
+        head.left -= 1
+        if head.left:
+            jax.block_until_ready(head.sub.done)  # its time is the running rows' stall
             return
-        free_now = slots - busy
-        more = bool(queue) or not exhausted
-        target = min(slots, max(refill, free_now + 1)) if more else slots
+        self.pending.popleft()
+        with mesh_context(self.eng):
+            self.st = finish_chunked(self.eng, self.st, self.idle(), head.rows, head.sub, head.upto)
+        jax.block_until_ready(self.st.done)
+        self.first_tokens([(s, r) for s, r, _ in head.picked], head.started, [a for _, _, a in head.picked],
+                          head.t_admit)
+
+    def time_table(self, cost: Any) -> None:
+        """``depth="auto"``'s cost table, timed on the running rows (``_set_cost``)."""
+        t0 = latency.now()
+        with mesh_context(self.eng):
+            self.st = _set_cost(self.eng, self.params, self.st, self.slots, self.width, cost)
+        i_next = int(self.st.i)
+        self.timeline.add(self.i_now, i_next, t0, latency.now())
+        self.i_now, self.table_ready = i_next, True
+
+    def decode_round(self, waiting: set[int], busy: int, sync_every: int) -> Iterator[Completion]:
+        """Decode until enough rows finish (or one step with a pending admit's next chunk in its
+        forward), read back once, and yield the finished rows' completions."""
+        eng, pending = self.eng, self.pending
+        more = bool(self.queue) or not self.exhausted
+        target = min(self.slots, max(self.refill, self.slots - busy + 1)) if more else self.slots
         target += len(waiting)  # a pending slot counts as done in the loop: it is not stepping
         steps = 1 if pending else sync_every  # a chunk between every two steps while one is pending
-        if not table_ready and busy > len(waiting):  # depth="auto": the table, timed on the first running rows
-            t0 = latency.now()
-            with mesh_context(eng):
-                st = _set_cost(eng, params, st, slots, width, cost)
-            i_next = int(st.i)
-            timeline.add(i_now, i_next, t0, latency.now())
-            i_now, table_ready = i_next, True
         t0 = latency.now()
         with mesh_context(eng):
-            if pending and mixed:  # one step, the oldest pending admit's next chunk in its forward
-                st, pending[0].sub = chunk_step(eng, params, st, pending[0].sub, pending[0].rows, chunk)
+            if pending and self.mixed:  # one step, the oldest pending admit's next chunk in its forward
+                self.st, pending[0].sub = chunk_step(eng, self.params, self.st, pending[0].sub, pending[0].rows,
+                                                     self.chunk)
             else:
-                st = decode(eng, params, st, jnp.int32(target), st.i + steps)
-        done, i_next, free = (np.array(x) for x in jax.device_get((st.done, st.i, free_pages(st))))
-        timeline.add(i_now, int(i_next), t0, latency.now())
-        i_now = int(i_next)
-        if pending and mixed:
-            st = chunk_done(st)
+                self.st = decode(eng, self.params, self.st, jnp.int32(target), self.st.i + steps)
+        done, i_next, free = (np.array(x) for x in jax.device_get((self.st.done, self.st.i, free_pages(self.st))))
+        self.timeline.add(self.i_now, int(i_next), t0, latency.now())
+        self.i_now = int(i_next)
+        if pending and self.mixed:
+            self.chunk_done()
         done[list(waiting)] = False  # pending rows are not finished
-        in_use = None if pool is None else pool - int(free.sum())
-        yield from completions(eng, st, held, done, timed, timeline, in_use)
-        shares = [x if held[s] is not None else () for s, x in enumerate(shares)]
-        timeline.drop_before(min((t.start_step for t in timed if t is not None), default=i_now))
+        in_use = None if self.pool is None else self.pool - int(free.sum())
+        yield from completions(eng, self.st, self.held, done, self.timed, self.timeline, in_use)
+        self.shares = [x if self.held[s] is not None else () for s, x in enumerate(self.shares)]
+        self.timeline.drop_before(min((t.start_step for t in self.timed if t is not None), default=self.i_now))
 
 
 @dataclasses.dataclass

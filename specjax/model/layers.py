@@ -13,11 +13,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.attention import attend_visible
+from specjax.masks import visible
 from specjax.model.config import ModelConfig
 from specjax.model.rope import rope, rope_frequencies
 
-__all__ = ["block_finish", "block_params", "block_qkv", "embed", "fuse_block", "head", "norm", "project_qkv",
-           "rms_norm", "unfuse_block"]
+__all__ = ["block_finish", "block_params", "block_qkv", "cache_attention", "causal_attention", "embed", "fuse_block",
+           "head", "norm", "project_qkv", "rms_norm", "unfuse_block"]
 
 
 def block_params(key: jax.Array, cfg: ModelConfig, dtype) -> dict:
@@ -138,3 +140,21 @@ def head(params: dict, cfg: ModelConfig, x: jax.Array) -> jax.Array:
     h = norm(x, params["final_norm"], cfg)
     w = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
     return (h @ w).astype(jnp.float32)
+
+
+def causal_attention(q, k, v, window):
+    """Attention of ``t`` tokens over themselves (no cache): the training path and the
+    oracle the cached forward is tested against. Query ``i`` sees keys ``j <= i`` (and
+    ``j > i - window`` when windowed): the same core and mask as every cache path."""
+    pos = jnp.arange(q.shape[1], dtype=jnp.int32)[None]
+    hm = lambda x: x.transpose(0, 2, 1, 3)  # noqa: E731  [B, t, Hkv, D] -> head-major [B, Hkv, t, D]
+    return attend_visible(q, hm(k), hm(v), visible(pos, pos, jnp.zeros((1,), jnp.int32), window))
+
+
+def cache_attention(impl: str):
+    """``per_shard``'s ``fn(cache, q, layer, tree)``: the cache's attention (one device's rows and
+    heads under a mesh), under a token tree's mask where one is given."""
+    def attend(c, q, layer, tree):
+        return c.attend(q, layer, impl=impl, **({} if tree is None else {"tree": tree}))
+
+    return attend

@@ -27,25 +27,40 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax._pytree import pytree_dataclass, static_field
-from specjax.attention import TreeMask, attend_visible
-from specjax.cache import CompressedKVCache, DenseKVCache, PagedKVCache, RollingKVCache
+from specjax.attention import TreeMask
+from specjax.cache import DenseKVCache, PagedKVCache
 from specjax.cache.base import is_stacked
 from specjax.cache.compressed import compressed_attention
-from specjax.cache.model_cache import ModelCache, global_cache
-from specjax.masks import visible
+from specjax.cache.model_cache import ModelCache
 from specjax.model import block
 from specjax.model.config import ModelConfig
+from specjax.model.kv_cache import init_cache
 from specjax.model.layers import (
     block_finish,
     block_params,
     block_qkv,
+    cache_attention,
+    causal_attention,
     embed,
-    fuse_block,
     head,
-    norm,
-    project_qkv,
     rms_norm,
-    unfuse_block,
+)
+from specjax.model.layout import (
+    LAYER_LOOPS,
+    fuse_params,
+    layer_loop,
+    layer_params,
+    unfuse_params,
+    with_layer_loop,
+)
+from specjax.model.mtp import (
+    init_mtp_params,
+    mtp_attention_input,
+    mtp_forward,
+    mtp_hidden,
+    mtp_input,
+    mtp_logits,
+    mtp_source,
 )
 from specjax.sharding import per_shard
 
@@ -88,65 +103,6 @@ class Model:
         return LlamaDecoder(self.config, layer_loop(self.params), jnp.dtype(self.params["embed"].dtype))
 
 
-def layer_loop(params: dict) -> str:
-    """``"scan"`` when ``params["layers"]`` is stacked, ``"unrolled"`` when it is a list."""
-    return "unrolled" if isinstance(params["layers"], list | tuple) else "scan"
-
-
-def layer_params(params: dict, layer: int | jax.Array) -> dict:
-    """Layer ``layer``'s params in either layout (a traced index into the stacks inside the scan)."""
-    if layer_loop(params) == "unrolled":
-        return params["layers"][layer]
-    return jax.tree.map(lambda a: a[layer], params["layers"])
-
-
-def _num_layers(params: dict) -> int:
-    if layer_loop(params) == "unrolled":
-        return len(params["layers"])
-    return jax.tree.leaves(params["layers"])[0].shape[0]
-
-
-def with_layer_loop(model: Model, loop: str) -> Model:
-    """``model`` with its layers laid out for ``loop`` (``LAYER_LOOPS``): ``"scan"`` stacks
-    them (one ``lax.scan``: compile time flat in depth), ``"unrolled"`` splits them into a list
-    (every layer compiled: on XLA:CPU the faster decode, README "Compile time vs depth"). Run
-    once, outside any generate call: the conversion copies every layer's weights."""
-    if loop not in LAYER_LOOPS:
-        raise ValueError(f"layer_loop={loop!r} is invalid: must be one of {list(LAYER_LOOPS)}")
-    p = model.params
-    if layer_loop(p) == loop:
-        return model
-    n = _num_layers(p)
-    layers = [layer_params(p, i) for i in range(n)]
-    return model.replace(params=dict(p, layers=jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
-                                     if loop == "scan" else layers))
-
-
-def _map_blocks(params: dict, fn, drafter_fn=None, mtp_fn=None) -> dict:
-    """``fn`` over every decoder block's params; the block drafter's layers get ``drafter_fn``
-    and the MTP block ``mtp_fn`` (default ``fn``: they may be shaped apart,
-    ``ModelConfig.block_config``, ``mtp_config``)."""
-    out = dict(params)
-    out["layers"] = [fn(layer_params(params, i)) for i in range(_num_layers(params))]
-    if "mtp" in params:
-        out["mtp"] = dict(params["mtp"], block=(mtp_fn or fn)(params["mtp"]["block"]))
-    if "block" in params:  # a block drafter's layers
-        out["block"] = dict(params["block"], layers=[(drafter_fn or fn)(p) for p in params["block"]["layers"]])
-    return out
-
-
-def fuse_params(params: dict) -> dict:
-    """Separate ``wq, wk, wv (bq, bk, bv), w_gate, w_up`` -> the fused ``wqkv (bqkv), w_gate_up``
-    (a list of layers: the unrolled layout)."""
-    return _map_blocks(params, fuse_block)
-
-
-def unfuse_params(params: dict, config: ModelConfig) -> dict:
-    """The inverse of ``fuse_params`` (what bundles and HF checkpoints store), from either layout."""
-    return _map_blocks(params, lambda p: unfuse_block(p, config), lambda p: unfuse_block(p, config.block_config),
-                       lambda p: unfuse_block(p, config.mtp_config))
-
-
 def init_model(config: ModelConfig, seed: int = 0, dtype=jnp.float32) -> Model:
     """Random-initialised ``Model`` (normal(0, 0.02) weights, unit norms)."""
     key = jax.random.key(seed)
@@ -163,32 +119,6 @@ def init_model(config: ModelConfig, seed: int = 0, dtype=jnp.float32) -> Model:
     if config.block_size:
         params["block"] = block.init_block_params(jax.random.fold_in(key, 1), config, dtype)
     return Model(params, config)
-
-
-def init_mtp_params(key: jax.Array, config: ModelConfig, dtype=jnp.float32) -> dict:
-    """A random-initialised MTP module (``params["mtp"]``) in ``config.mtp_layout``: two norms,
-    the ``[2d, d]`` projection and one block shaped like ``config.mtp_config``'s layers; an
-    EAGLE-3 head has ``fc [n_taps * d, d]`` instead of the projection and its block's q/k/v read
-    ``2 d`` (no input norm); native and EAGLE-3 modules have a ``final_norm`` of their own."""
-    k_proj, k_block, k_head, k_qkv = jax.random.split(key, 4)
-    d, mc = config.d_model, config.mtp_config
-    one = 1.0 - mc.norm_offset
-    out = {"norm_h": jnp.full((d,), one, dtype), "norm_e": jnp.full((d,), one, dtype),
-           "block": block_params(k_block, mc, dtype)}
-    if config.mtp_layout == "eagle3":
-        out["fc"] = (jax.random.normal(k_proj, (len(config.mtp_taps) * d, d)) * 0.02).astype(dtype)
-        blk = {k: v for k, v in out["block"].items() if k != "attn_norm"}
-        blk["wqkv"] = (jax.random.normal(k_qkv, (2 * d, blk["wqkv"].shape[1])) * 0.02).astype(dtype)
-        out["block"] = blk
-    else:
-        out["proj"] = (jax.random.normal(k_proj, (2 * d, d)) * 0.02).astype(dtype)
-    if config.mtp_layout != "specjax":  # its own final norm
-        out["final_norm"] = jnp.full((d,), one, dtype)
-    if config.mtp_draft_vocab:  # a draft vocabulary: the first N ids until ``with_draft_vocab`` picks them
-        n = config.mtp_draft_vocab
-        out["draft_ids"] = jnp.arange(n, dtype=jnp.int32)
-        out["draft_head"] = (jax.random.normal(k_head, (d, n)) * 0.02).astype(dtype)
-    return out
 
 
 def with_draft_vocab(model: Model, ids) -> Model:
@@ -210,78 +140,9 @@ def with_draft_vocab(model: Model, ids) -> Model:
     return Model({**p, "mtp": mtp}, dataclasses.replace(cfg, mtp_draft_vocab=int(ids.size)))
 
 
-def mtp_logits(params: dict, cfg: ModelConfig, x: jax.Array) -> jax.Array:
-    """The MTP module's draft logits from its hidden ``[..., d]`` (pre-norm; a native module's
-    normed already: ``mtp_layout``): float32 ``[..., N]`` over its draft vocabulary
-    (``mtp_draft_vocab``), else the target's head ``[..., V]``."""
-    if cfg.mtp_layout == "specjax":
-        h = norm(x, params["final_norm"], cfg)
-    elif cfg.mtp_layout == "eagle3":
-        h = norm(x, params["mtp"]["final_norm"], cfg.mtp_config)
-    else:  # native: its output is normed already
-        h = x
-    if cfg.mtp_draft_vocab:
-        w = params["mtp"]["draft_head"]
-    else:
-        w = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
-    return (h @ w).astype(jnp.float32)
-
-
-# ----------------------------------------------------------------------------- cache
-
-
-# a sliding-window layer's ring holds a multiple of this many slots (its rollback room, ``slack``, grows
-# by under RING_ALIGN): the Pallas kernel reads it in blocks of a power of two (kernel_block)
-RING_ALIGN = 16
-
-
-def init_cache(
-    config: ModelConfig,
-    batch: int,
-    capacity: int,
-    *,
-    kind: str = "dense",
-    slack: int = 8,
-    reach: int | None = None,
-    page_size: int = 16,
-    num_pages: int | None = None,
-    dtype=jnp.float32,
-    stacked: bool = False,
-) -> ModelCache:
-    """Empty per-row caches for ``batch`` rows of up to ``capacity`` tokens.
-
-    ``kind``: ``"dense"`` or ``"paged"`` for global layers. Sliding-window layers use the
-    rolling cache and compressed-memory layers the compressed cache; their slack is ``reach``
-    (default ``slack``): how far a write reaches past the committed length (a wider write, the
-    prefill, is bounded per row by ``bound_write`` and attends through ``write_attend``); a ring's
-    slack is rounded up so it holds a multiple of ``RING_ALIGN`` slots.
-    ``stacked``: each kind's layers in one ``[L, ...]`` buffer, for params laid out for the
-    layer scan (``with_layer_loop(model, "scan")``); else a tuple of per-layer buffers.
-    """
-    if kind not in ("dense", "paged"):
-        raise ValueError(f"cache kind must be 'dense' or 'paged', got {kind!r}")
-    n_g, n_l = len(config.global_layers), len(config.local_layers)
-    hkv, hd = config.n_kv_heads, config.head_dim
-    glob = None
-    if n_g:
-        glob = global_cache(kind, n_g, batch, capacity, hkv, hd, page_size=page_size, num_pages=num_pages,
-                            dtype=dtype, stacked=stacked)
-    reach = slack if reach is None else reach
-    loc = None
-    if n_l:  # each ring rounded up to a multiple of RING_ALIGN slots (a Triton kernel loads power-of-two blocks)
-        ring = -(-(config.sliding_window + reach) // RING_ALIGN) * RING_ALIGN
-        loc = RollingKVCache.create(n_l, batch, config.sliding_window, ring - config.sliding_window, hkv, hd, dtype,
-                                    stacked)
-    n_m = len(config.compressed_layers)
-    mem = CompressedKVCache.create(n_m, batch, capacity, config.compress_window, config.compress_block,
-                                   reach, hkv, hd, dtype, stacked) if n_m else None
-    return ModelCache(glob, loc, mem)
-
-
 # ----------------------------------------------------------------------------- forward
 
 
-LAYER_LOOPS = ("unrolled", "scan")
 
 
 def _layer_period(kinds: list[str]) -> int:
@@ -448,16 +309,7 @@ def _layer_attend(config: ModelConfig, caches: tuple, q, kind_layer: int, idx, a
                   tree: TreeMask | None) -> jax.Array:
     """One group's queries over the layer's written cache (global or sliding-window)."""
     glob, loc, _ = caches
-    return per_shard(_attend(attention_impl), loc if config.is_local(kind_layer) else glob, q, idx, tree)
-
-
-def _attend(impl: str):
-    """``per_shard``'s ``fn(cache, q, layer, tree)``: the cache's attention (one device's rows and
-    heads under a mesh), under a token tree's mask where one is given."""
-    def attend(c, q, layer, tree):
-        return c.attend(q, layer, impl=impl, **({} if tree is None else {"tree": tree}))
-
-    return attend
+    return per_shard(cache_attention(attention_impl), loc if config.is_local(kind_layer) else glob, q, idx, tree)
 
 
 def _join(parts: list[jax.Array]) -> jax.Array:
@@ -490,15 +342,6 @@ def forward(
     return head(params, config, x), x, cache
 
 
-def _causal_attention(q, k, v, window):
-    """Attention of ``t`` tokens over themselves (no cache): the training path and the
-    oracle the cached forward is tested against. Query ``i`` sees keys ``j <= i`` (and
-    ``j > i - window`` when windowed): the same core and mask as every cache path."""
-    pos = jnp.arange(q.shape[1], dtype=jnp.int32)[None]
-    hm = lambda x: x.transpose(0, 2, 1, 3)  # noqa: E731  [B, t, Hkv, D] -> head-major [B, Hkv, t, D]
-    return attend_visible(q, hm(k), hm(v), visible(pos, pos, jnp.zeros((1,), jnp.int32), window))
-
-
 def hidden_states(model: Model, tokens: jax.Array, taps: tuple[int, ...] = ()) -> tuple[jax.Array, jax.Array]:
     """Plain full-prefix forward without a cache: ``tokens [B, T]`` -> float32 logits
     ``[B, T, V]`` and the pre-norm hidden ``[B, T, d]`` (what MTP consumes; ``taps``: then the
@@ -514,7 +357,7 @@ def hidden_states(model: Model, tokens: jax.Array, taps: tuple[int, ...] = ()) -
         if cfg.is_compressed(kind_layer):
             attn = compressed_attention(q, k, v, window=cfg.compress_window, block=cfg.compress_block)
         else:
-            attn = _causal_attention(q, k, v, cfg.sliding_window if cfg.is_local(kind_layer) else None)
+            attn = causal_attention(q, k, v, cfg.sliding_window if cfg.is_local(kind_layer) else None)
         return block_finish(p, x, attn, cfg), carry
 
     x, _ = _run_layers(cfg, embed(params, cfg, tokens), (), _tapping(layer_fn, taps), layer_loop(params), taps)
@@ -524,100 +367,6 @@ def hidden_states(model: Model, tokens: jax.Array, taps: tuple[int, ...] = ()) -
 def logits(model: Model, tokens: jax.Array) -> jax.Array:
     """Plain full-prefix forward without a cache: ``tokens [B, T] -> float32 [B, T, V]``."""
     return hidden_states(model, tokens)[0]
-
-
-# ----------------------------------------------------------------------------- MTP
-
-
-def mtp_input(params: dict, config: ModelConfig, hidden: jax.Array, next_tokens: jax.Array) -> jax.Array:
-    """The MTP block's input ``[B, t, d]``: ``concat(RMSNorm(h_i), RMSNorm(emb(t_{i+1}))) @ proj``."""
-    m, mc = params["mtp"], config.mtp_config
-    e = embed(params, config, next_tokens)
-    return jnp.concatenate([norm(hidden, m["norm_h"], mc), norm(e, m["norm_e"], mc)], axis=-1) @ m["proj"]
-
-
-def mtp_attention_input(params: dict, config: ModelConfig, hidden: jax.Array, next_tokens: jax.Array):
-    """``(what the MTP layer's q/k/v read, its residual)``: EAGLE-3's [RMSNorm(emb(t_{i+1})) ‖
-    RMSNorm(h_i)] (``2 d``) with the hidden as the residual; else the block's normed input."""
-    m, mc = params["mtp"], config.mtp_config
-    if config.mtp_layout == "eagle3":
-        e = embed(params, config, next_tokens)
-        return jnp.concatenate([norm(e, m["norm_e"], mc), norm(hidden, m["norm_h"], mc)], axis=-1), hidden
-    x = mtp_input(params, config, hidden, next_tokens)
-    return norm(x, m["block"]["attn_norm"], mc), x
-
-
-def mtp_source(params: dict, config: ModelConfig, hidden: jax.Array) -> jax.Array:
-    """The target's hidden from a forward, ``[B, t, d * (1 + n_taps)]``, as the MTP module reads
-    it (``mtp_layout``): as it is, final-normed (native), or its taps through ``fc`` (EAGLE-3)."""
-    d = config.d_model
-    if config.mtp_layout == "native":
-        return norm(hidden[..., :d], params["final_norm"], config)
-    if config.mtp_layout == "eagle3":
-        return hidden[..., d:] @ params["mtp"]["fc"].astype(hidden.dtype)
-    return hidden[..., :d]
-
-
-def mtp_hidden(
-    params: dict,
-    config: ModelConfig,
-    hidden: jax.Array,
-    next_tokens: jax.Array,
-    positions: jax.Array,
-    cache: DenseKVCache | None = None,
-    *,
-    at: jax.Array | None = None,
-    attention_impl: str = "xla",
-    tree: TreeMask | None = None,
-) -> tuple[jax.Array, DenseKVCache | None]:
-    """DeepSeek-V3 MTP block: ``concat(RMSNorm(h_i), RMSNorm(emb(t_{i+1}))) -> Linear -> block``.
-
-    ``hidden [B, t, d]`` (target pre-norm hidden at positions ``i``), ``next_tokens [B, t]``
-    (``t_{i+1}``). With ``cache`` (one layer, the MTP's own per-row cache) the block
-    writes at ``cache.lengths``; without, it attends causally within the ``t`` tokens.
-    Returns the block's hidden ``[B, t, d]`` (``head`` of it predicts ``t_{i+2}``; it is
-    fed back as ``h`` when chaining) and the written cache.
-
-    ``at`` (int32 ``[B]``, with ``cache``): return only slot ``at`` of each row, ``[B, d]``.
-    The cache gets the K and V of slots ``0 .. at`` (each depends on its own position's input
-    alone; later slots are padding or rejected drafts, past what the cache keeps), and
-    attention and the MLP run for slot ``at`` alone: a commit or a settle reads the block's
-    output at one position, the ones before it cost only their K/V, and a write of ``t``
-    slots needs room for ``at + 1`` (a settle's ``t`` is the backlog's width, not its count).
-    """
-    m, mc = params["mtp"], config.mtp_config
-    h_in, x = mtp_attention_input(params, config, hidden, next_tokens)
-    q, k, v = project_qkv(m["block"], h_in, positions, mc, None)
-    if cache is None:
-        attn = _causal_attention(q, k, v, None)
-    else:
-        cache = cache.write(0, k, v, None if at is None else at + 1)
-        view = cache
-        if at is not None:  # one query per row, at lengths + at: it sees the keys written up to its slot
-            one = lambda a: jnp.take_along_axis(a, at.reshape((-1, 1) + (1,) * (a.ndim - 2)), axis=1)  # noqa: E731
-            q, x, view = one(q), one(x), cache.replace(lengths=cache.lengths + at)
-        attn = per_shard(_attend(attention_impl), view, q, 0, tree)  # tree: the t tokens are a tree's nodes
-    out = block_finish(m["block"], x, attn, mc)
-    if config.mtp_layout == "native":  # MiMo, DeepSeek-V3: its output is its own norm's
-        out = norm(out, m["final_norm"], mc)
-    return (out if at is None else out[:, 0]), cache
-
-
-def mtp_forward(
-    params: dict,
-    config: ModelConfig,
-    hidden: jax.Array,
-    next_tokens: jax.Array,
-    positions: jax.Array,
-    cache: DenseKVCache | None = None,
-    *,
-    attention_impl: str = "xla",
-) -> tuple[jax.Array, jax.Array, DenseKVCache | None]:
-    """``mtp_hidden`` plus float32 logits at every position: ``(logits, hidden, cache)``; ``[B, t, V]``
-    (a native or EAGLE-3 module's: ``mtp_logits``, over its draft vocabulary if it has one)."""
-    x, cache = mtp_hidden(params, config, hidden, next_tokens, positions, cache, attention_impl=attention_impl)
-    logits = head(params, config, x) if config.mtp_layout == "specjax" else mtp_logits(params, config, x)
-    return logits, x, cache
 
 
 # ----------------------------------------------------------------------------- the model protocol
