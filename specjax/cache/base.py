@@ -144,7 +144,7 @@ def resolve_attention_impl(impl: str) -> str:
     Not Pallas on GPU: the kernels' bodies once sliced values, which JAX 0.11's Triton lowering
     rejects (``NotImplementedError: Unimplemented primitive in Pallas Triton lowering: slice``, an
     H200 run of ``benchmarks/gpu_check.py``), so "auto" there crashed every generate. The loop
-    body lowers to Triton now (``tests/test_pallas_kernels.py``) but has not been compiled or
+    body lowers to Triton now (``tests/kernels/test_pallas_kernels.py``) but has not been compiled or
     run on a GPU."""
     if impl not in ATTENTION_IMPLS:
         raise ValueError(f"attention_impl={impl!r} is invalid: must be one of {list(ATTENTION_IMPLS)}")

@@ -4,12 +4,11 @@ were live across it."""
 
 import numpy as np
 import pytest
+from batch_models import MODEL, alone
 
 import specjax.batch.scheduler as batch_mod
 import specjax.latency as latency
 from specjax import Request, batch_generate
-
-from test_batch import MODEL, _alone
 
 
 def _timeline():
@@ -81,7 +80,7 @@ def test_an_admit_stalls_exactly_the_rows_live_across_it(monkeypatch):
     assert a["itl_s"][0] == 1000.0 and sorted(a["itl_s"])[-3:] == [0.0, 1000.0, 1000.0] and a["e2e_s"] == 3000.0
     assert b["itl_s"] == [0.0] * b["steps"] and c["itl_s"] == [0.0] * c["steps"]
     assert len(a["itl_s"]) == a["steps"] and a["tpot_s"] == pytest.approx(2000.0 / 39)
-    assert got["A"].tokens == _alone(MODEL, reqs[0], drafter="ngram", depth=3, ngram_n=2)  # timing changes nothing
+    assert got["A"].tokens == alone(MODEL, reqs[0], drafter="ngram", depth=3, ngram_n=2)  # timing changes nothing
 
 
 def test_a_row_keeps_its_timeline_while_newer_rows_run_beside_it():

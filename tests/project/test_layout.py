@@ -5,7 +5,8 @@ cycle is still a cycle)."""
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from paths import ROOT
+
 PACKAGES = ("specjax", "pallas_kernels")
 
 
@@ -97,7 +98,8 @@ def test_the_slow_lane_names_existing_test_modules():
     the quick lane unnoticed."""
     from conftest import SLOW
 
-    missing = sorted(name for name in SLOW if not (ROOT / "tests" / f"{name}.py").is_file())
+    present = {p.stem for p in (ROOT / "tests").rglob("test_*.py")}
+    missing = sorted(name for name in SLOW if name not in present)
     assert not missing, missing
 
 
@@ -126,3 +128,20 @@ def test_interfaces_are_protocols_not_attribute_probes():
     at most a handful of ``hasattr`` in ``specjax/``."""
     count = sum(p.read_text().count("hasattr(") for p in (ROOT / "specjax").rglob("*.py"))
     assert count <= MAX_HASATTR, count
+
+
+AREAS = {"engine", "cache", "kernels", "api", "io", "training", "tools", "project"}
+
+
+def test_tests_mirror_the_code_and_import_no_test_module():
+    """Each test module sits in its area's folder (``tests/<area>/``), and shares models and
+    helpers through ``tests/*.py`` helper modules or fixtures, never by importing another test
+    module (whose folder may not be on the path)."""
+    tests = ROOT / "tests"
+    loose = sorted(p.name for p in tests.glob("test_*.py"))
+    assert not loose, loose
+    areas = {p.parent.name for p in tests.rglob("test_*.py")}
+    assert areas <= AREAS, areas - AREAS
+    bad = [f"{p.relative_to(tests)}: {m}" for p in tests.rglob("test_*.py") for m in _imports(p)
+           if m.split(".")[0].startswith("test_")]
+    assert not bad, bad

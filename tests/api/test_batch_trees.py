@@ -4,11 +4,10 @@ every drafter on dense and paged caches, on a tight pool with chunked prefill in
 forward and shared prefix pages; a sampled request's tokens do not depend on its neighbours."""
 
 import pytest
+from batch_models import DRAFT, EOS, MODEL, alone_run, make_requests
 
 from specjax import Request, batch_generate
 from specjax.auto.policy import CostTable
-
-from test_batch import DRAFT, EOS, MODEL, _alone_run, _requests
 
 
 @pytest.mark.parametrize("drafter,tree,cache", [
@@ -18,13 +17,13 @@ from test_batch import DRAFT, EOS, MODEL, _alone_run, _requests
     ("ngram", "dynamic:6,3", "dense"),
 ])
 def test_tree_rows_equal_generate_alone(drafter, tree, cache):
-    reqs = _requests(7, seed=len(drafter) + len(cache))
+    reqs = make_requests(7, seed=len(drafter) + len(cache))
     kw = dict(drafter=drafter, tree=tree, depth=3, cache=cache, eos_id=EOS, ngram_n=2,
               draft_model=DRAFT if drafter == "draft_model" else None)
     out = {c.id: c for c in batch_generate(MODEL, reqs, slots=3, refill_rows=2, **kw)}
     accepted = 0
     for r in reqs:
-        alone = _alone_run(MODEL, r, **kw)
+        alone = alone_run(MODEL, r, **kw)
         assert out[r.id].tokens == alone.tokens[0], r
         assert out[r.id].metrics["accepted_trace"] == alone.metrics["row_accepted_trace"][0], r
         accepted += out[r.id].metrics["accepted_drafts"]
@@ -39,12 +38,12 @@ def test_tree_jobs_on_a_tight_pool_with_chunked_prefill_and_shared_prefixes():
     kw = dict(drafter="draft_model", draft_model=DRAFT, tree="dynamic:6,2", depth=3, cache="paged")
     out = {c.id: c for c in batch_generate(MODEL, reqs, slots=3, pages=9, prefill_chunk=8, **kw)}
     for r in reqs:
-        assert out[r.id].tokens == _alone_run(MODEL, r, **kw).tokens[0], r
+        assert out[r.id].tokens == alone_run(MODEL, r, **kw).tokens[0], r
     assert sum(c.metrics["cached_tokens"] for c in out.values()) > 0  # later rows started on shared pages
 
 
 def test_sampled_tree_requests_do_not_depend_on_their_neighbours():
-    reqs = [Request(r.prompt, id=r.id, max_new_tokens=r.max_new_tokens, temperature=1.0) for r in _requests(6, 41)]
+    reqs = [Request(r.prompt, id=r.id, max_new_tokens=r.max_new_tokens, temperature=1.0) for r in make_requests(6, 41)]
     kw = dict(drafter="draft_model", draft_model=DRAFT, tree="dynamic:6,2", depth=3)
     a = {c.id: c.tokens for c in batch_generate(MODEL, reqs, slots=3, **kw)}
     b = {c.id: c.tokens for c in batch_generate(MODEL, reqs[::-1], slots=2, **kw)}
@@ -54,10 +53,10 @@ def test_sampled_tree_requests_do_not_depend_on_their_neighbours():
 def test_the_tree_budget_in_a_batch_job():
     """depth="auto" with a tree: the tree, a chain or plain decoding each step (goodput); the
     same tokens as plain decoding alone."""
-    reqs = _requests(6, seed=17)
+    reqs = make_requests(6, seed=17)
     table = CostTable.create((1, 2, 3, 4, 7), [1, 64], [[1.0, 1.1, 1.2, 1.3, 1.3]] * 2)
     kw = dict(drafter="draft_model", draft_model=DRAFT, tree="dynamic:6,2", depth="auto", max_depth=3, eos_id=EOS)
     out = {c.id: c for c in batch_generate(MODEL, reqs, slots=3, cost=table, **kw)}
     for r in reqs:
-        assert out[r.id].tokens == _alone_run(MODEL, r, drafter=None, eos_id=EOS).tokens[0], r
+        assert out[r.id].tokens == alone_run(MODEL, r, drafter=None, eos_id=EOS).tokens[0], r
     assert max(max(c.metrics["accepted_trace"]) for c in out.values()) > 0

@@ -1,13 +1,11 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from paths import ROOT
 
 from specjax import cli
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_simulate_json(capsys):

@@ -7,43 +7,18 @@ paged caches (a paged pool smaller than slots x max pages included).
 
 import numpy as np
 import pytest
+from batch_models import DRAFT, EOS, MODEL, SLIDING_MODEL, alone, alone_run, make_requests
 
 import specjax.batch.job as job_mod
 import specjax.batch.scheduler as batch_mod
 import specjax.batch.slots as slots_mod
 from specjax import Request, batch_generate, generate
-from specjax.model import ModelConfig
-
-from engine_models import noisy, sharp
-
-SMALL = ModelConfig(vocab_size=31, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=64,
-                    tie_embeddings=False)
-SLIDING = ModelConfig(vocab_size=31, d_model=32, n_layers=2, n_heads=4, n_kv_heads=1, d_ff=64, max_seq_len=64,
-                      tie_embeddings=False, sliding_window=5, global_every=2)
-MODEL = sharp(SMALL, seed=3)
-SLIDING_MODEL = sharp(SLIDING, seed=4)
-DRAFT = noisy(MODEL, 0.3, seed=9)
-EOS = 5
-
-
-def _requests(n, seed, prefix="r"):
-    rng = np.random.default_rng(seed)
-    return [Request(prompt=rng.integers(0, 31, rng.integers(2, 9)).tolist(), id=f"{prefix}{i}",
-                    max_new_tokens=int(rng.integers(3, 30))) for i in range(n)]
-
-
-def _alone(model, r, **kw):
-    return _alone_run(model, r, **kw).tokens[0]
-
-
-def _alone_run(model, r, **kw):
-    return generate(model, [list(r.prompt)], max_new_tokens=r.max_new_tokens, **kw)
 
 
 @pytest.mark.parametrize("drafter", ["mtp", "draft_model", "ngram"])
 @pytest.mark.parametrize("cache", ["dense", "paged"])
 def test_refilled_rows_equal_generate_alone(drafter, cache):
-    reqs = _requests(9, seed=len(drafter) + len(cache))
+    reqs = make_requests(9, seed=len(drafter) + len(cache))
     kw = dict(drafter=drafter, depth=3, cache=cache, eos_id=EOS, ngram_n=2,
               draft_model=DRAFT if drafter == "draft_model" else None)
     for rule in ("per_sequence", "cohort"):
@@ -52,7 +27,7 @@ def test_refilled_rows_equal_generate_alone(drafter, cache):
         got = {c.id: c for c in out}
         for r in reqs:
             c = got[r.id]
-            alone = _alone_run(MODEL, r, kv_advance=rule, **kw)
+            alone = alone_run(MODEL, r, kv_advance=rule, **kw)
             assert c.tokens == alone.tokens[0], (rule, r)
             if rule == "per_sequence":  # the drafter state was refilled too: the same drafts were accepted
                 assert c.metrics["accepted_trace"] == alone.metrics["row_accepted_trace"][0], (rule, r)
@@ -63,10 +38,10 @@ def test_refilled_rows_equal_generate_alone(drafter, cache):
 
 
 def test_sliding_window_rows_refill_their_rings():
-    reqs = _requests(7, seed=3)
+    reqs = make_requests(7, seed=3)
     out = {c.id: c.tokens for c in batch_generate(SLIDING_MODEL, reqs, slots=2, drafter="ngram", ngram_n=2)}
     for r in reqs:
-        assert out[r.id] == _alone(SLIDING_MODEL, r, drafter="ngram", ngram_n=2)
+        assert out[r.id] == alone(SLIDING_MODEL, r, drafter="ngram", ngram_n=2)
 
 
 def test_a_paged_pool_smaller_than_every_slot_makes_requests_wait_not_fail():
@@ -75,7 +50,7 @@ def test_a_paged_pool_smaller_than_every_slot_makes_requests_wait_not_fail():
     reqs = [Request(prompt=[1, 2, 3], id=i, max_new_tokens=n) for i, n in enumerate([30, 30, 30, 30, 30, 4, 8, 20])]
     out = {c.id: c.tokens for c in batch_generate(MODEL, reqs, slots=4, cache="paged", pages=7, drafter="mtp")}
     for r in reqs:
-        assert out[r.id] == _alone(MODEL, r, drafter="mtp", cache="paged")
+        assert out[r.id] == alone(MODEL, r, drafter="mtp", cache="paged")
 
 
 def test_admits_fill_each_slot_group_from_its_own_pool():
@@ -110,7 +85,7 @@ def test_slot_groups_with_their_own_pools_give_every_request_its_alone_tokens(mo
     reqs = [Request(prompt=[1, 2, 3], id=i, max_new_tokens=n) for i, n in enumerate([30, 30, 30, 30, 4, 8, 20])]
     out = {c.id: c.tokens for c in batch_generate(MODEL, reqs, slots=4, cache="paged", pages=8, drafter="mtp")}
     for r in reqs:
-        assert out[r.id] == _alone(MODEL, r, drafter="mtp", cache="paged")
+        assert out[r.id] == alone(MODEL, r, drafter="mtp", cache="paged")
 
 
 def test_an_admit_prefills_one_prompt_bucket_with_rows_that_follow_its_requests(monkeypatch):
@@ -135,7 +110,7 @@ def test_an_admit_prefills_one_prompt_bucket_with_rows_that_follow_its_requests(
         assert rows == 1 << (len(real) - 1).bit_length(), seen
     assert [n for _, real, _ in seen for n in real] == lens  # first come, first admitted
     for r in reqs:
-        assert out[r.id] == _alone(MODEL, r, drafter="ngram", ngram_n=2)
+        assert out[r.id] == alone(MODEL, r, drafter="ngram", ngram_n=2)
 
 
 def test_admit_returns_the_pages_of_every_idle_slot():
@@ -212,7 +187,7 @@ def test_seeded_sampled_request_is_itself_in_any_batch_and_slot():
     target = MODEL
     mine = Request(prompt=[1, 2, 3], id="mine", max_new_tokens=20, temperature=1.0, seed=1234)
     alone = list(batch_generate(target, [mine], slots=1, drafter="draft_model", draft_model=DRAFT))[0].tokens
-    crowd = _requests(5, seed=11, prefix="a") + [mine] + _requests(3, seed=12, prefix="b")
+    crowd = make_requests(5, seed=11, prefix="a") + [mine] + make_requests(3, seed=12, prefix="b")
     for slots in (2, 3):
         got = {c.id: c.tokens for c in batch_generate(target, crowd, slots=slots, drafter="draft_model",
                                                       draft_model=DRAFT, temperature=0.7)}
@@ -236,15 +211,15 @@ def test_unseeded_copies_of_a_prompt_differ_and_their_seed_follows_the_id():
 
 
 def test_greedy_rows_in_a_sampling_job_stay_exactly_greedy():
-    reqs = _requests(6, seed=21)
+    reqs = make_requests(6, seed=21)
     mixed = reqs[:3] + [Request(prompt=[4, 4], id="hot", max_new_tokens=10, temperature=0.9, top_k=5, top_p=0.8)]
     out = {c.id: c.tokens for c in batch_generate(MODEL, iter(mixed), slots=2, max_new_tokens=30, drafter="mtp")}
     for r in reqs[:3]:
-        assert out[r.id] == _alone(MODEL, r, drafter="mtp")
+        assert out[r.id] == alone(MODEL, r, drafter="mtp")
 
 
 def test_changing_sampling_settings_seeds_or_lengths_never_recompiles():
-    reqs = _requests(6, seed=31)
+    reqs = make_requests(6, seed=31)
     list(batch_generate(MODEL, iter(reqs), slots=2, max_new_tokens=30, drafter="mtp"))
     before = dict(slots_mod._TRACES)
     again = [Request(r.prompt, id=r.id, max_new_tokens=max(1, r.max_new_tokens - 2), temperature=0.5 + 0.1 * i,
@@ -273,7 +248,7 @@ def test_bad_requests_are_refused_before_compile(requests, kw, match):
 
 
 def test_stop_ends_the_job_between_rounds():
-    reqs = _requests(8, seed=41)
+    reqs = make_requests(8, seed=41)
     seen = []
     out = list(batch_generate(MODEL, reqs, slots=2, drafter="mtp", stop=lambda: len(seen) > 0 or seen.append(1)))
     assert len(out) < len(reqs)

@@ -3,14 +3,14 @@ fresh copy: the committed outputs are not what is checked."""
 
 from __future__ import annotations
 
-import pathlib
 import time
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from paths import ROOT
 
-NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
 def test_the_notebooks_are_there():

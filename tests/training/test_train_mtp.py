@@ -2,49 +2,20 @@
 the user's text with the target frozen, saved beside or into the checkpoint, resumable, and
 used by ``--drafter mtp`` with tokens equal to transformers' greedy output."""
 
-import contextlib
-import io
 import json
 import shutil
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+from mtp_training import train_cli
+from paths import FIXTURES
 
 from specjax import cli, generate, load_hf_checkpoint
 from specjax.mtp_head import load_mtp, text_corpus, train_mtp
 from specjax.train import StageConfig
 
-FIX = Path(__file__).parent / "fixtures" / "hf"
-LINES = ["def parse_args(argv):", "    return parser.parse_args(argv)", "import os, sys", "class Engine:",
-         "for i in range(10):", "    print(i * 2)", "if __name__ == '__main__':", "    main()"]
-
-
-def _data(tmp_path, n=2):
-    files = []
-    for i in range(n):
-        f = tmp_path / f"data{i}.py"
-        rng = np.random.default_rng(i)
-        f.write_text("\n".join(LINES[j] for j in rng.integers(0, len(LINES), 120)) + "\n")
-        files.append(f)
-    return files
-
-
-def train_cli(tmp, steps: int, *extra: str):
-    """``specjax train-mtp`` into a copy of the Llama fixture under ``tmp`` (the module goes *into*
-    it), checkpoints every ``steps // 2``: (checkpoint, data files, the JSON summary)."""
-    ckpt = tmp / "llama"
-    shutil.copytree(FIX / "llama", ckpt)
-    data = _data(tmp)
-    out = io.StringIO()
-    half = str(steps // 2)
-    with contextlib.redirect_stdout(out):
-        rc = cli.main(["train-mtp", "--model", str(ckpt), "--data", *map(str, data), "--out", str(ckpt), "--steps",
-                       str(steps), "--batch", "4", "--seq-len", "24", "--lr", "1e-2", "--eval-every", half,
-                       "--ckpt-every", half, *extra, "--json"])
-    assert rc == 0
-    return ckpt, data, json.loads(out.getvalue())
+FIX = FIXTURES / "hf"
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from batch_models import DRAFT, EOS, MODEL, SLIDING_MODEL, alone_run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,8 +21,6 @@ import specjax.batch.scheduler as batch_mod
 from specjax import Request, batch_generate
 from specjax.cache import PagedKVCache
 from specjax.prefix_cache import PrefixCache, page_keys
-
-from test_batch import DRAFT, EOS, MODEL, SLIDING_MODEL, _alone_run
 
 B, L, HKV, D, PAGE = 3, 2, 1, 2, 4
 _RESERVE = jax.jit(lambda c, t, live: c.reserve(t, live))
@@ -289,7 +288,7 @@ def test_rows_sharing_prefixes_equal_generate_alone(drafter):
     assert _HEAD[16] != 5 and _HEAD[32] == 2  # what _CACHED_MTP assumes
     kw = dict(drafter=drafter, cache="paged", eos_id=EOS, ngram_n=2,
               draft_model=DRAFT if drafter == "draft_model" else None, **({"depth": 3} if drafter else {}))
-    alone = {r.id: _alone_run(MODEL, r, **kw) for r in reqs}  # greedy: the same tokens under either rule
+    alone = {r.id: alone_run(MODEL, r, **kw) for r in reqs}  # greedy: the same tokens under either rule
     for rule in ("per_sequence", "cohort"):
         out = {c.id: c for c in batch_generate(MODEL, reqs, slots=3, refill_rows=2, kv_advance=rule, **kw)}
         for r in reqs:
@@ -313,7 +312,7 @@ def test_chunked_prefills_start_past_their_cached_pages(drafter):
     assert {i: c.metrics["cached_tokens"] for i, c in out.items()} == \
         {**(_CACHED_MTP if drafter == "mtp" else _CACHED), 1: 0}
     for r in reqs:
-        alone = _alone_run(MODEL, r, **kw)
+        alone = alone_run(MODEL, r, **kw)
         assert out[r.id].tokens == alone.tokens[0], r.id
         assert out[r.id].metrics["accepted_trace"] == alone.metrics["row_accepted_trace"][0], r.id
 
@@ -325,7 +324,7 @@ def test_seeded_sampled_rows_sharing_prefixes_equal_alone():
                                            cache="paged", ngram_n=2)}
     assert sum(c.metrics["cached_tokens"] for c in out.values()) > 0
     for r in reqs:
-        alone = _alone_run(MODEL, r, drafter="ngram", depth=2, cache="paged", ngram_n=2, seed=[r.seed],
+        alone = alone_run(MODEL, r, drafter="ngram", depth=2, cache="paged", ngram_n=2, seed=[r.seed],
                            temperature=0.9, top_p=0.9)
         assert out[r.id].tokens == alone.tokens[0], r.id
 
@@ -341,7 +340,7 @@ def test_a_small_pool_evicts_cached_prefixes_and_recomputes_them():
     out = {c.id: c for c in batch_generate(MODEL, reqs, slots=2, refill_rows=1, drafter="ngram", depth=2,
                                            ngram_n=2, cache="paged", pages=10)}
     for r in reqs:
-        alone = _alone_run(MODEL, r, drafter="ngram", depth=2, ngram_n=2, cache="paged")
+        alone = alone_run(MODEL, r, drafter="ngram", depth=2, ngram_n=2, cache="paged")
         assert out[r.id].tokens == alone.tokens[0], r.id
     cached = [out[i].metrics["cached_tokens"] for i in range(len(order))]
     assert cached[2] == 48 and cached[7:] == [0, 0, 0], cached  # head 0 reused; heads 1-3 evicted by then
@@ -358,7 +357,7 @@ def test_auto_depth_jobs_share_prefixes_and_keep_the_greedy_tokens():
                                            depth="auto", max_depth=2, cost=cost, cache="paged")}
     assert {i: c.metrics["cached_tokens"] for i, c in out.items()} == {i: _CACHED[i] for i in range(6)}
     for r in reqs:
-        assert out[r.id].tokens == _alone_run(MODEL, r, drafter=None).tokens[0], r.id
+        assert out[r.id].tokens == alone_run(MODEL, r, drafter=None).tokens[0], r.id
 
 
 def test_prefix_cache_off_computes_every_prompt_and_gives_the_same_tokens():

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from batch_models import DRAFT, EOS, MODEL, SLIDING_MODEL, alone_run
 
 import specjax
 import specjax.batch.scheduler as batch_mod
@@ -20,8 +21,6 @@ import specjax.latency as latency
 from specjax import Request, batch_generate
 from specjax.engine import make_engine, pending_rows, prefill_chunk, prefill_rows, request_capacity
 from specjax.sampling import RowSampling
-
-from test_batch import DRAFT, EOS, MODEL, SLIDING_MODEL, _alone_run
 
 WIDTH, LENS = 28, [28, 3, 15, 7, 1, 14]  # prompts ending in the first, a middle and the last chunk
 
@@ -81,7 +80,7 @@ def test_chunks_leave_exactly_what_the_whole_prefill_leaves(drafter, c):
         _same_live_kv(st.dstate.global_kv, whole.dstate.global_kv, lengths, "draft model")
 
 
-def _requests(seed):
+def make_requests(seed):
     rng = np.random.default_rng(seed)
     return [Request(prompt=rng.integers(0, 31, int(rng.integers(2, 30))).tolist(), id=i,
                     max_new_tokens=int(rng.integers(3, 30))) for i in range(7)]
@@ -97,7 +96,7 @@ def test_chunked_jobs_give_every_request_its_alone_tokens(monkeypatch, drafter, 
     rows never take the same page. Mixed (the default): each chunk in a decode step's forward;
     else each chunk its own call (as under ``depth="auto"``)."""
     monkeypatch.setattr(batch_mod, "MIXED_STEP", mixed)
-    reqs = _requests(seed=c)
+    reqs = make_requests(seed=c)
     kw = dict(drafter=drafter, depth=3, eos_id=EOS, ngram_n=2, draft_model=DRAFT if drafter == "draft_model" else None,
               cache=cache)
     for rule in ("per_sequence", "cohort"):
@@ -105,7 +104,7 @@ def test_chunked_jobs_give_every_request_its_alone_tokens(monkeypatch, drafter, 
                                                **kw)}
         assert sorted(out) == [r.id for r in reqs]
         for r in reqs:
-            alone = _alone_run(MODEL, r, kv_advance=rule, **kw)
+            alone = alone_run(MODEL, r, kv_advance=rule, **kw)
             assert out[r.id].tokens == alone.tokens[0], (rule, r.id)
             if rule == "per_sequence":  # the drafter state came out of the chunks whole
                 assert out[r.id].metrics["accepted_trace"] == alone.metrics["row_accepted_trace"][0], r.id
@@ -126,14 +125,14 @@ def test_chunked_paged_jobs_share_a_tight_pool_with_the_running_rows():
     out = {x.id: x.tokens for x in batch_generate(MODEL, reqs, slots=3, refill_rows=2, prefill_chunk=4, cache="paged",
                                                   pages=10, drafter="mtp", depth=3)}
     for r in reqs:
-        assert out[r.id] == _alone_run(MODEL, r, drafter="mtp", depth=3).tokens[0], r.id
+        assert out[r.id] == alone_run(MODEL, r, drafter="mtp", depth=3).tokens[0], r.id
 
 
 def test_sliding_window_rows_take_their_prompts_in_chunks():
-    reqs = _requests(seed=5)
+    reqs = make_requests(seed=5)
     out = {x.id: x.tokens for x in batch_generate(SLIDING_MODEL, reqs, slots=2, prefill_chunk=3, drafter="mtp")}
     for r in reqs:
-        assert out[r.id] == _alone_run(SLIDING_MODEL, r, drafter="mtp").tokens[0]
+        assert out[r.id] == alone_run(SLIDING_MODEL, r, drafter="mtp").tokens[0]
 
 
 @pytest.mark.parametrize("chunk,mixed", [(None, True), (8, True), (8, False)])
@@ -189,7 +188,7 @@ def test_a_long_prompt_stalls_the_running_rows_one_chunk_at_a_time(monkeypatch, 
         for a, b in zip(chunks, chunks[1:], strict=False):
             assert events[a + 1 : b] == ([] if mixed else [1]), events
     for r in reqs:
-        assert out[r.id].tokens == _alone_run(MODEL, r, drafter="ngram", ngram_n=2).tokens[0]
+        assert out[r.id].tokens == alone_run(MODEL, r, drafter="ngram", ngram_n=2).tokens[0]
 
 
 @pytest.mark.parametrize("drafter,cache", [("mtp", "dense"), ("draft_model", "paged")])
@@ -223,7 +222,7 @@ def test_auto_depth_times_its_table_on_running_rows_not_pending_ones(monkeypatch
     assert seen == [True]
     assert calls["chunk"] == 0 and calls["chunk_step"] > 0
     for r in reqs:
-        assert out[r.id] == _alone_run(MODEL, r, depth=3, **kw).tokens[0]
+        assert out[r.id] == alone_run(MODEL, r, depth=3, **kw).tokens[0]
 
 
 @pytest.mark.parametrize("kw,match", [

@@ -2,12 +2,11 @@
 model or small shapes), the README stays short and its test command is what CI runs, the site's
 home is the README, and every page is in the site's navigation."""
 
-import pathlib
 import re
 
 import pytest
+from paths import ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
 BLOCKS = [(p, i, code) for p in PAGES if p.name != "index.md"  # index.md is the README's copy
           for i, code in enumerate(re.findall(r"```python\n(.*?)```", p.read_text(), re.S))]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from paths import ROOT
 
 from specjax import cli
 from specjax.auto.policy import (
@@ -455,11 +456,10 @@ def test_the_knob_sweeps_hold_other_knobs_with_with(monkeypatch):
     unknown one is a one-line exit."""
     import argparse
     import sys
-    from pathlib import Path
 
     from specjax.auto.policy import KNOBS
 
-    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import _report
 
     def parse(*argv):

@@ -9,12 +9,12 @@ import os
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from paths import TESTS
 
 import specjax
 from specjax.engine import state as engine_state
@@ -29,7 +29,7 @@ from specjax.sharding import (
     state_specs,
 )
 
-HERE = Path(__file__).parent
+HERE = TESTS
 
 
 def _env() -> dict:

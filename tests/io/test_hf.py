@@ -4,16 +4,17 @@ and torch are installed (``pip install torch==2.13.0 transformers``)."""
 
 import json
 import shutil
-from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hf_copies import copy_fixture, edit_config
+from paths import FIXTURES
 
 from specjax import generate, logits
 from specjax.hf import generate_text, load_hf_checkpoint, load_tokenizer, save_hf_checkpoint
 
-FIX = Path(__file__).parent / "fixtures" / "hf"
+FIX = FIXTURES / "hf"
 ARCHS = ["llama", "qwen2", "mistral"]
 
 
@@ -91,18 +92,6 @@ def test_tokenizer_and_text_generation():
         generate_text(model, tok, "def parse")
 
 
-def _copy(tmp_path, arch="llama"):
-    d = tmp_path / arch
-    shutil.copytree(FIX / arch, d)
-    return d
-
-
-def _edit_config(d, **changes):
-    cfg = json.loads((d / "config.json").read_text())
-    cfg.update(changes)
-    (d / "config.json").write_text(json.dumps(cfg))
-
-
 @pytest.mark.parametrize(
     "change,match",
     [
@@ -116,8 +105,8 @@ def _edit_config(d, **changes):
     ],
 )
 def test_unsupported_or_mismatched_checkpoints_are_clear_errors(tmp_path, change, match):
-    d = _copy(tmp_path)
-    _edit_config(d, **change)
+    d = copy_fixture(tmp_path)
+    edit_config(d, **change)
     with pytest.raises(ValueError, match=match):
         load_hf_checkpoint(d)
 
@@ -125,7 +114,7 @@ def test_unsupported_or_mismatched_checkpoints_are_clear_errors(tmp_path, change
 def test_missing_and_truncated_files(tmp_path):
     with pytest.raises(ValueError, match="not a directory"):
         load_hf_checkpoint(tmp_path / "nope")
-    d = _copy(tmp_path)
+    d = copy_fixture(tmp_path)
     data = (d / "model.safetensors").read_bytes()
     (d / "model.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match=r"model.safetensors"):

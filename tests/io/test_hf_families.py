@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hf_copies import copy_fixture, edit_config
+from paths import FIXTURES
 
 import specjax
 from specjax import Model, ModelConfig, batch_generate, generate, init_model, logits
@@ -18,10 +20,8 @@ from specjax.hf_io import rope_scaling
 from specjax.model import layer_loop, with_layer_loop
 from specjax.model.rope import rope_frequencies
 
-from test_hf import _copy, _edit_config  # the fixture-copy helpers the family tests share
-
-FIX = Path(__file__).parent / "fixtures" / "hf"
-TOKS = Path(__file__).parent / "fixtures" / "tokenizers"
+FIX = FIXTURES / "hf"
+TOKS = FIXTURES / "tokenizers"
 FAMILIES = ["llama3_scaling", "yarn", "qwen3", "gemma3"]
 
 
@@ -31,7 +31,7 @@ def _expected(name):
 
 def _legacy_dir(tmp_path, name):
     """The fixture with its config in the pre-transformers-5 format (``config.legacy.json``)."""
-    d = _copy(tmp_path, name)
+    d = copy_fixture(tmp_path, name)
     shutil.copy(d / "config.legacy.json", d / "config.json")
     return d
 
@@ -110,8 +110,8 @@ def test_config_mapping():
     ("qwen3", dict(attention_bias=True), r"field 'attention_bias'=True is not supported"),
 ])
 def test_unimplemented_config_fields_are_clear_errors(tmp_path, name, change, match):
-    d = _copy(tmp_path, name)
-    _edit_config(d, **change)
+    d = copy_fixture(tmp_path, name)
+    edit_config(d, **change)
     with pytest.raises(ValueError, match=match):
         load_hf_checkpoint(d)
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from paths import FIXTURES
 
 from specjax import generate, load_hf_checkpoint
 from specjax.advance import KvAdvance
@@ -21,7 +21,7 @@ from specjax.mtp_head import draft_vocab_ids, load_mtp, save_mtp
 
 from engine_models import GLOBAL, TINY, chi2_pvalue, exact_continuations, sharp
 
-FIX = Path(__file__).parent / "fixtures" / "hf"
+FIX = FIXTURES / "hf"
 CFG = dataclasses.replace(GLOBAL, mtp_depth=3, max_seq_len=128)
 PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]]
 
@@ -124,7 +124,7 @@ def test_the_mtp_step_pays_the_head_over_the_draft_vocabulary_only():
 
 
 def test_train_mtp_with_a_draft_vocabulary_trains_saves_and_stays_lossless(tmp_path):
-    from test_train_mtp import train_cli
+    from mtp_training import train_cli
 
     ckpt, _, summary = train_cli(tmp_path, 6, "--draft-vocab", "40")
     assert summary["draft_vocab"] == 40 and np.isfinite(summary["final_eval"]["bits_per_token"]).all()

@@ -4,9 +4,9 @@ refactor or a renamed test fails here, in seconds, not after the check's half ho
 
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from paths import ROOT
+
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import mutation_check  # noqa: E402

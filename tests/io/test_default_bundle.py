@@ -7,6 +7,7 @@ import dataclasses
 import json
 
 import pytest
+from paths import ROOT
 
 from specjax.bench import bench_prompts
 from specjax.checkpoint import DEFAULT_BUNDLE, load_model
@@ -80,7 +81,7 @@ def test_a_built_wheel_carries_the_bundled_model(tmp_path):
     import sys
     import zipfile
 
-    root = pathlib.Path(__file__).resolve().parent.parent
+    root = ROOT
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(root), "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(tmp_path / "wheel")], check=True, capture_output=True, timeout=600)
     (wheel,) = (tmp_path / "wheel").glob("specjax-*.whl")

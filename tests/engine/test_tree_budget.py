@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tree_cases import verified_trees
 
 from specjax import generate, load_model
 from specjax.advance import kv_advance
@@ -20,7 +21,7 @@ from specjax.engine import make_engine, prefill, step_window
 from specjax.engine.loop import TRACES
 from specjax.generation_config import GenerationConfig
 from specjax.sampling import RowSampling
-from specjax.tree import DynamicTree, ancestors, first_child_verdicts, tree_greedy_verify, tree_window
+from specjax.tree import DynamicTree, first_child_verdicts, tree_window
 
 from engine_models import GLOBAL, TINY, chi2_pvalue, exact_continuations, noisy, sharp
 
@@ -61,24 +62,6 @@ def _walk(parents, u, path, a):
     while acc < min(a, len(main)) and path[acc] == main[acc]:
         acc += 1
     return len(main), acc
-
-
-def verified_trees(seed, n, vocab, b=4):
-    """``b`` random windows of ``n`` nodes (each a chain of ``u`` known nodes, then a random
-    tree below the last), greedily verified against random logits over ``vocab`` tokens:
-    ``(parents, u, anc, a, path)``. Shared with ``test_tree_sim``."""
-    rng = np.random.default_rng(seed)
-    u = rng.integers(1, n, b).astype(np.int32)
-    parents = np.zeros((b, n), np.int32)
-    for r in range(b):
-        parents[r] = [j - 1 if j < u[r] else int(rng.integers(u[r] - 1, j)) for j in range(n)]
-        parents[r, 0] = -1
-    tokens = rng.integers(0, vocab, (b, n)).astype(np.int32)
-    lg = rng.normal(size=(b, n, vocab)).astype(np.float32)
-    anc = ancestors(jnp.asarray(parents))
-    a, path, _ = tree_greedy_verify(jnp.asarray(lg), jnp.asarray(tokens), jnp.asarray(parents), jnp.asarray(u),
-                                    anc=anc)
-    return parents, u, anc, a, path
 
 
 @settings(max_examples=25, deadline=None)

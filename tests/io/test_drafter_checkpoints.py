@@ -6,12 +6,12 @@ every mismatch before anything compiles; the public layout round trip."""
 
 import json
 import shutil
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from paths import FIXTURES
 
 import specjax
 from specjax import load_drafter, load_hf_checkpoint, save_drafter
@@ -20,7 +20,7 @@ from specjax.model import ModelConfig, init_model
 from specjax.model.block import block_draft_logits, block_logits, train_block_hidden, write_context
 from specjax.model.llama import hidden_states
 
-FIX = Path(__file__).parent / "fixtures"
+FIX = FIXTURES
 DRAFTERS = FIX / "drafters"
 TARGETS = {"dflash_qwen3": DRAFTERS / "qwen3_target", "dflash_llama": FIX / "hf" / "llama"}
 

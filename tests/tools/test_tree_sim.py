@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_tree_budget import verified_trees
+from tree_cases import verified_trees
 
 from specjax import cli, generate, load_model
 from specjax.auto.policy import CostTable
