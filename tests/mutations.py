@@ -2429,4 +2429,11 @@ Mutation(
         "        target = target\n",
         ("tests/io/test_drafter_checkpoints.py::test_greedy_decoding_with_a_loaded_eagle3_head_is_plain_decoding",),
     ),
+    Mutation(
+        "caches: a step plan commits every row by the first row's advance (the shared apply_plan)",
+        "CommitsPlans.apply_plan",
+        "        return self.advance(plan.advance)\n",
+        "        return self.advance(plan.advance[0])\n",
+        ("tests/cache/test_kv_protocol.py",),
+    ),
 ]

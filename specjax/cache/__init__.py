@@ -1,8 +1,8 @@
 """KV caches that carry per-row lengths: dense, rolling (sliding window), paged, compressed memory.
 
-Shared interface: ``write(layer, k_new, v_new)`` at each row's own offset,
-``advance(n)`` / ``apply_plan(plan)``, ``rollback(new_lengths)``,
-``attend(q, layer)`` (what attention needs), and a sticky per-row ``status``.
+Shared interface: the ``KVCache`` Protocol (``protocol.py``): ``write(layer, k_new, v_new)`` at
+each row's own offset, ``advance(n)`` / ``apply_plan(plan)`` (one shared rule), ``rollback``,
+``compact``, ``put_rows``, and a sticky per-row ``status``.
 """
 
 from specjax.cache.align import front_align_batch, front_pad_kv_cache
@@ -19,6 +19,7 @@ from specjax.cache.compressed import CompressedKVCache
 from specjax.cache.dense import DenseKVCache
 from specjax.cache.model_cache import CACHE_KINDS, ModelCache, global_cache, kv_cache
 from specjax.cache.paged import PagedKVCache
+from specjax.cache.protocol import KVCache
 from specjax.cache.rolling import RollingKVCache
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "STATUS_OK",
     "CompressedKVCache",
     "DenseKVCache",
+    "KVCache",
     "ModelCache",
     "PagedKVCache",
     "RollingKVCache",

@@ -72,6 +72,7 @@ from specjax.cache.base import (
     set_all_layers,
     set_rows,
 )
+from specjax.cache.protocol import CommitsPlans
 
 __all__ = ["CompressedKVCache", "compressed_attention", "memory_cut", "pool_blocks"]
 
@@ -105,7 +106,7 @@ def compressed_attention(
 
 
 @pytree_dataclass
-class CompressedKVCache:
+class CompressedKVCache(CommitsPlans):
     k: Layers  # per layer [B, Hkv, size, D]: raw ring, relative position p in slot p % size (tuple or stack)
     v: Layers
     mem_k: Layers  # per layer [B, Hkv, slots, D]: slot c = mean of block c's keys
@@ -245,8 +246,6 @@ class CompressedKVCache:
             status=self.status | jnp.where(fits, 0, CAPACITY_EXCEEDED),
         )
 
-    def apply_plan(self, plan) -> CompressedKVCache:
-        return self.advance(plan.advance)
 
     def rollback(self, new_lengths: jax.Array | int) -> CompressedKVCache:
         """Roll back to ``new_lengths`` in ``[max(start, lengths - slack), lengths]``; memory slots

@@ -36,12 +36,13 @@ from specjax.cache.base import (
     set_all_layers,
     set_rows,
 )
+from specjax.cache.protocol import CommitsPlans
 
 __all__ = ["DenseKVCache"]
 
 
 @pytree_dataclass
-class DenseKVCache:
+class DenseKVCache(CommitsPlans):
     k: Layers  # per layer [B, Hkv, capacity, D]: a tuple, or a stack [L, B, Hkv, capacity, D]
     v: Layers
     lengths: jax.Array  # int32 [B]: next free slot (committed length incl. lead pad)
@@ -102,9 +103,6 @@ class DenseKVCache:
             status=self.status | jnp.where(fits, 0, CAPACITY_EXCEEDED),
         )
 
-    def apply_plan(self, plan) -> DenseKVCache:
-        """Commit a step plan: each row advances by ``plan.advance``."""
-        return self.advance(plan.advance)
 
     def rollback(self, new_lengths: jax.Array | int) -> DenseKVCache:
         """Set ``lengths`` to ``new_lengths`` in ``[start, lengths]``; nothing is zeroed."""

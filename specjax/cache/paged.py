@@ -55,6 +55,7 @@ from specjax.cache.base import (
     positions,
     set_rows,
 )
+from specjax.cache.protocol import CommitsPlans
 
 __all__ = ["PagedKVCache", "gather_pages"]
 
@@ -64,7 +65,7 @@ def _ceil_div(a: jax.Array, b: int) -> jax.Array:
 
 
 @pytree_dataclass
-class PagedKVCache:
+class PagedKVCache(CommitsPlans):
     k: Layers  # per layer [num_pages, Hkv, page_size, D]: a tuple or a stack [L, ...]
     v: Layers
     block_table: jax.Array  # int32 [B, max_pages]
@@ -247,8 +248,6 @@ class PagedKVCache:
             write_end=jnp.full_like(self.write_end, UNBOUNDED),
         )
 
-    def apply_plan(self, plan) -> PagedKVCache:
-        return self.advance(plan.advance)
 
     def _push_free(self, freed: jax.Array) -> PagedKVCache:
         """Return the pages marked in ``freed [B, max_pages]`` to the top of the free stack: a

@@ -39,12 +39,13 @@ from specjax.cache.base import (
     set_all_layers,
     set_rows,
 )
+from specjax.cache.protocol import CommitsPlans
 
 __all__ = ["RollingKVCache"]
 
 
 @pytree_dataclass
-class RollingKVCache:
+class RollingKVCache(CommitsPlans):
     k: Layers  # per layer [B, Hkv, window + slack, D] (head-major): a tuple or a stack [L, ...]
     v: Layers
     lengths: jax.Array  # int32 [B]: absolute position of the next token
@@ -124,8 +125,6 @@ class RollingKVCache:
         return self.replace(lengths=self.lengths + as_rows(n, self.batch),
                             write_end=jnp.full_like(self.write_end, UNBOUNDED))
 
-    def apply_plan(self, plan) -> RollingKVCache:
-        return self.advance(plan.advance)
 
     def rollback(self, new_lengths: jax.Array | int) -> RollingKVCache:
         """Roll back to ``new_lengths`` in ``[max(start, lengths - slack), lengths]``."""
