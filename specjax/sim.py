@@ -351,9 +351,11 @@ def simulate_policy(
     ``fill``: each row proposes every draft the chosen window holds (``DepthPolicy.fill``; the
     rows' counts still choose the window); off, only its own count. These defaults are the
     simulator's own; ``**DepthPolicy(windows).knobs()`` models the engine's."""
-    prior = _check_policy(policy, tokens, cost, prior, prior_weight, relax_early, fill, rate=rate,
-                          threshold=threshold, min_gain=min_gain, relax=relax, shrink=shrink, spread=spread,
-                          explore=explore, pool=pool)
+    prior = _check_policy(policy, tokens, cost, prior, prior_weight, relax_early, fill,
+                          (("rate", rate, 0.0, 1.0), ("threshold", threshold, 0.0, 1.0),
+                           ("min_gain", min_gain, 0.0, 1.0), ("relax", relax, 0.0, 1.0),
+                           ("relax_early", relax_early, 0.0, 1.0), ("shrink", shrink, 0.0, 1.0),
+                           ("spread", spread, 0.0, 1.0), ("explore", explore, 0.0, 1.0), ("pool", pool, 0.0, 1000.0)))
     b, _, s, acc = _validate(batch, max(max(cost.windows) - 1, 1), steps, acceptance, seed)
     r = parse_kv_advance(rule, what="rule")
     budget = jnp.full((b,), 2**30 if tokens is None else tokens, jnp.int32)
@@ -377,9 +379,9 @@ def simulate_policy(
                         mean_drafts=float(drafts.sum()) / (n * b))
 
 
-def _check_policy(policy: str, tokens, cost, prior, prior_weight, relax_early, fill, **unit: float):
+def _check_policy(policy: str, tokens, cost, prior, prior_weight, relax_early, fill, bounded: tuple):
     """``simulate_policy``'s settings, each failing by name; returns ``prior`` as one float or a
-    tuple per draft position. ``unit``: the knobs that lie in [0, 1] (``pool``: [0, 1000])."""
+    tuple per draft position. ``bounded``: ``(name, value, low, high)`` of each ranged knob."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {list(POLICIES)}, got {policy!r}")
     if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
@@ -388,8 +390,7 @@ def _check_policy(policy: str, tokens, cost, prior, prior_weight, relax_early, f
         raise ValueError("policy 'makespan' needs tokens= (a static batch: rows that finish)")
     if not isinstance(cost, CostTable):
         raise ValueError(f"cost must be a CostTable, got {type(cost).__name__}")
-    for name, v in (*unit.items(), ("relax_early", relax_early)):
-        lo, hi = 0.0, 1000.0 if name == "pool" else 1.0
+    for name, v, lo, hi in bounded:
         if not lo <= float(v) <= hi:
             raise ValueError(f"{name} must lie in [{lo}, {hi}], got {v!r}")
     if fill not in (True, False):  # 0.0 / 1.0 pass: ``DepthPolicy.knobs`` gives floats

@@ -1,4 +1,5 @@
-"""Editable copies of the Hugging Face fixtures (``tests/fixtures/hf``), shared by the loader tests."""
+"""Editable copies of the checkpoint fixtures (``tests/fixtures/hf`` by default, or the drafter
+folders), shared by the loader tests."""
 
 import json
 import shutil
@@ -8,9 +9,10 @@ from paths import FIXTURES
 FIX = FIXTURES / "hf"
 
 
-def copy_fixture(tmp_path, arch="llama"):
+def copy_fixture(tmp_path, arch="llama", source=FIX):
+    """An editable copy of fixture folder ``source / arch`` under ``tmp_path``."""
     d = tmp_path / arch
-    shutil.copytree(FIX / arch, d)
+    shutil.copytree(source / arch, d)
     return d
 
 

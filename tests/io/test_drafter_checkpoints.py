@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hf_copies import copy_fixture
 from paths import FIXTURES
 
 import specjax
@@ -140,9 +141,7 @@ def test_the_public_layout_round_trips(tmp_path):
 
 
 def _copy(tmp_path, name="dflash_qwen3"):
-    d = tmp_path / name
-    shutil.copytree(DRAFTERS / name, d)
-    return d
+    return copy_fixture(tmp_path, name, DRAFTERS)
 
 
 def _edit(d, **changes):
