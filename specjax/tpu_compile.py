@@ -78,7 +78,10 @@ class HloFacts:
 
 
 _ITEM = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1, "s64": 8, "f64": 8}
-_INSTR = re.compile(r"^\s*(?:ROOT )?%?\S+ = (\w+)\[([\d,]*)\]\{?[^ ]* (\w[\w-]*)\(")
+_INSTR = re.compile(r"^\s*(?:ROOT )?%?(\S+) = (\w+)\[([\d,]*)\]\{?[^ ]* (\w[\w-]*)\(")
+# a fusion XLA names for a copy or transpose it wraps (``copy_bitcast_fusion``, ``transpose_fusion``...):
+# a relayout all the same
+_COPY_FUSION = re.compile(r"^(?:copy|transpose|bitcast_copy)[\w-]*fusion")
 
 
 def _bytes(dtype: str, dims: str) -> int:
@@ -109,13 +112,14 @@ def hlo_facts(text: str, threshold: int, top: int = 5) -> HloFacts:
         m = _INSTR.match(line)
         if not m:
             continue
-        dtype, dims, op = m.groups()
+        name, dtype, dims, op = m.groups()
         size = _bytes(dtype, dims)
         if op in ("parameter", "get-tuple-element", "bitcast", "tuple", "constant"):
             continue
         made.append((f"{op} {dtype}[{dims}]", size))
-        if op in ("copy", "copy-start", "transpose") and size >= threshold:
-            copies.append(f"{op} {dtype}[{dims}]")
+        if (op in ("copy", "copy-start", "transpose") or (op == "fusion" and _COPY_FUSION.match(name))) \
+                and size >= threshold:
+            copies.append(f"{name if op == 'fusion' else op} {dtype}[{dims}]")
     made.sort(key=lambda x: -x[1])
     seen, largest = set(), []
     for name, size in made:

@@ -2220,9 +2220,38 @@ Mutation(
     Mutation(
         "tpu compile: a copy of a whole K/V layer is not reported",
         "hlo_facts",
-        'if op in ("copy", "copy-start", "transpose") and size >= threshold:',
-        'if op in ("copy-start", "transpose") and size >= threshold:',
+        'if (op in ("copy", "copy-start", "transpose") or',
+        'if (op in ("copy-start", "transpose") or',
         ("tests/kernels/test_tpu_compile.py::test_the_copy_check_counts_materialized_cache_sized_copies_only",),
+    ),
+    Mutation(
+        "tpu compile: a copy XLA wrapped in a fusion (copy_bitcast_fusion) is not reported",
+        "hlo_facts",
+        '(op == "fusion" and _COPY_FUSION.match(name))',
+        '(op == "fusion" and False)',
+        ("tests/kernels/test_tpu_compile.py::test_the_copy_check_counts_materialized_cache_sized_copies_only",),
+    ),
+    Mutation(
+        "cache write: a step's write indexes [heads, head_dim] windows (XLA:TPU relayouts the MTP block's cache)",
+        "set_rows",
+        "        idx = per_head(idx, layer_spec(buf).shape[1])\n",
+        "        pass\n",
+        ("tests/kernels/test_tpu_compile.py::test_the_decode_step_compiles_for_tpu_with_no_cache_sized_copy[dense-mtp-v5e]",),
+    ),
+    Mutation(
+        "cache write: per-head indices put every head's row in head 0",
+        "per_head",
+        "jnp.arange(heads, dtype=jnp.int32)",
+        "jnp.zeros(heads, dtype=jnp.int32)",
+        ("tests/cache/test_caches.py::test_row_writes_and_slot_moves_match_numpy",),
+    ),
+    Mutation(
+        "tree compaction after the layer scan: the stack's layers sliced, not indexed (a whole-stack relayout)",
+        "move_slots",
+        "    return buf.at[(layers, *to)].set(buf[(layers, *frm)], mode=\"drop\")",
+        "    return buf.at[(slice(None), *to)].set(buf[(slice(None), *frm)], mode=\"drop\")",
+        ("tests/kernels/test_tpu_compile.py::test_the_decode_step_compiles_for_tpu_with_no_cache_sized_copy"
+         "[tree-mtp-scan-v5e]",),
     ),
     Mutation(
         "tpu compile: the memory verdict ignores what the compiler needs beyond the chip",

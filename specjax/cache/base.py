@@ -82,17 +82,44 @@ def is_stacked(buf: Layers) -> bool:
     return not isinstance(buf, tuple)
 
 
+def per_head(idx: tuple, heads: int) -> tuple:
+    """``(a, :, b)`` (a layer's first and third axes, ``[B, t]`` or broadcasting) as one index
+    per head, ``(a[..., None], arange(heads), b[..., None])``: the same entries, each a
+    ``head_dim`` row. Why: the window of an ``(a, :, b)`` scatter, ``[heads, head_dim]``, is
+    strided in the cache's ``[.., heads, slots, head_dim]`` layout. Where XLA:TPU may choose a
+    cache's layout (one written several times in a step, as the MTP block's is), it then picks
+    slot-major for the scatter and copies the cache to the kernels' layout and back around
+    every write. A ``head_dim`` row is contiguous in the kernels' layout: no copy."""
+    a, _, b = idx
+    return jnp.asarray(a)[..., None], jnp.arange(heads, dtype=jnp.int32), jnp.asarray(b)[..., None]
+
+
+def lane_dense(buf: Layers) -> bool:
+    """Whether one head's ``head_dim`` row fills whole TPU lane tiles (a multiple of 128): the
+    cache is then laid out ``head_dim``-minor, the kernels' layout, and a row is contiguous.
+    At head_dim 64 XLA:TPU lays a cache out slot-minor instead (no lane padding) and every
+    write relayouts it either way (docs/usage/tpu-compile.md)."""
+    return layer_spec(buf).shape[-1] % 128 == 0
+
+
 def set_rows(buf: Layers, layer: int | jax.Array, idx: tuple, value: jax.Array) -> Layers:
-    """``buf[layer][idx] = value`` (out-of-range indices dropped), in place in either layout."""
+    """``buf[layer][idx] = value`` (out-of-range indices dropped), in place in either layout.
+    ``idx = (a, :, b)`` indexes a layer's first and third axes; the view it names, and
+    ``value``, are ``[*broadcast(a, b), heads, head_dim]``."""
     if len(idx) == 3 and isinstance(idx[1], slice) and np.size(idx[0]) == 1 and np.size(idx[2]) == 1:
-        # one entry (a batch of one writing one token): XLA rewrites a one-entry scatter into a
-        # dynamic update slice, which its fusion then duplicates into the attention that reads the
-        # buffer, copying every layer's K and V each step. A second entry, out of range (dropped),
-        # keeps it a scatter
+        # one token of one row: XLA rewrites a scatter of one entry (one head) into a dynamic
+        # update slice, which its fusion then duplicates into the attention that reads the
+        # buffer, copying every layer's K and V each step. A second entry, out of range
+        # (dropped), keeps it a scatter
         spare = layer_spec(buf).shape[2]
         idx = (jnp.concatenate([jnp.reshape(idx[0], (1, 1))] * 2, axis=1), idx[1],
                jnp.concatenate([jnp.reshape(idx[2], (1, 1)), jnp.full((1, 1), spare, jnp.int32)], axis=1))
         value = jnp.concatenate([jnp.reshape(value, (1, 1, *value.shape[-2:]))] * 2, axis=1)
+    if value.shape[1] <= KERNEL_MAX_QUERIES and lane_dense(buf):
+        # a step's few tokens a row, one index per head (``per_head``). Not a whole prompt: its
+        # write, so indexed, tripled the prefill's temporaries (llama3.1-8b, 32 rows of 640,
+        # v5e, 1x4 mesh: 1.3 -> 4.0 GiB a chip), and a prefill writes a fresh cache once
+        idx = per_head(idx, layer_spec(buf).shape[1])
     if isinstance(buf, tuple):
         new = buf[layer].at[idx].set(value.astype(buf[layer].dtype), mode="drop")
         return (*buf[:layer], new, *buf[layer + 1 :])
@@ -111,9 +138,18 @@ def move_slots(buf: Layers, frm: tuple[jax.Array, jax.Array], to: tuple[jax.Arra
     layer's first and third axes (a row and its slot, or a pool page and its offset; ``[B, N]``
     or broadcasting), an out-of-range ``to`` dropped. One gather and one scatter of ``B * N``
     entries a layer (a token tree's compaction)."""
+    if not lane_dense(buf):
+        if isinstance(buf, tuple):
+            return tuple(x.at[to[0], :, to[1]].set(x[frm[0], :, frm[1]], mode="drop") for x in buf)
+        return buf.at[:, to[0], :, to[1]].set(buf[:, frm[0], :, frm[1]], mode="drop")
+    heads = layer_spec(buf).shape[1]
+    frm, to = per_head((frm[0], None, frm[1]), heads), per_head((to[0], None, to[1]), heads)  # D-rows: set_rows
     if isinstance(buf, tuple):
-        return tuple(x.at[to[0], :, to[1]].set(x[frm[0], :, frm[1]], mode="drop") for x in buf)
-    return buf.at[:, to[0], :, to[1]].set(buf[:, frm[0], :, frm[1]], mode="drop")
+        return tuple(x.at[to].set(x[frm], mode="drop") for x in buf)
+    # the stack's layer as an index too (a slice over it copied the whole stack to a
+    # layer-minor layout and back: XLA:TPU, a tree's compaction after the layer scan)
+    layers = jnp.arange(buf.shape[0], dtype=jnp.int32).reshape((-1,) + (1,) * to[0].ndim)
+    return buf.at[(layers, *to)].set(buf[(layers, *frm)], mode="drop")
 
 
 def layer_block(buf: Layers, layer: int | jax.Array, start: jax.Array | int, size: int, axis: int) -> jax.Array:

@@ -474,3 +474,43 @@ def test_capability_check():
     assert "no per-row 'lengths'" in cache_supports_per_sequence_advance(object())
     mismatch = [_dense(), DenseKVCache.create(1, B + 1, 4, 1, 2)]
     assert "rows" in cache_supports_per_sequence_advance(mismatch)
+
+
+@pytest.mark.parametrize("head_dim", [D, 128])  # 128: one index per head (cache.base.per_head)
+@pytest.mark.parametrize("stacked", [False, True])
+def test_row_writes_and_slot_moves_match_numpy(head_dim, stacked):
+    """``set_rows`` and ``move_slots`` against NumPy in both layouts and both index forms: each
+    ``(row, slot)`` entry gets its ``[Hkv, head_dim]`` value, out-of-range entries are dropped,
+    a move reads every source before it writes."""
+    from specjax.cache.base import layer_buffers, move_slots, set_rows
+
+    rng = np.random.default_rng(head_dim + stacked)
+    shape = (B, HKV, CAP, head_dim)
+    base = rng.standard_normal((L, *shape)).astype(np.float32)
+    buf = jnp.asarray(base) if stacked else tuple(jnp.asarray(x) for x in base)
+    assert type(buf) is type(layer_buffers(L, shape, jnp.float32, stacked))
+    t = 3
+    rows = np.repeat(np.arange(B)[:, None], t, axis=1)
+    slots = np.stack([rng.choice(CAP, t, replace=False) for _ in range(B)]).astype(np.int32)
+    slots[1, 2] = CAP  # out of range: dropped
+    value = rng.standard_normal((B, t, HKV, head_dim)).astype(np.float32)
+    want = base.copy()
+    for b in range(B):
+        for j in range(t):
+            if slots[b, j] < CAP:
+                want[1, b, :, slots[b, j]] = value[b, j]
+    got = set_rows(buf, 1, (jnp.asarray(rows), slice(None), jnp.asarray(slots)), jnp.asarray(value))
+    np.testing.assert_array_equal(np.stack(got) if not stacked else got, want)
+
+    frm_slots = np.stack([rng.choice(CAP, 2, replace=False) for _ in range(B)]).astype(np.int32)
+    to_slots = (frm_slots + 1) % CAP
+    to_rows = np.repeat(np.arange(B)[:, None], 2, axis=1)
+    to_rows[2, 0] = B  # out of range: dropped
+    moved = move_slots(got, (jnp.asarray(rows[:, :2]), jnp.asarray(frm_slots)),
+                       (jnp.asarray(to_rows), jnp.asarray(to_slots)))
+    src = want[:, np.arange(B)[:, None], :, frm_slots]  # [B, 2, L, Hkv, D]: every source first
+    for b in range(B):
+        for j in range(2):
+            if to_rows[b, j] < B:
+                want[:, to_rows[b, j], :, to_slots[b, j]] = src[b, j]
+    np.testing.assert_array_equal(np.stack(moved) if not stacked else moved, want)
