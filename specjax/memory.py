@@ -30,7 +30,7 @@ from specjax.model import Model, ModelConfig, init_model
 from specjax.model.shapes import SHAPES
 from specjax.sharding import DATA, MODEL, param_specs, placed_shapes, sharded_config, sharded_layout, state_specs
 
-__all__ = ["PRESETS", "MemoryPlan", "check_compiled", "memory_plan", "resolve_config"]
+__all__ = ["PRESETS", "MemoryPlan", "check_compiled", "memory_plan", "resolve_config", "with_block_drafter"]
 
 PRESETS = SHAPES  # named shapes of public checkpoints (specjax.model.shapes: sizing and the at-scale bench)
 
@@ -97,6 +97,23 @@ def resolve_config(name: str) -> ModelConfig:
     return read_config(path)[0]
 
 
+def with_block_drafter(config: ModelConfig, block: int = 16, layers: int = 1) -> ModelConfig:
+    """``config`` carrying a block drafter of ``block`` positions and ``layers`` layers shaped like
+    its own, tapping DFlash's default target layers: what sizing and ``specjax compile`` use for
+    ``drafter="block"`` on a shape that has none (a checkpoint's own drafter is kept)."""
+    from specjax.drafter_checkpoints.dflash import default_target_layers
+
+    if config.block_size:
+        return config
+    if not isinstance(block, int) or block < 2:
+        raise ValueError(f"block={block!r} is invalid: an int >= 2 (the last token and at least one draft)")
+    if not isinstance(layers, int) or not 1 <= layers <= config.n_layers:
+        raise ValueError(f"block_layers={layers!r} is invalid: an int in [1, {config.n_layers}] (the target's "
+                         "layers)")
+    return dataclasses.replace(config, block_size=block, block_layers=layers, block_mask_id=config.vocab_size - 1,
+                               block_taps=tuple(sorted(set(default_target_layers(config.n_layers, layers)))))
+
+
 def abstract_state(cfg: ModelConfig, data: int, model: int, batch: int, prompt: int, new: int, depth: int,
                     drafter: str | None, cache: str, dtype, *, tree=None, attention_impl: str = "xla",
                     layer_loop: str | None = None):
@@ -108,6 +125,8 @@ def abstract_state(cfg: ModelConfig, data: int, model: int, batch: int, prompt: 
 
     if drafter != "mtp" and cfg.mtp_depth:  # an MTP module only weighs where it drafts
         cfg = dataclasses.replace(cfg, mtp_depth=0)
+    if drafter != "block" and cfg.block_size:  # nor does a block drafter
+        cfg = dataclasses.replace(cfg, block_size=0, block_layers=0, block_taps=(), block_overrides=())
     def laid_out():
         m = init_model(cfg, dtype=dtype)
         if layer_loop is not None:
@@ -132,16 +151,22 @@ def abstract_state(cfg: ModelConfig, data: int, model: int, batch: int, prompt: 
 
 
 def memory_plan(config: ModelConfig, *, data: int = 1, model: int = 1, batch: int, context: int,
-                prompt: int | None = None, depth: int = 3, drafter: str | None = "ngram", cache: str = "dense",
-                dtype="bfloat16") -> MemoryPlan:
+                prompt: int | None = None, depth: int | None = 3, drafter: str | None = "ngram", cache: str = "dense",
+                dtype="bfloat16", block: int = 16, block_layers: int = 1) -> MemoryPlan:
     """Per-device bytes of generating ``batch`` rows of up to ``context`` tokens each (``prompt``
-    of them the prompt: default half) on a ``data x model`` mesh."""
+    of them the prompt: default half) on a ``data x model`` mesh. ``drafter="block"``: the
+    model's block drafter, or ``with_block_drafter(config, block, block_layers)``'s; its
+    ``depth`` defaults to the whole block."""
+    if drafter == "block":  # before the checks: its depth defaults to the block
+        config = with_block_drafter(config, block, block_layers)
+        depth = config.block_size - 1 if depth is None else depth
+    depth = 3 if depth is None else depth
     for name, v in (("data", data), ("model", model), ("batch", batch), ("context", context), ("depth", depth)):
         if not isinstance(v, int) or v < (0 if name == "depth" else 1):
             raise ValueError(f"{name}={v!r} is invalid: must be an int >= {0 if name == 'depth' else 1}")
-    if drafter not in ("mtp", "ngram", None):
-        raise ValueError(f"drafter={drafter!r} is invalid: sizing covers 'mtp', 'ngram' or None (size a draft "
-                         "model as its own config)")
+    if drafter not in ("mtp", "ngram", "block", None):
+        raise ValueError(f"drafter={drafter!r} is invalid: sizing covers 'mtp', 'ngram', 'block' or None (size a "
+                         "draft model as its own config)")
     if drafter == "mtp" and config.mtp_depth < 1:
         raise ValueError("drafter='mtp' is invalid: the config has no MTP module (mtp_depth=0)")
     if batch % data:

@@ -169,15 +169,17 @@ def _compile(fn, args, threshold: int | None, donate: tuple[int, ...] = (), dump
 
 def compile_generation(config, *, chip: str = "v5e", topology: str = "2x2", mesh: tuple[int, int] = (1, 1),
                        batch: int = 1, context: int = 2048, prompt: int | None = None, drafter: str | None = None,
-                       depth: int = 3, tree=None, cache: str = "dense", dtype: str = "bfloat16",
+                       depth: int | None = None, tree=None, cache: str = "dense", dtype: str = "bfloat16",
                        layer_loop: str | None = None, attention: str = "pallas", dump: str | None = None,
-                       programs: tuple[str, ...] = PROGRAMS) -> dict:
+                       programs: tuple[str, ...] = PROGRAMS, block: int = 16, block_layers: int = 1) -> dict:
     """Compile the prefill and the decode step of ``config`` (a ``ModelConfig``) for ``chip``:
     ``batch`` rows of ``context`` tokens (``prompt`` of them the prompt: default half) on a
     ``data x model`` mesh of the slice's chips. Returns the report (``specjax compile --json``);
-    ``dump``: a folder to write each program's optimized HLO to; ``programs``: which to compile."""
+    ``dump``: a folder to write each program's optimized HLO to; ``programs``: which to compile.
+    ``depth``: drafts per step (default 3; the whole block, ``block - 1``, with
+    ``drafter="block"``, whose drafter ``with_block_drafter`` attaches where ``config`` has none)."""
     from specjax.engine import decode_step, fresh_prefill
-    from specjax.memory import abstract_state
+    from specjax.memory import abstract_state, with_block_drafter
     from specjax.sampling import RowSampling
     from specjax.sharding import DATA, MODEL, param_specs, placed_shapes, state_specs
 
@@ -192,7 +194,9 @@ def compile_generation(config, *, chip: str = "v5e", topology: str = "2x2", mesh
     prompt = context // 2 if prompt is None else prompt
     if not 1 <= prompt < context:
         fail("prompt", prompt, f"in [1, context={context})")
-    depth = 0 if drafter is None else depth
+    if drafter == "block":
+        config = with_block_drafter(config, block, block_layers)
+    depth = 0 if drafter is None else (config.block_size - 1 if drafter == "block" else 3) if depth is None else depth
     grid = jax.sharding.Mesh(np.array(devices[: data * model]).reshape(data, model), (DATA, MODEL))
     before = jax.config.jax_default_device, jax.config.jax_enable_compilation_cache
     jax.config.update("jax_default_device", devices[0])  # Mosaic and the engine read the target platform here

@@ -2246,6 +2246,35 @@ Mutation(
         ("tests/cache/test_caches.py::test_row_writes_and_slot_moves_match_numpy",),
     ),
     Mutation(
+        "CLI: --max-depth's default drifts from GenerationConfig's",
+        "specjax/cli/args.py",
+        '("max_depth", "--max-depth", int, 3, None,',
+        '("max_depth", "--max-depth", int, 4, None,',
+        ("tests/api/test_cli.py::test_the_decoding_flags_are_the_generation_configs_fields",),
+    ),
+    Mutation(
+        "CLI: a decoding flag's value never reaches the GenerationConfig",
+        "decoding_settings",
+        "for field, *_ in DECODING_FLAGS}",
+        "for field, *_ in DECODING_FLAGS if field != \"ngram_n\"}",
+        ("tests/api/test_cli.py::test_the_decoding_flags_are_the_generation_configs_fields",),
+    ),
+    Mutation(
+        "specjax memory --drafter block: sizes 3 drafts a step, not the whole block",
+        "memory_plan",
+        "        depth = config.block_size - 1 if depth is None else depth\n",
+        "        depth = 3 if depth is None else depth\n",
+        ("tests/tools/test_memory.py",),
+    ),
+    Mutation(
+        "specjax compile --drafter block: verifies 3 drafts, not the whole block",
+        "compile_generation",
+        '(config.block_size - 1 if drafter == "block" else 3)',
+        '3',
+        ("tests/kernels/test_tpu_compile.py::test_the_decode_step_compiles_for_tpu_with_no_cache_sized_copy"
+         "[dense-block-v5e]",),
+    ),
+    Mutation(
         "tree compaction after the layer scan: the stack's layers sliced, not indexed (a whole-stack relayout)",
         "move_slots",
         "    return buf.at[(layers, *to)].set(buf[(layers, *frm)], mode=\"drop\")",

@@ -40,37 +40,61 @@ def depth_arg(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"must be an int or 'auto', got {text!r}") from None
 
 
-def add_decoding_args(p: argparse.ArgumentParser) -> None:
-    """The model and decoding options ``generate`` and ``batch`` share."""
+# ``GenerationConfig``'s fields as ``generate`` / ``batch`` flags, one row each: (field, flag,
+# type, default, choices, help). Defaults and choices are the library's (``CLI_DEFAULTS``: where
+# the text CLI deliberately differs: it samples); the table is written out, not read from
+# ``GenerationConfig``, because the CLI imports nothing heavy before a command runs, and
+# tests/api/test_cli.py fails when a field, a default or a choice drifts from the API's.
+AUTO_DRAFTER, NO_DRAFTER = "auto", "none"
+CLI_DEFAULTS = {"max_new_tokens": 128, "temperature": 0.8, "top_p": 0.95}  # a text CLI samples
+PER_REQUEST = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")  # a job line may set its own
+NOT_FLAGS = {"eos_id": "the tokenizer's end-of-sequence ids"}  # fields no flag sets
+DECODING_FLAGS = (
+    ("drafter", "--drafter", str, AUTO_DRAFTER, ("mtp", "draft_model", "ngram", "block", AUTO_DRAFTER, NO_DRAFTER),
+     "auto: mtp if the model has it, else block if it has a block drafter (a bundle's, or --draft-checkpoint's), "
+     "else draft_model if given, else ngram; none: plain decoding"),
+    ("depth", "--depth", depth_arg, None, None,
+     "drafts per step (default: 3, a preset tree's own, or the block drafter's whole block), or 'auto': each step "
+     "picks its window (1 .. --max-depth + 1) and each row its drafts by expected tokens per second"),
+    ("max_depth", "--max-depth", int, 3, None, "the most drafts --depth auto may propose"),
+    ("tree", "--tree", str, None, None,
+     "verify a token tree each step instead of a chain: children per node at each draft depth, e.g. 2x2x1 (10 "
+     "nodes, depth 3; the MTP drafter; --depth is the tree's), or dynamic:N,K; with --depth auto each step verifies "
+     "the tree, a chain or none, as the cost table prices them"),
+    ("cost", "--cost", str, None, None,
+     "--depth auto: a step-cost table (JSON: windows, batches, seconds); default: measured at warm-up and kept in "
+     "$SPECJAX_CACHE_DIR (~/.cache/specjax)"),
+    ("ngram_n", "--ngram-n", int, 3, None, "the n-gram drafter's n: the suffix it matches"),
+    ("kv_advance", "--kv-advance", str, None, ("per_sequence", "cohort"),
+     "KV advance rule (default: $SPECJAX_KV_ADVANCE, else per_sequence)"),
+    ("cache", "--cache", str, None, ("dense", "paged"),
+     "KV cache layout (default: dense for generate; paged for batch jobs where the model's layers are all global, "
+     "so requests share cached prompt prefixes)"),
+    ("attention_impl", "--attention", str, "auto", ("xla", "pallas", "auto"),
+     "attention path: Pallas kernels (interpret mode on CPU) or XLA; auto = Pallas on TPU, XLA on GPU and CPU"),
+    ("temperature", "--temperature", float, 0.0, None, "0 = greedy"),
+    ("top_k", "--top-k", int, None, None, "sample among the k most probable tokens"),
+    ("top_p", "--top-p", float, None, None, "1 = no top-p filter"),
+    ("max_new_tokens", "--max-new-tokens", int, 64, None, "tokens to generate per prompt"),
+    ("seed", "--seed", int, 0, None, "each row's seed derives from this and the row"),
+)
+
+
+def add_decoding_args(p: argparse.ArgumentParser, per_request: bool = False) -> None:
+    """The model and decoding options ``generate`` and ``batch`` share: ``DECODING_FLAGS`` (each
+    sets the ``GenerationConfig`` field it names) and the model's. ``per_request``: a batch job,
+    whose lines may set the sampling ones themselves."""
     p.add_argument("--model", default=None,
                    help="a specjax bundle or a local Hugging Face checkpoint directory (default: checkpoints/default)")
     p.add_argument("--draft-model", default=None, help="checkpoint of a smaller model with the same tokenizer")
     p.add_argument("--draft-checkpoint", default=None, metavar="DIR",
                    help="a drafter's public checkpoint folder for the model (format read from its config.json: "
                         "DFlash -> the block drafter)")
-    p.add_argument("--drafter", choices=["mtp", "draft_model", "ngram", "block", "none"], default=None,
-                   help="default: mtp if the model has it, else block if it has a block drafter (a bundle's, or "
-                        "--draft-checkpoint's), else draft_model if given, else ngram")
-    p.add_argument("--depth", type=depth_arg, default=None,
-                   help="drafts per step (default: 3, a preset tree's own, or the block drafter's whole block), or "
-                        "'auto': each step picks its window (1 .. --max-depth + 1) and each row its drafts by "
-                        "expected tokens per second")
-    p.add_argument("--max-depth", type=int, default=3, help="the most drafts --depth auto may propose")
-    p.add_argument("--tree", default=None, metavar="K1xK2x...",
-                   help="verify a token tree each step instead of a chain: children per node at each draft depth, "
-                        "e.g. 2x2x1 (10 nodes, depth 3; the MTP drafter; --depth is the tree's), or dynamic:N,K; "
-                        "with --depth auto each step verifies the tree, a chain or none, as the cost table prices them")
-    p.add_argument("--cost", default=None, metavar="FILE",
-                   help="--depth auto: a step-cost table (JSON: windows, batches, seconds); default: measured at "
-                        "warm-up and kept in $SPECJAX_CACHE_DIR (~/.cache/specjax)")
-    p.add_argument("--kv-advance", choices=["per_sequence", "cohort"], default=None,
-                   help="KV advance rule (default: $SPECJAX_KV_ADVANCE, else per_sequence)")
-    p.add_argument("--cache", choices=["dense", "paged"], default=None,
-                   help="KV cache layout (default: dense for generate; paged for batch jobs where the model's layers "
-                        "are all global, so requests share cached prompt prefixes)")
-    p.add_argument("--attention", choices=["auto", "xla", "pallas"], default="auto",
-                   help="attention path: Pallas kernels (interpret mode on CPU) or XLA; auto = Pallas on TPU, "
-                        "XLA on GPU and CPU (default: auto)")
+    for field, flag, kind, default, choices, text in DECODING_FLAGS:
+        if per_request and field in PER_REQUEST:
+            text = f"for lines without {field}; {text}"
+        p.add_argument(flag, dest=field, type=kind, choices=choices, default=CLI_DEFAULTS.get(field, default),
+                       help=text)
     p.add_argument("--mesh", type=mesh_arg, default=None, metavar="DATAxMODEL",
                    help="run on a (data, model) device mesh covering every device, e.g. 4x2: the batch split over "
                         "data, the model over model (README: Many devices, many hosts)")
@@ -85,6 +109,11 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mtp", default=None, metavar="DIR",
                    help="Hugging Face checkpoints: the MTP module `specjax train-mtp` wrote to DIR (default: the "
                         "checkpoint directory's own, if any)")
+
+
+def decoding_settings(args: argparse.Namespace) -> dict:
+    """``DECODING_FLAGS``' values as ``GenerationConfig`` keywords (the drafter as given)."""
+    return {field: getattr(args, field) for field, *_ in DECODING_FLAGS}
 
 
 class Parser(argparse.ArgumentParser):

@@ -10,6 +10,8 @@ import pathlib
 import sys
 from typing import TYPE_CHECKING
 
+from specjax.cli.args import NO_DRAFTER, decoding_settings
+
 if TYPE_CHECKING:
     from specjax.generation_config import GenerationConfig
 
@@ -82,7 +84,7 @@ def drafter_for(args: argparse.Namespace, run: TextRunner) -> str | None:
     """``--drafter``; by default the API's rule (``specjax.drafters.default_drafter``)."""
     from specjax.drafters import AUTO, default_drafter
 
-    if args.drafter == "none":
+    if args.drafter == NO_DRAFTER:
         return None
     return default_drafter(args.drafter or AUTO, run.model, run.draft)
 
@@ -128,7 +130,4 @@ def settings_for(args: argparse.Namespace, run: TextRunner, drafter) -> Generati
     a bad value is a one-line error before anything loads or compiles further)."""
     from specjax.generation_config import GenerationConfig
 
-    return GenerationConfig(max_new_tokens=args.max_new_tokens, drafter=drafter, depth=args.depth,
-                            max_depth=args.max_depth, cost=args.cost, kv_advance=args.kv_advance, cache=args.cache,
-                            attention_impl=args.attention, temperature=args.temperature, top_k=args.top_k,
-                            top_p=args.top_p, seed=args.seed, eos_id=run.eos, tree=args.tree)
+    return GenerationConfig(**(decoding_settings(args) | {"drafter": drafter, "eos_id": run.eos}))

@@ -150,11 +150,6 @@ def generate_command(sub) -> None:
     g = sub.add_parser("generate", help="generate text with speculative decoding (default: the bundled model)")
     g.add_argument("prompt", nargs="*", help="prompt text (several: one batch; \\n for a newline)")
     add_decoding_args(g)
-    g.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    g.add_argument("--top-k", type=int, default=None)
-    g.add_argument("--top-p", type=float, default=0.95, help="1 = no top-p filter")
-    g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--seed", type=int, default=0)
     g.add_argument("--batch-file", default=None, help="one prompt per line (\\n for a newline)")
     g.add_argument("--stream", action="store_true", help="print tokens as each step emits them")
     g.add_argument("--json", action="store_true")
@@ -170,14 +165,9 @@ def batch_command(sub) -> None:
     j.add_argument("--out", required=True, metavar="OUT.jsonl", help="one result line per request, as it completes")
     j.add_argument("--resume", action="store_true", help="skip ids already complete in OUT")
     j.add_argument("--slots", type=int, default=32, help="rows decoded together; a finished row takes the next request")
-    add_decoding_args(j)
+    add_decoding_args(j, per_request=True)
     j.add_argument("--pages", type=int, default=None,
                    help="paged pool size in 16-token pages (--cache paged; default: every slot's full capacity)")
-    j.add_argument("--max-new-tokens", type=int, default=128, help="for lines without max_new_tokens")
-    j.add_argument("--temperature", type=float, default=0.8, help="for lines without temperature; 0 = greedy")
-    j.add_argument("--top-k", type=int, default=None)
-    j.add_argument("--top-p", type=float, default=0.95, help="for lines without top_p; 1 = no filter")
-    j.add_argument("--seed", type=int, default=0, help="lines without a seed derive theirs from this and their id")
     j.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
                    help="prefill prompts longer than N tokens N at a time, one chunk in each decode step's forward, "
                         "so a long prompt stalls the running rows for one chunk at a time")

@@ -37,7 +37,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
                                context=args.context, prompt=args.prompt,
                                drafter=None if args.drafter == "none" else args.drafter, depth=args.depth, tree=tree,
                                cache=args.cache, dtype=args.dtype, layer_loop=args.layer_loop,
-                               attention=args.attention, dump=args.dump)
+                               attention=args.attention, dump=args.dump, block=args.block,
+                               block_layers=args.block_layers)
     except (ValueError, RuntimeError) as e:
         if status is not None:
             status.done()
@@ -73,7 +74,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
         plan = memory_plan(cfg, data=args.mesh[0], model=args.mesh[1], batch=args.batch, context=args.context,
                            prompt=args.prompt, depth=args.depth,
                            drafter=None if args.drafter == "none" else args.drafter,
-                           cache=args.cache, dtype=args.dtype)
+                           cache=args.cache, dtype=args.dtype, block=args.block, block_layers=args.block_layers)
     except ValueError as e:
         print(f"specjax memory: error: {e}", file=sys.stderr)
         return 2
@@ -187,12 +188,20 @@ def memory_command(sub) -> None:
     mem.add_argument("--batch", type=int, default=64, help="rows decoded together (all data shards)")
     mem.add_argument("--context", type=int, default=8192, help="tokens per row: prompt plus new tokens")
     mem.add_argument("--prompt", type=int, default=None, help="prompt tokens per row (default: half the context)")
-    mem.add_argument("--depth", type=int, default=3)
-    mem.add_argument("--drafter", choices=["mtp", "ngram", "none"], default="ngram")
+    mem.add_argument("--depth", type=int, default=None, help="default: 3; with --drafter block the whole block")
+    mem.add_argument("--drafter", choices=["mtp", "ngram", "block", "none"], default="ngram")
+    block_flags(mem)
     mem.add_argument("--cache", choices=["dense", "paged"], default="dense")
     mem.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
     mem.add_argument("--json", action="store_true")
     mem.set_defaults(func=cmd_memory)
+
+
+def block_flags(p: argparse.ArgumentParser) -> None:
+    """``--block`` and ``--block-layers``: the block drafter ``--drafter block`` sizes or compiles."""
+    p.add_argument("--block", type=int, default=16, metavar="K",
+                   help="--drafter block on a shape without one: a DFlash-style drafter of K positions")
+    p.add_argument("--block-layers", type=int, default=1, metavar="N", help="... and N layers shaped like the target's")
 
 
 def compile_command(sub) -> None:
@@ -210,8 +219,10 @@ def compile_command(sub) -> None:
     c.add_argument("--batch", type=int, default=1)
     c.add_argument("--context", type=int, default=2048, help="tokens per row: prompt plus new tokens")
     c.add_argument("--prompt", type=int, default=None, help="prompt tokens per row (default: half the context)")
-    c.add_argument("--drafter", choices=["mtp", "ngram", "none"], default="none")
-    c.add_argument("--depth", type=int, default=3)
+    c.add_argument("--drafter", choices=["mtp", "ngram", "block", "none"], default="none")
+    c.add_argument("--depth", type=int, default=None,
+                   help="drafts per step (default 3; with --drafter block the whole block)")
+    block_flags(c)
     c.add_argument("--tree", default=None, metavar="K1xK2x...", help="a token tree (the mtp drafter's preset)")
     c.add_argument("--cache", choices=["dense", "paged"], default="dense")
     c.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")

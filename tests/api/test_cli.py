@@ -72,11 +72,47 @@ def test_help_shows_every_default(capsys):
     with pytest.raises(SystemExit):
         cli.main(["generate", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    for shown in ("--max-new-tokens MAX_NEW_TOKENS default: 128", "--temperature TEMPERATURE 0 = greedy (default: 0.8)",
-                  "--cache {dense,paged} KV cache layout (default: dense for generate;", "--seed SEED default: 0",
+    for shown in ("--max-new-tokens MAX_NEW_TOKENS tokens to generate per prompt (default: 128)",
+                  "--temperature TEMPERATURE 0 = greedy (default: 0.8)",
+                  "--cache {dense,paged} KV cache layout (default: dense for generate;", "(default: 0)",
                   "--depth DEPTH drafts per step (default: 3, a preset tree's own, or the block drafter's whole "
                   "block)"):
         assert shown in out, shown
+
+
+def test_the_decoding_flags_are_the_generation_configs_fields():
+    """Every ``GenerationConfig`` field is a ``generate`` and ``batch`` flag (or named in
+    ``NOT_FLAGS``), with the API's default (``CLI_DEFAULTS``: where the text CLI samples) and
+    the library's own choices; parsing no flags gives those settings."""
+    import dataclasses
+
+    from specjax.advance import KvAdvance
+    from specjax.cache.base import ATTENTION_IMPLS
+    from specjax.cli.args import AUTO_DRAFTER, CLI_DEFAULTS, DECODING_FLAGS, NO_DRAFTER, NOT_FLAGS, decoding_settings
+    from specjax.drafters import AUTO, DRAFTERS
+    from specjax.generation_config import CACHES, GenerationConfig
+
+    fields = {f.name: f.default for f in dataclasses.fields(GenerationConfig)}
+    assert {row[0] for row in DECODING_FLAGS} | set(NOT_FLAGS) == set(fields)
+    choices = {"drafter": {*DRAFTERS, AUTO, NO_DRAFTER}, "kv_advance": {r.value for r in KvAdvance},
+               "cache": set(CACHES), "attention_impl": set(ATTENTION_IMPLS)}
+    assert AUTO_DRAFTER == AUTO
+    for field, _flag, _kind, default, allowed, _text in DECODING_FLAGS:
+        assert default == fields[field], field
+        assert set(allowed or ()) == choices.get(field, set()), field
+    from specjax.model.llama import LAYER_LOOPS
+
+    subs = next(a for a in cli.build_parser()._actions if a.dest == "command").choices
+    for command in (["generate", "x"], ["batch", "in.jsonl", "--out", "out.jsonl"]):
+        layer_loop = next(a for a in subs[command[0]]._actions if a.dest == "layer_loop")
+        assert set(layer_loop.choices) == set(LAYER_LOOPS)
+        args = cli.build_parser().parse_args(command)
+        given = decoding_settings(args)
+        assert given == {f: CLI_DEFAULTS.get(f, fields[f]) for f in fields if f not in NOT_FLAGS}
+        assert GenerationConfig(**given) == GenerationConfig().replace(**CLI_DEFAULTS)
+        args = cli.build_parser().parse_args([*command, "--ngram-n", "5", "--attention", "xla", "--drafter", "none"])
+        assert {k: decoding_settings(args)[k] for k in ("ngram_n", "attention_impl", "drafter")} == {
+            "ngram_n": 5, "attention_impl": "xla", "drafter": NO_DRAFTER}
 
 
 @pytest.mark.parametrize("argv,match", [
@@ -311,31 +347,3 @@ def test_ctrl_c_leaves_while_the_main_thread_is_stuck_in_c():
     took = time.perf_counter() - sent
     assert proc.returncode == 130 and "finished" not in out, (proc.returncode, out, err)
     assert err.strip() == "specjax test: interrupted" and took < 3.0, (err, took)
-
-
-def test_decoding_flags_agree_with_the_library():
-    """The CLI keeps its flags' choices and defaults in cli.py (``specjax`` starts without
-    importing jax); they are the library's: the same names, and GenerationConfig's defaults
-    except the text CLI's documented sampling ones (temperature 0.8, top-p 0.95, 128 tokens)."""
-    from specjax.advance import KvAdvance
-    from specjax.cache import CACHE_KINDS
-    from specjax.cache.base import ATTENTION_IMPLS
-    from specjax.drafters import DRAFTERS
-    from specjax.generation_config import GenerationConfig
-    from specjax.model.llama import LAYER_LOOPS
-
-    subs = next(a for a in cli.build_parser()._actions if a.dest == "command").choices
-    cfg = GenerationConfig()
-    for command in ("generate", "batch"):
-        flags = {a.dest: a for a in subs[command]._actions}
-        assert set(flags["drafter"].choices) == set(DRAFTERS) | {"none"}, command
-        assert set(flags["kv_advance"].choices) == {k.value for k in KvAdvance}, command
-        assert set(flags["cache"].choices) == set(CACHE_KINDS), command
-        assert set(flags["attention"].choices) == set(ATTENTION_IMPLS), command
-        assert set(flags["layer_loop"].choices) == set(LAYER_LOOPS), command
-        for dest, field in (("max_depth", "max_depth"), ("attention", "attention_impl"), ("top_k", "top_k"),
-                            ("seed", "seed"), ("depth", "depth"), ("cache", "cache"), ("kv_advance", "kv_advance"),
-                            ("cost", "cost")):
-            assert flags[dest].default == getattr(cfg, field), (command, dest)
-        assert (flags["temperature"].default, flags["top_p"].default, flags["max_new_tokens"].default) == (
-            0.8, 0.95, 128), command

@@ -34,6 +34,8 @@ STEPS = [  # (name, config, compile_generation's keywords)
     # the layer scan's stacked caches, a tree compacted in them (cache.base.move_slots)
     pytest.param("tree-mtp-scan", _config(), dict(drafter="mtp", tree=(2, 2, 1), layer_loop="scan"),
                  id="tree-mtp-scan"),
+    # a DFlash-style block drafter attached to the shape: 16 positions, the whole block verified
+    pytest.param("dense-block", _config(mtp=0), dict(drafter="block"), id="dense-block"),
 ]
 
 
@@ -49,6 +51,8 @@ def test_the_decode_step_compiles_for_tpu_with_no_cache_sized_copy(chip, name, c
     assert step["compiled"], step.get("error")
     assert step["cache_sized_copies"] == [], step["cache_sized_copies"][:4]
     assert step["temp_bytes"] <= 0.05 * r["kv_bytes"], (step["temp_bytes"], r["kv_bytes"])
+    if kw["drafter"] == "block":
+        assert r["depth"] == 15  # one pass drafts the whole block
     if kw["drafter"] is None:
         assert step["mosaic_calls"] == cfg.n_layers
     else:  # the drafter's own attention (the MTP block's) is a kernel too
