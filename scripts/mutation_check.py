@@ -190,7 +190,8 @@ def _pytest(root: Path, tests: list[str] | tuple[str, ...]) -> subprocess.Comple
     return subprocess.CompletedProcess(args, code, out, err)
 
 
-_FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+?)(?: - |$)", re.M)
+# the failing test's id, spaces in its parameters included (pytest ends the id with " - " and the reason)
+_FAILED = re.compile(r"^(?:FAILED|ERROR) (.+?)(?: - |$)", re.M)
 
 
 def verdict(returncode: int) -> str:

@@ -81,6 +81,14 @@ def test_only_a_failing_test_counts_as_caught():
     assert [mutation_check.verdict(c) for c in (2, 3, 4, 5)] == ["stale"] * 4
 
 
+def test_the_failing_test_id_is_read_whole():
+    """A parametrized id with spaces is the catcher recorded, not its first word."""
+    out = ("x\nFAILED tests/t.py::test_f[a huge max_new_tokens] - AssertionError: no\n"
+           "FAILED tests/t.py::test_g\n")
+    assert mutation_check._FAILED.search(out).group(1) == "tests/t.py::test_f[a huge max_new_tokens]"
+    assert mutation_check._FAILED.findall(out)[1] == "tests/t.py::test_g"
+
+
 def test_a_renamed_test_makes_its_mutation_stale_not_caught(tmp_path):
     """A real run of the check's runner on a scratch tree: the catcher and the entry's list both
     name a test that does not exist, so the verdict is stale; with the real test it is caught."""
