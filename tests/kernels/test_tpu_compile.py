@@ -115,8 +115,9 @@ def test_every_kernel_compiles_for_tpu(kind, head_dim):
     """Each kernel's grid body through Mosaic for v5e, bfloat16, GQA 4:1, t_q 1 and 16."""
     dev = tpu_devices("v5e", "2x2")[0]
     one = jax.sharding.SingleDeviceSharding(dev)
-    before = jax.config.jax_default_device
+    before = jax.config.jax_default_device, jax.config.jax_enable_compilation_cache
     jax.config.update("jax_default_device", dev)  # Mosaic reads the TPU generation here
+    jax.config.update("jax_enable_compilation_cache", False)  # a compile-only client cannot load cached programs
     try:
         for t_q in (1, 16):
             fn, args = _kernel(kind, t_q, head_dim, lambda shape, dt=jnp.bfloat16: jax.ShapeDtypeStruct(
@@ -124,7 +125,8 @@ def test_every_kernel_compiles_for_tpu(kind, head_dim):
             text = jax.jit(fn).lower(*args).compile().as_text()
             assert 'custom_call_target="tpu_custom_call"' in text, (kind, head_dim, t_q)
     finally:
-        jax.config.update("jax_default_device", before)
+        jax.config.update("jax_default_device", before[0])
+        jax.config.update("jax_enable_compilation_cache", before[1])
 
 
 @needs_libtpu
