@@ -26,11 +26,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.cache.base import XLA_SINGLE_PASS, key_block
+from specjax.generation_config import DEFAULT_DEPTH
 from specjax.model import Model, ModelConfig, init_model
 from specjax.model.shapes import SHAPES
 from specjax.sharding import DATA, MODEL, param_specs, placed_shapes, sharded_config, sharded_layout, state_specs
 
-__all__ = ["PRESETS", "MemoryPlan", "check_compiled", "memory_plan", "resolve_config", "with_block_drafter"]
+__all__ = ["PRESETS", "MemoryPlan", "check_compiled", "default_sizing_depth", "memory_plan", "resolve_config",
+           "with_block_drafter"]
 
 PRESETS = SHAPES  # named shapes of public checkpoints (specjax.model.shapes: sizing and the at-scale bench)
 
@@ -114,6 +116,12 @@ def with_block_drafter(config: ModelConfig, block: int = 16, layers: int = 1) ->
                                block_taps=tuple(sorted(set(default_target_layers(config.n_layers, layers)))))
 
 
+def default_sizing_depth(config: ModelConfig, drafter: str | None) -> int:
+    """Drafts per step when none is given, as generation picks them (``validate.default_depth``,
+    on a config): a block drafter's whole block, else ``DEFAULT_DEPTH``."""
+    return config.block_size - 1 if drafter == "block" and config.block_size else DEFAULT_DEPTH
+
+
 def abstract_state(cfg: ModelConfig, data: int, model: int, batch: int, prompt: int, new: int, depth: int,
                     drafter: str | None, cache: str, dtype, *, tree=None, attention_impl: str = "xla",
                     layer_loop: str | None = None):
@@ -157,10 +165,9 @@ def memory_plan(config: ModelConfig, *, data: int = 1, model: int = 1, batch: in
     of them the prompt: default half) on a ``data x model`` mesh. ``drafter="block"``: the
     model's block drafter, or ``with_block_drafter(config, block, block_layers)``'s; its
     ``depth`` defaults to the whole block."""
-    if drafter == "block":  # before the checks: its depth defaults to the block
+    if drafter == "block":
         config = with_block_drafter(config, block, block_layers)
-        depth = config.block_size - 1 if depth is None else depth
-    depth = 3 if depth is None else depth
+    depth = default_sizing_depth(config, drafter) if depth is None else depth
     for name, v in (("data", data), ("model", model), ("batch", batch), ("context", context), ("depth", depth)):
         if not isinstance(v, int) or v < (0 if name == "depth" else 1):
             raise ValueError(f"{name}={v!r} is invalid: must be an int >= {0 if name == 'depth' else 1}")

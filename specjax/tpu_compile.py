@@ -179,7 +179,7 @@ def compile_generation(config, *, chip: str = "v5e", topology: str = "2x2", mesh
     ``depth``: drafts per step (default 3; the whole block, ``block - 1``, with
     ``drafter="block"``, whose drafter ``with_block_drafter`` attaches where ``config`` has none)."""
     from specjax.engine import decode_step, fresh_prefill
-    from specjax.memory import abstract_state, with_block_drafter
+    from specjax.memory import abstract_state, default_sizing_depth, with_block_drafter
     from specjax.sampling import RowSampling
     from specjax.sharding import DATA, MODEL, param_specs, placed_shapes, state_specs
 
@@ -196,7 +196,10 @@ def compile_generation(config, *, chip: str = "v5e", topology: str = "2x2", mesh
         fail("prompt", prompt, f"in [1, context={context})")
     if drafter == "block":
         config = with_block_drafter(config, block, block_layers)
-    depth = 0 if drafter is None else (config.block_size - 1 if drafter == "block" else 3) if depth is None else depth
+    if drafter is None:
+        depth = 0
+    elif depth is None:
+        depth = default_sizing_depth(config, drafter)
     grid = jax.sharding.Mesh(np.array(devices[: data * model]).reshape(data, model), (DATA, MODEL))
     before = jax.config.jax_default_device, jax.config.jax_enable_compilation_cache
     jax.config.update("jax_default_device", devices[0])  # Mosaic and the engine read the target platform here

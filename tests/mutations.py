@@ -2260,25 +2260,20 @@ Mutation(
         ("tests/api/test_cli.py::test_the_decoding_flags_are_the_generation_configs_fields",),
     ),
     Mutation(
-        "specjax memory --drafter block: sizes 3 drafts a step, not the whole block",
-        "memory_plan",
-        "        depth = config.block_size - 1 if depth is None else depth\n",
-        "        depth = 3 if depth is None else depth\n",
-        ("tests/tools/test_memory.py",),
-    ),
-    Mutation(
-        "specjax compile --drafter block: verifies 3 drafts, not the whole block",
-        "compile_generation",
-        '(config.block_size - 1 if drafter == "block" else 3)',
-        '3',
-        ("tests/kernels/test_tpu_compile.py::test_the_decode_step_compiles_for_tpu_with_no_cache_sized_copy"
-         "[dense-block-v5e]",),
+        "specjax compile / memory --drafter block: 3 drafts a step, not the whole block",
+        "default_sizing_depth",
+        "return config.block_size - 1 if drafter == \"block\" and config.block_size else DEFAULT_DEPTH",
+        "return DEFAULT_DEPTH",
+        ("tests/tools/test_memory.py",
+         "tests/kernels/test_tpu_compile.py::test_the_decode_step_compiles_for_tpu_with_no_cache_sized_copy"
+         "[dense-block-v5e]"),
     ),
     Mutation(
         "tree compaction after the layer scan: the stack's layers sliced, not indexed (a whole-stack relayout)",
         "move_slots",
-        "    return buf.at[(layers, *to)].set(buf[(layers, *frm)], mode=\"drop\")",
-        "    return buf.at[(slice(None), *to)].set(buf[(slice(None), *frm)], mode=\"drop\")",
+        "    lead = jnp.arange(buf.shape[0], dtype=jnp.int32).reshape((-1,) + (1,) * to[0].ndim) if dense else "
+        "slice(None)\n",
+        "    lead = slice(None)\n",
         ("tests/kernels/test_tpu_compile.py::test_the_decode_step_compiles_for_tpu_with_no_cache_sized_copy"
          "[tree-mtp-scan-v5e]",),
     ),

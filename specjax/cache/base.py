@@ -138,18 +138,15 @@ def move_slots(buf: Layers, frm: tuple[jax.Array, jax.Array], to: tuple[jax.Arra
     layer's first and third axes (a row and its slot, or a pool page and its offset; ``[B, N]``
     or broadcasting), an out-of-range ``to`` dropped. One gather and one scatter of ``B * N``
     entries a layer (a token tree's compaction)."""
-    if not lane_dense(buf):
-        if isinstance(buf, tuple):
-            return tuple(x.at[to[0], :, to[1]].set(x[frm[0], :, frm[1]], mode="drop") for x in buf)
-        return buf.at[:, to[0], :, to[1]].set(buf[:, frm[0], :, frm[1]], mode="drop")
-    heads = layer_spec(buf).shape[1]
-    frm, to = per_head((frm[0], None, frm[1]), heads), per_head((to[0], None, to[1]), heads)  # D-rows: set_rows
+    dense = lane_dense(buf)
+    frm, to = (per_head((a, None, b), layer_spec(buf).shape[1]) if dense else (a, slice(None), b)
+               for a, b in (frm, to))  # D-rows where lane-dense: set_rows
     if isinstance(buf, tuple):
         return tuple(x.at[to].set(x[frm], mode="drop") for x in buf)
-    # the stack's layer as an index too (a slice over it copied the whole stack to a
+    # lane-dense, the stack's layer is an index too (a slice over it copied the whole stack to a
     # layer-minor layout and back: XLA:TPU, a tree's compaction after the layer scan)
-    layers = jnp.arange(buf.shape[0], dtype=jnp.int32).reshape((-1,) + (1,) * to[0].ndim)
-    return buf.at[(layers, *to)].set(buf[(layers, *frm)], mode="drop")
+    lead = jnp.arange(buf.shape[0], dtype=jnp.int32).reshape((-1,) + (1,) * to[0].ndim) if dense else slice(None)
+    return buf.at[(lead, *to)].set(buf[(lead, *frm)], mode="drop")
 
 
 def layer_block(buf: Layers, layer: int | jax.Array, start: jax.Array | int, size: int, axis: int) -> jax.Array:
